@@ -1,0 +1,281 @@
+/* tandem — an LLM inference engine built around speculative decoding.
+ *
+ * This is the whole public API: the CLI and the server use nothing else.
+ * Contracts, in the manner of llama.h:
+ *   - Every fallible function returns int: 0 = ok, a negative TD_E* code on failure.
+ *   - Constructors are `int td_x_open(td_x **out, ...)`; on failure *out is NULL.
+ *     Every _open has a matching _free, which accepts NULL.
+ *   - Functions that can fail on user input take a `td_err *` (may be NULL) and
+ *     write a human-readable message naming what is wrong.
+ *   - Ownership is stated at each declaration: "borrowed" pointers must stay valid
+ *     for the call (or for the stated lifetime); "owned" results are freed by the
+ *     caller with the named function.
+ *   - The library never calls exit() and never prints, except where a function
+ *     says it writes to a FILE*.
+ */
+#ifndef TANDEM_H
+#define TANDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------ */
+
+enum {
+    TD_OK = 0,
+    TD_EINVAL = -1,       /* bad argument from the caller */
+    TD_ENOMEM = -2,       /* allocation failed */
+    TD_EIO = -3,          /* file could not be opened/read/mapped */
+    TD_EFORMAT = -4,      /* a file's contents are malformed or inconsistent */
+    TD_EUNSUPPORTED = -5, /* valid input this build does not support */
+    TD_ERANGE = -6,       /* a size/position/count is out of range */
+    TD_EFULL = -7,        /* a fixed-capacity resource (rows, context) is exhausted */
+    TD_ESTATE = -8,       /* call not valid in the object's current state */
+};
+
+/* An error buffer filled at API edges. */
+typedef struct td_err {
+    int code;        /* last TD_E* code, 0 if none */
+    char msg[512];   /* NUL-terminated human message */
+} td_err;
+
+/* Static string for a TD_E* code. */
+const char *td_strerror(int code);
+
+/* ---- tokenizer --------------------------------------------------------- */
+
+typedef struct td_tokenizer td_tokenizer;
+
+/* Load a Hugging Face tokenizer.json (byte-level BPE: Qwen2/3, Llama 3, DeepSeek).
+ * config_path: tokenizer_config.json for the chat template and special-token names,
+ * or NULL. Both files are untrusted input. */
+int td_tokenizer_open(td_tokenizer **out, const char *json_path, const char *config_path, td_err *err);
+/* Same, from memory buffers (borrowed for the call; config_json may be NULL). */
+int td_tokenizer_open_mem(td_tokenizer **out, const char *json, size_t json_len,
+                          const char *config_json, size_t config_len, td_err *err);
+void td_tokenizer_free(td_tokenizer *tok);
+
+/* Number of ids (the largest id + 1, added tokens included). */
+int td_tokenizer_n_vocab(const td_tokenizer *tok);
+/* The id of a token's exact string (e.g. "<|im_end|>"), or -1. */
+int32_t td_tokenizer_find(const td_tokenizer *tok, const char *token);
+/* eos / bos ids from tokenizer_config.json, or -1 when not set. */
+int32_t td_tokenizer_eos(const td_tokenizer *tok);
+int32_t td_tokenizer_bos(const td_tokenizer *tok);
+/* 1 when the id is a special added token (decode skips nothing; callers may). */
+int td_tokenizer_is_special(const td_tokenizer *tok, int32_t id);
+
+enum {
+    TD_TOK_PARSE_SPECIAL = 1 << 0, /* match added/special tokens in the text */
+    TD_TOK_ADD_BOS = 1 << 1,       /* prepend bos when the tokenizer has one */
+};
+/* Encode `len` bytes of text (need not be valid UTF-8). Writes at most `cap` ids
+ * to `ids` (borrowed) and returns the total number of ids the text needs, which
+ * may exceed cap (call again with a larger buffer); negative TD_E* on error. */
+int td_tokenize(const td_tokenizer *tok, const char *text, size_t len, int flags,
+                int32_t *ids, int cap);
+/* The raw bytes of one token after byte-level decoding (may be a partial UTF-8
+ * sequence). Writes at most cap bytes; returns the full length, or negative. */
+int td_token_bytes(const td_tokenizer *tok, int32_t id, char *buf, int cap);
+/* Decode ids to bytes (concatenated token bytes). Returns the full length
+ * (may exceed cap; at most cap bytes written, no NUL added), or negative. */
+int td_detokenize(const td_tokenizer *tok, const int32_t *ids, int n, char *buf, size_t cap);
+
+/* Streaming decoder: feeds token bytes, releases only complete UTF-8 characters,
+ * holding back an incomplete tail (at most 3 bytes) until later tokens complete
+ * it; bytes that can never form a character are released as U+FFFD. */
+typedef struct td_utf8_stream {
+    unsigned char hold[4];
+    int n_hold;
+} td_utf8_stream;
+/* Appends the releasable text for `id` to out (cap bytes); returns bytes written
+ * (buffer of 32 + longest token is always enough) or negative. */
+int td_utf8_stream_push(td_utf8_stream *st, const td_tokenizer *tok, int32_t id, char *out, int cap);
+/* Releases whatever is held (as U+FFFD for an incomplete sequence). */
+int td_utf8_stream_flush(td_utf8_stream *st, char *out, int cap);
+
+/* ---- chat templates ---------------------------------------------------- */
+
+typedef struct td_chat_msg {
+    const char *role;    /* "system" | "user" | "assistant" (borrowed) */
+    const char *content; /* borrowed, NUL-terminated */
+} td_chat_msg;
+
+typedef enum td_chat_style {
+    TD_CHAT_NONE = 0,   /* no template known */
+    TD_CHAT_CHATML,     /* <|im_start|>role\n...<|im_end|>\n  (Qwen) */
+    TD_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+} td_chat_style;
+
+/* Style detected from tokenizer_config.json's chat_template. */
+td_chat_style td_tokenizer_chat_style(const td_tokenizer *tok);
+/* Render messages; add_generation_prompt opens an assistant turn. Returns the
+ * full length (may exceed cap; output NUL-terminated when it fits), or negative. */
+int td_chat_render(td_chat_style style, const td_chat_msg *msgs, int n_msgs,
+                   int add_generation_prompt, char *out, size_t cap);
+
+/* ---- model ------------------------------------------------------------- */
+
+typedef struct td_model td_model;
+
+typedef enum td_arch { TD_ARCH_QWEN3 = 1, TD_ARCH_LLAMA = 2 } td_arch;
+
+typedef struct td_model_info {
+    td_arch arch;
+    const char *arch_name;   /* e.g. "Qwen3ForCausalLM"; valid while the model lives */
+    int n_vocab;
+    int n_embd;              /* hidden size */
+    int n_layer;
+    int n_head;
+    int n_kv_head;
+    int head_dim;
+    int n_ff;                /* intermediate size */
+    int n_ctx_train;         /* max_position_embeddings */
+    int tied_embeddings;
+    int dtype;               /* TD_DTYPE_* of the weights (the most common one) */
+    size_t n_params;
+    size_t weight_bytes;     /* bytes of all weight tensors as stored */
+    int n_tensors;
+    int32_t eos_ids[8];      /* from generation_config.json / config.json */
+    int n_eos;
+} td_model_info;
+
+enum { TD_DTYPE_F32 = 0, TD_DTYPE_F16 = 1, TD_DTYPE_BF16 = 2 };
+
+/* Open a model directory in Hugging Face layout: config.json, model.safetensors or
+ * sharded model-*.safetensors + model.safetensors.index.json, and, when present,
+ * generation_config.json, tokenizer.json, tokenizer_config.json. Weights are
+ * mmapped; every header field, offset, shape and dtype is validated. */
+int td_model_open(td_model **out, const char *dir, td_err *err);
+void td_model_free(td_model *m);
+void td_model_get_info(const td_model *m, td_model_info *info);
+/* The tokenizer loaded from the directory, or NULL when it has none.
+ * Owned by the model; valid while the model lives. */
+const td_tokenizer *td_model_tokenizer(const td_model *m);
+/* Write a human description (config, tensor count, bytes, dtypes) to f. */
+void td_model_describe(const td_model *m, FILE *f);
+
+/* ---- forward over batched rows ---------------------------------------- */
+
+/* A context owns the KV cache and activations of up to max_rows rows, allocated
+ * once at open; forwards allocate nothing. */
+typedef struct td_ctx td_ctx;
+
+typedef struct td_ctx_params {
+    int max_rows;    /* rows that can be live at once (>= 1) */
+    int max_ctx;     /* KV positions per row (<= model's n_ctx_train unless forced) */
+    int max_tokens;  /* most new tokens in one forward, over all rows */
+    int max_logits;  /* most positions with logits in one forward */
+    int n_threads;   /* 0 = number of online CPUs */
+} td_ctx_params;
+
+td_ctx_params td_ctx_default_params(void);
+/* The model is borrowed and must outlive the context. */
+int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *p, td_err *err);
+void td_ctx_free(td_ctx *c);
+/* The parameters in force (defaults resolved). */
+td_ctx_params td_ctx_get_params(const td_ctx *c);
+
+/* Rows: a row is one sequence with its own KV cache. */
+int td_ctx_row_add(td_ctx *c, int *row_out);          /* TD_EFULL when none free */
+int td_ctx_row_remove(td_ctx *c, int row);
+int td_ctx_row_len(const td_ctx *c, int row);          /* KV entries held; negative if bad row */
+/* Roll the row's KV back to its first `len` entries (len <= current length). */
+int td_ctx_row_trim(td_ctx *c, int row, int len);
+
+/* One ragged batch: row i appends n_tokens[i] new tokens at positions
+ * row_len(rows[i]) .. +n_tokens[i]-1. */
+typedef struct td_batch {
+    int n_rows;
+    const int *rows;           /* [n_rows] row ids, distinct (borrowed) */
+    const int *n_tokens;       /* [n_rows] new tokens per row, >= 1 */
+    const int32_t *tokens;     /* [sum n_tokens] rows' tokens, concatenated in row order */
+    const uint8_t *want;       /* [sum n_tokens] 1 = return logits (and taps) for this
+                                  position; NULL = the last position of each row */
+    const int *taps;           /* [n_taps] layer indices in 0..n_layer: the residual
+                                  stream after that many layers (0 = embeddings),
+                                  before the final norm; may be NULL */
+    int n_taps;
+} td_batch;
+
+/* Run the batch. logits: [n_out][n_vocab] float, one row per wanted position in
+ * batch order (borrowed, caller-allocated). taps: [n_out][n_taps][n_embd] or NULL.
+ * A position's logits are bitwise identical whatever else shares the call.
+ * On error no row's length changes. */
+int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_err *err);
+
+/* ---- sampling ---------------------------------------------------------- */
+
+typedef struct td_sampling {
+    float temperature;        /* <= 0: greedy (argmax, ties to the lowest id) */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repeat_penalty;     /* 1 = off (CTRL-style: divide positive logits) */
+    float presence_penalty;   /* 0 = off (OpenAI-style) */
+    float frequency_penalty;  /* 0 = off */
+    int penalty_last_n;       /* history window for penalties, 0 = all */
+    uint64_t seed;
+} td_sampling;
+
+td_sampling td_sampling_default(void);
+
+/* The uniform draw in [0,1) for output position `pos` under `seed`: a pure
+ * function of (seed, pos), so a run is reproducible whatever shares the batch. */
+double td_rng_uniform(uint64_t seed, uint64_t pos);
+
+/* A sampler holds scratch for one vocabulary size (allocated once). */
+typedef struct td_sampler td_sampler;
+int td_sampler_open(td_sampler **out, int n_vocab);
+void td_sampler_free(td_sampler *s);
+/* Choose a token from logits (borrowed, [n_vocab], left unmodified) for output
+ * position pos. history: tokens the penalties count (borrowed, may be NULL).
+ * Returns the token id, or negative on error. */
+int32_t td_sampler_sample(td_sampler *s, const td_sampling *p, const float *logits,
+                          const int32_t *history, int n_history, uint64_t pos);
+/* Same, also writing the probability of every token of the final distribution
+ * (after penalties, temperature, truncation) into probs [n_vocab] (borrowed);
+ * greedy yields a one-hot distribution. */
+int32_t td_sampler_sample_probs(td_sampler *s, const td_sampling *p, const float *logits,
+                                const int32_t *history, int n_history, uint64_t pos,
+                                float *probs);
+
+/* ---- generation -------------------------------------------------------- */
+
+typedef struct td_gen_params {
+    td_sampling sampling;
+    int max_tokens;            /* new tokens at most */
+    const char *const *stop;   /* stop strings (borrowed), n_stop of them */
+    int n_stop;
+    int ignore_eos;            /* 1 = do not stop at eos ids */
+} td_gen_params;
+
+typedef struct td_gen_stats {
+    int n_prompt;
+    int n_gen;
+    double prefill_s;
+    double decode_s;
+    int stop_reason;           /* TD_STOP_* */
+} td_gen_stats;
+
+enum { TD_STOP_LENGTH = 0, TD_STOP_EOS = 1, TD_STOP_STRING = 2, TD_STOP_CALLBACK = 3 };
+
+/* Called with each piece of released text; return nonzero to stop. */
+typedef int (*td_text_cb)(const char *text, size_t len, void *user);
+
+/* Plain (non-speculative) generation of one row: prefill the prompt, then decode
+ * until max_tokens, eos or a stop string. out_ids (may be NULL) receives up to
+ * cap generated ids. The context must have a free row. */
+int td_generate(td_ctx *c, const td_model *m, const int32_t *prompt, int n_prompt,
+                const td_gen_params *gp, td_text_cb cb, void *user,
+                int32_t *out_ids, int cap, td_gen_stats *stats, td_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TANDEM_H */

@@ -1,0 +1,91 @@
+/* model — a loaded model: its config, its tokenizer and views of its weights.
+ *
+ * Design: the loader (model.c, with io/safetensors.c) parses config.json, maps
+ * every safetensors shard read-only, validates each tensor's dtype, shape and
+ * byte range against the config, and fills td_weights with typed views into the
+ * mappings. Nothing is copied: weights stay mmapped for the model's lifetime.
+ * The forward (nn/forward.c) reads only td_model.cfg and td_model.w. */
+#ifndef TD_MODEL_H
+#define TD_MODEL_H
+
+#include "tandem.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* A typed, read-only view of one weight tensor inside a mapping. */
+typedef struct td_tensor {
+    const void *data;   /* borrowed from the mapping; NULL if absent */
+    int dtype;          /* TD_DTYPE_* */
+    int n_dims;
+    int64_t shape[4];   /* row-major, as stored (PyTorch [out, in] for linear) */
+} td_tensor;
+
+/* Rope scaling kinds. */
+enum { TD_ROPE_NONE = 0, TD_ROPE_LLAMA3 = 1 };
+
+typedef struct td_config {
+    td_arch arch;
+    char arch_name[64];
+    int n_vocab, n_embd, n_layer, n_head, n_kv_head, head_dim, n_ff, n_ctx_train;
+    float rms_eps;
+    double rope_theta;
+    int rope_scaling;          /* TD_ROPE_* */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_ctx;         /* original_max_position_embeddings */
+    int tied;                  /* lm_head shares embed_tokens */
+    int qk_norm;               /* Qwen3: RMSNorm on q and k per head */
+    int attn_bias;             /* q/k/v/o have biases (attention_bias) */
+    int32_t eos_ids[8];
+    int n_eos;
+    int32_t bos_id;            /* -1 if none */
+} td_config;
+
+typedef struct td_layer_w {
+    td_tensor attn_norm;  /* [n_embd] input_layernorm */
+    td_tensor wq;         /* [n_head*head_dim][n_embd] */
+    td_tensor wk;         /* [n_kv_head*head_dim][n_embd] */
+    td_tensor wv;         /* [n_kv_head*head_dim][n_embd] */
+    td_tensor wo;         /* [n_embd][n_head*head_dim] */
+    td_tensor bq, bk, bv, bo; /* biases, when attn_bias */
+    td_tensor q_norm;     /* [head_dim] (qk_norm) */
+    td_tensor k_norm;     /* [head_dim] (qk_norm) */
+    td_tensor ffn_norm;   /* [n_embd] post_attention_layernorm */
+    td_tensor w_gate;     /* [n_ff][n_embd] */
+    td_tensor w_up;       /* [n_ff][n_embd] */
+    td_tensor w_down;     /* [n_embd][n_ff] */
+} td_layer_w;
+
+typedef struct td_weights {
+    td_tensor tok_embd;   /* [n_vocab][n_embd] */
+    td_tensor out_norm;   /* [n_embd] */
+    td_tensor lm_head;    /* [n_vocab][n_embd]; == tok_embd when tied */
+    td_layer_w *layers;   /* [n_layer], owned */
+} td_weights;
+
+struct td_model {
+    td_config cfg;
+    td_weights w;
+    td_tokenizer *tok;     /* owned; NULL when the directory has none */
+    td_chat_style chat;
+    /* mappings of the safetensors shards (owned) */
+    struct td_st_file **files;
+    int n_files;
+    int n_tensors;         /* distinct weight tensors the model binds */
+    size_t weight_bytes;
+    size_t n_params;
+    char dir[1024];
+    int n_extra_tensors;   /* tensors in the files that the model does not use */
+    int dtype;             /* TD_DTYPE_* holding the most weight bytes */
+    int dtype_count[3];    /* bound tensors per TD_DTYPE_* */
+    size_t dtype_bytes[3]; /* bound bytes per TD_DTYPE_* */
+};
+
+/* Parse config.json text into cfg (validates every value; names the bad field). */
+int td_config_parse(td_config *cfg, const char *json, size_t len, td_err *err);
+/* Merge generation_config.json text (path names it in errors) into a parsed cfg:
+ * its eos_token_id ids come first, then config.json's not repeated (at most 8);
+ * its bos_token_id overrides. */
+int td_config_merge_generation(td_config *cfg, const char *json, size_t len, const char *path,
+                               td_err *err);
+
+#endif

@@ -1,0 +1,436 @@
+/* forward — the transformer forward pass over a ragged batch of rows (CPU).
+ *
+ * Design: a td_ctx owns, allocated once at open, the KV cache of max_rows rows
+ * ([row][layer][position][n_kv_head*head_dim] f32 for K and for V), a RoPE
+ * table by absolute position, and activation buffers for max_tokens tokens.
+ * td_ctx_forward lays every new token of every row side by side as one
+ * [T][n_embd] activation matrix, so each weight matrix is streamed once per
+ * forward whatever the number of rows. Per-token work (norms, RoPE, attention)
+ * knows each token's row and absolute position.
+ *
+ * Batch invariance (../shared/design/exactness.md): matrix products go through
+ * td_matmul_rows, whose per-element dot order depends only on K; attention for a
+ * query scores keys 0..pos in order, takes the max, sums exponentials in order
+ * and accumulates values in key order — independent of how many queries share
+ * the call; threads split outputs, tokens or heads, never a reduction. So a
+ * position's logits are the same bits alone, in a block of T, or among B rows.
+ * Llama-3 and Qwen3 use the "rotate half" RoPE layout of Hugging Face. */
+#define _GNU_SOURCE
+#include "tandem.h"
+#include "model/model.h"
+#include "nn/kernels.h"
+#include "nn/pool.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct td_ctx {
+    const td_model *m;      /* borrowed */
+    td_ctx_params p;
+    td_pool *pool;          /* owned */
+    int kv_dim;             /* n_kv_head*head_dim */
+    int q_dim;              /* n_head*head_dim */
+    size_t row_stride;      /* floats per row of cache: n_layer*max_ctx*kv_dim */
+    float *k_cache;         /* [max_rows][n_layer][max_ctx][kv_dim] */
+    float *v_cache;         /* same */
+    int *row_len;           /* [max_rows] KV entries held */
+    unsigned char *row_used;/* [max_rows] */
+    float *rope_cos;        /* [max_ctx][head_dim/2] */
+    float *rope_sin;        /* [max_ctx][head_dim/2] */
+    /* activations, [max_tokens][...] */
+    float *x;               /* [T][n_embd] residual stream */
+    float *xb;              /* [T][n_embd] normed input / projection output */
+    float *q;               /* [T][q_dim] */
+    float *k;               /* [T][kv_dim] */
+    float *v;               /* [T][kv_dim] */
+    float *att;             /* [T][q_dim] attention output */
+    float *hg;              /* [T][n_ff] gate */
+    float *hu;              /* [T][n_ff] up */
+    float *xo;              /* [max_logits][n_embd] final-normed wanted positions */
+    int *tok_row;           /* [T] row id of each token */
+    int *tok_pos;           /* [T] absolute position of each token */
+    int *out_tok;           /* [max_logits] token index of each wanted position */
+    float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
+    int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
+    float *scores;          /* [n_threads][max_ctx] */
+};
+
+td_ctx_params td_ctx_default_params(void) {
+    td_ctx_params p = {.max_rows = 1, .max_ctx = 0, .max_tokens = 512, .max_logits = 256, .n_threads = 0};
+    return p;
+}
+
+static void rope_table(td_ctx *c) {
+    const td_config *cfg = &c->m->cfg;
+    int half = cfg->head_dim / 2;
+    double *inv = malloc(sizeof(double) * (size_t)half);
+    if (!inv) return;
+    for (int i = 0; i < half; i++) {
+        double f = 1.0 / pow(cfg->rope_theta, (2.0 * i) / cfg->head_dim);
+        if (cfg->rope_scaling == TD_ROPE_LLAMA3) {
+            double lo_wl = cfg->rope_orig_ctx / cfg->rope_low_freq_factor;
+            double hi_wl = cfg->rope_orig_ctx / cfg->rope_high_freq_factor;
+            double wl = 2.0 * M_PI / f;
+            if (wl > lo_wl) {
+                f = f / cfg->rope_factor;
+            } else if (wl >= hi_wl) {
+                double s = (cfg->rope_orig_ctx / wl - cfg->rope_low_freq_factor) /
+                           (cfg->rope_high_freq_factor - cfg->rope_low_freq_factor);
+                f = (1.0 - s) * f / cfg->rope_factor + s * f;
+            }
+        }
+        inv[i] = f;
+    }
+    for (int pos = 0; pos < c->p.max_ctx; pos++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)pos * inv[i];
+            c->rope_cos[(size_t)pos * half + i] = (float)cos(a);
+            c->rope_sin[(size_t)pos * half + i] = (float)sin(a);
+        }
+    free(inv);
+}
+
+void td_ctx_free(td_ctx *c) {
+    if (!c) return;
+    td_pool_free(c->pool);
+    free(c->k_cache); free(c->v_cache); free(c->row_len); free(c->row_used);
+    free(c->rope_cos); free(c->rope_sin);
+    free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
+    free(c->hg); free(c->hu); free(c->xo); free(c->tok_row); free(c->tok_pos);
+    free(c->out_tok); free(c->wbuf); free(c->scores);
+    free(c);
+}
+
+static void *alloc_f(size_t n, size_t m, int *fail) {
+    size_t bytes;
+    if (td_mul_size(n, m, &bytes) || td_mul_size(bytes, sizeof(float), &bytes)) { *fail = 1; return NULL; }
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) *fail = 1;
+    return p;
+}
+
+int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err *err) {
+    *out = NULL;
+    if (!m) return td_seterr(err, TD_EINVAL, "td_ctx_open: no model");
+    td_ctx_params p = pp ? *pp : td_ctx_default_params();
+    const td_config *cfg = &m->cfg;
+    if (p.max_ctx <= 0) p.max_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
+    if (p.max_rows < 1 || p.max_rows > 4096) return td_seterr(err, TD_EINVAL, "max_rows %d out of range [1, 4096]", p.max_rows);
+    if (p.max_ctx < 1 || p.max_ctx > (1 << 22)) return td_seterr(err, TD_EINVAL, "max_ctx %d out of range", p.max_ctx);
+    if (p.max_tokens < 1 || p.max_tokens > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_tokens %d out of range", p.max_tokens);
+    if (p.max_logits < 1 || p.max_logits > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_logits %d out of range", p.max_logits);
+    if (p.n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = n > 0 ? (int)n : 1;
+    }
+    if (p.n_threads > 256) p.n_threads = 256;
+    td_ctx *c = calloc(1, sizeof *c);
+    if (!c) return td_seterr(err, TD_ENOMEM, "out of memory");
+    c->m = m;
+    c->p = p;
+    c->kv_dim = cfg->n_kv_head * cfg->head_dim;
+    c->q_dim = cfg->n_head * cfg->head_dim;
+    int fail = 0;
+    size_t per_row;
+    if (td_mul_size((size_t)cfg->n_layer * p.max_ctx, (size_t)c->kv_dim, &per_row))
+        fail = 1;
+    c->row_stride = per_row;
+    if (!fail) {
+        c->k_cache = alloc_f((size_t)p.max_rows, per_row, &fail);
+        c->v_cache = alloc_f((size_t)p.max_rows, per_row, &fail);
+    }
+    c->row_len = calloc((size_t)p.max_rows, sizeof(int));
+    c->row_used = calloc((size_t)p.max_rows, 1);
+    if (!c->row_len || !c->row_used) fail = 1;
+    int half = cfg->head_dim / 2;
+    c->rope_cos = alloc_f((size_t)p.max_ctx, (size_t)half, &fail);
+    c->rope_sin = alloc_f((size_t)p.max_ctx, (size_t)half, &fail);
+    size_t T = (size_t)p.max_tokens;
+    c->x = alloc_f(T, (size_t)cfg->n_embd, &fail);
+    c->xb = alloc_f(T, (size_t)cfg->n_embd, &fail);
+    c->q = alloc_f(T, (size_t)c->q_dim, &fail);
+    c->k = alloc_f(T, (size_t)c->kv_dim, &fail);
+    c->v = alloc_f(T, (size_t)c->kv_dim, &fail);
+    c->att = alloc_f(T, (size_t)c->q_dim, &fail);
+    c->hg = alloc_f(T, (size_t)cfg->n_ff, &fail);
+    c->hu = alloc_f(T, (size_t)cfg->n_ff, &fail);
+    c->xo = alloc_f((size_t)p.max_logits, (size_t)cfg->n_embd, &fail);
+    c->tok_row = calloc(T, sizeof(int));
+    c->tok_pos = calloc(T, sizeof(int));
+    c->out_tok = calloc((size_t)p.max_logits, sizeof(int));
+    if (!c->tok_row || !c->tok_pos || !c->out_tok) fail = 1;
+    int wmax = cfg->n_embd;
+    if (cfg->n_ff > wmax) wmax = cfg->n_ff;
+    if (c->q_dim > wmax) wmax = c->q_dim;
+    c->wbuf_stride = wmax;
+    c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
+    c->scores = alloc_f((size_t)p.n_threads, (size_t)p.max_ctx, &fail);
+    if (fail) {
+        td_ctx_free(c);
+        return td_seterr(err, TD_ENOMEM, "out of memory allocating a context of %d rows x %d positions",
+                         p.max_rows, p.max_ctx);
+    }
+    if (td_pool_open(&c->pool, p.n_threads) != 0) {
+        td_ctx_free(c);
+        return td_seterr(err, TD_ENOMEM, "cannot start %d threads", p.n_threads);
+    }
+    rope_table(c);
+    *out = c;
+    return 0;
+}
+
+td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
+
+int td_ctx_row_add(td_ctx *c, int *row_out) {
+    for (int r = 0; r < c->p.max_rows; r++)
+        if (!c->row_used[r]) {
+            c->row_used[r] = 1;
+            c->row_len[r] = 0;
+            *row_out = r;
+            return 0;
+        }
+    return TD_EFULL;
+}
+
+int td_ctx_row_remove(td_ctx *c, int row) {
+    if (row < 0 || row >= c->p.max_rows || !c->row_used[row]) return TD_EINVAL;
+    c->row_used[row] = 0;
+    c->row_len[row] = 0;
+    return 0;
+}
+
+int td_ctx_row_len(const td_ctx *c, int row) {
+    if (row < 0 || row >= c->p.max_rows || !c->row_used[row]) return TD_EINVAL;
+    return c->row_len[row];
+}
+
+int td_ctx_row_trim(td_ctx *c, int row, int len) {
+    if (row < 0 || row >= c->p.max_rows || !c->row_used[row]) return TD_EINVAL;
+    if (len < 0 || len > c->row_len[row]) return TD_ERANGE;
+    c->row_len[row] = len;
+    return 0;
+}
+
+/* ---- parallel jobs ----------------------------------------------------- */
+
+typedef struct {
+    td_ctx *c;
+    float *y; int ldy; const float *x; int M; const td_tensor *w; int K; int N;
+} mm_job;
+
+static void mm_run(void *arg, int ith, int nth) {
+    mm_job *j = arg;
+    /* split N in chunks of 8 outputs to keep threads on whole cache lines */
+    int blocks = (j->N + 7) / 8;
+    int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    int n0 = b0 * 8, n1 = b1 * 8 < j->N ? b1 * 8 : j->N;
+    if (n0 >= n1) return;
+    td_matmul_rows(j->y, j->ldy, j->x, j->M, j->w->data, j->w->dtype, j->K, n0, n1,
+                   j->c->wbuf + (size_t)ith * j->c->wbuf_stride);
+}
+
+/* y[M][N] = x[M][K] W^T */
+static void matmul(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N) {
+    mm_job j = {c, y, ldy, x, M, w, K, N};
+    td_pool_run(c->pool, mm_run, &j);
+}
+
+static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
+    if (!b->data) return;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float bv = b->dtype == TD_DTYPE_F32    ? ((const float *)b->data)[n]
+                       : b->dtype == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)b->data)[n])
+                                                   : td_f16_to_f32(((const uint16_t *)b->data)[n]);
+            y[(size_t)m * ld + n] += bv;
+        }
+}
+
+typedef struct { td_ctx *c; int T; int layer; } tok_job;
+
+static void rope_apply(float *v, const float *cs, const float *sn, int hd) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+    }
+}
+
+/* q/k norm (Qwen3), RoPE, and K/V written into the cache, per token. */
+static void qkv_post_run(void *arg, int ith, int nth) {
+    tok_job *j = arg;
+    td_ctx *c = j->c;
+    const td_config *cfg = &c->m->cfg;
+    const td_layer_w *L = &c->m->w.layers[j->layer];
+    int hd = cfg->head_dim, half = hd / 2;
+    int t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
+    for (int t = t0; t < t1; t++) {
+        int pos = c->tok_pos[t], row = c->tok_row[t];
+        const float *cs = c->rope_cos + (size_t)pos * half, *sn = c->rope_sin + (size_t)pos * half;
+        float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
+        for (int h = 0; h < cfg->n_head; h++) {
+            if (cfg->qk_norm) td_rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, L->q_norm.dtype, hd, cfg->rms_eps);
+            rope_apply(q + h * hd, cs, sn, hd);
+        }
+        for (int h = 0; h < cfg->n_kv_head; h++) {
+            if (cfg->qk_norm) td_rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, L->k_norm.dtype, hd, cfg->rms_eps);
+            rope_apply(k + h * hd, cs, sn, hd);
+        }
+        size_t off = (size_t)row * c->row_stride + ((size_t)j->layer * c->p.max_ctx + pos) * c->kv_dim;
+        memcpy(c->k_cache + off, k, sizeof(float) * c->kv_dim);
+        memcpy(c->v_cache + off, c->v + (size_t)t * c->kv_dim, sizeof(float) * c->kv_dim);
+    }
+}
+
+/* Attention for each (token, head): keys 0..pos of the token's row, in order. */
+static void attn_run(void *arg, int ith, int nth) {
+    tok_job *j = arg;
+    td_ctx *c = j->c;
+    const td_config *cfg = &c->m->cfg;
+    int hd = cfg->head_dim, group = cfg->n_head / cfg->n_kv_head;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *sc = c->scores + (size_t)ith * c->p.max_ctx;
+    int items = j->T * cfg->n_head;
+    int i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    for (int it = i0; it < i1; it++) {
+        int t = it / cfg->n_head, h = it % cfg->n_head, kvh = h / group;
+        int pos = c->tok_pos[t], row = c->tok_row[t];
+        const float *q = c->q + (size_t)t * c->q_dim + h * hd;
+        const float *kb = c->k_cache + (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
+        const float *vb = c->v_cache + (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
+        float mx = -INFINITY;
+        for (int s = 0; s <= pos; s++) {
+            sc[s] = td_dot(q, kb + (size_t)s * c->kv_dim, hd) * scale;
+            if (sc[s] > mx) mx = sc[s];
+        }
+        float sum = 0.0f;
+        for (int s = 0; s <= pos; s++) { sc[s] = expf(sc[s] - mx); sum += sc[s]; }
+        float inv = 1.0f / sum;
+        float *o = c->att + (size_t)t * c->q_dim + h * hd;
+        for (int d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int s = 0; s <= pos; s++) {
+            float pr = sc[s] * inv;
+            const float *vv = vb + (size_t)s * c->kv_dim;
+            for (int d = 0; d < hd; d++) o[d] = fmaf(pr, vv[d], o[d]);
+        }
+    }
+}
+
+typedef struct { td_ctx *c; int T; const td_tensor *w; float *dst; const float *src; int n; } norm_job;
+
+static void norm_run(void *arg, int ith, int nth) {
+    norm_job *j = arg;
+    const td_config *cfg = &j->c->m->cfg;
+    int t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
+    for (int t = t0; t < t1; t++)
+        td_rmsnorm(j->dst + (size_t)t * j->n, j->src + (size_t)t * j->n, j->w->data, j->w->dtype, j->n, cfg->rms_eps);
+}
+
+static void rmsnorm_rows(td_ctx *c, float *dst, const float *src, int T, const td_tensor *w, int n) {
+    norm_job j = {c, T, w, dst, src, n};
+    if (T == 1) norm_run(&j, 0, 1);
+    else td_pool_run(c->pool, norm_run, &j);
+}
+
+/* ---- forward ----------------------------------------------------------- */
+
+int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_err *err) {
+    if (!c || !b || !logits) return td_seterr(err, TD_EINVAL, "td_ctx_forward: NULL argument");
+    const td_config *cfg = &c->m->cfg;
+    const td_weights *W = &c->m->w;
+    if (b->n_rows < 1 || b->n_rows > c->p.max_rows || !b->rows || !b->n_tokens || !b->tokens)
+        return td_seterr(err, TD_EINVAL, "batch: n_rows %d out of range [1, %d] or missing arrays", b->n_rows, c->p.max_rows);
+    if (b->n_taps < 0 || (b->n_taps > 0 && (!b->taps || !taps)))
+        return td_seterr(err, TD_EINVAL, "batch: taps requested without tap layers or output buffer");
+    for (int i = 0; i < b->n_taps; i++)
+        if (b->taps[i] < 0 || b->taps[i] > cfg->n_layer)
+            return td_seterr(err, TD_ERANGE, "batch: tap layer %d out of range [0, %d]", b->taps[i], cfg->n_layer);
+    int T = 0;
+    for (int i = 0; i < b->n_rows; i++) {
+        int r = b->rows[i], n = b->n_tokens[i];
+        if (r < 0 || r >= c->p.max_rows || !c->row_used[r])
+            return td_seterr(err, TD_EINVAL, "batch: row %d is not a live row", r);
+        for (int k = 0; k < i; k++)
+            if (b->rows[k] == r) return td_seterr(err, TD_EINVAL, "batch: row %d appears twice", r);
+        if (n < 1) return td_seterr(err, TD_EINVAL, "batch: row %d has %d new tokens (need >= 1)", r, n);
+        if (n > c->p.max_tokens - T)
+            return td_seterr(err, TD_ERANGE, "batch: more than max_tokens=%d new tokens", c->p.max_tokens);
+        if (n > c->p.max_ctx - c->row_len[r])
+            return td_seterr(err, TD_EFULL, "batch: row %d would hold %d positions, context is %d",
+                             r, c->row_len[r] + n, c->p.max_ctx);
+        for (int k = 0; k < n; k++) {
+            c->tok_row[T + k] = r;
+            c->tok_pos[T + k] = c->row_len[r] + k;
+        }
+        T += n;
+    }
+    int n_out = 0;
+    for (int t = 0; t < T; t++) {
+        int32_t id = b->tokens[t];
+        if (id < 0 || id >= cfg->n_vocab)
+            return td_seterr(err, TD_ERANGE, "batch: token id %d out of range [0, %d)", (int)id, cfg->n_vocab);
+    }
+    if (b->want) {
+        for (int t = 0; t < T; t++)
+            if (b->want[t]) {
+                if (n_out >= c->p.max_logits)
+                    return td_seterr(err, TD_ERANGE, "batch: more than max_logits=%d positions want logits", c->p.max_logits);
+                c->out_tok[n_out++] = t;
+            }
+    } else {
+        if (b->n_rows > c->p.max_logits)
+            return td_seterr(err, TD_ERANGE, "batch: more than max_logits=%d positions want logits", c->p.max_logits);
+        int t = 0;
+        for (int i = 0; i < b->n_rows; i++) { t += b->n_tokens[i]; c->out_tok[n_out++] = t - 1; }
+    }
+
+    int D = cfg->n_embd, F = cfg->n_ff;
+    /* embeddings */
+    size_t esz = W->tok_embd.dtype == TD_DTYPE_F32 ? 4 : 2;
+    for (int t = 0; t < T; t++)
+        td_to_f32(c->x + (size_t)t * D, (const char *)W->tok_embd.data + (size_t)b->tokens[t] * D * esz,
+                  W->tok_embd.dtype, (size_t)D);
+    for (int ti = 0; ti < b->n_taps; ti++)
+        if (b->taps[ti] == 0)
+            for (int o = 0; o < n_out; o++)
+                memcpy(taps + ((size_t)o * b->n_taps + ti) * D, c->x + (size_t)c->out_tok[o] * D, sizeof(float) * D);
+
+    for (int l = 0; l < cfg->n_layer; l++) {
+        const td_layer_w *L = &W->layers[l];
+        rmsnorm_rows(c, c->xb, c->x, T, &L->attn_norm, D);
+        matmul(c, c->q, c->q_dim, c->xb, T, &L->wq, D, c->q_dim);
+        matmul(c, c->k, c->kv_dim, c->xb, T, &L->wk, D, c->kv_dim);
+        matmul(c, c->v, c->kv_dim, c->xb, T, &L->wv, D, c->kv_dim);
+        if (cfg->attn_bias) {
+            add_bias(c->q, c->q_dim, T, &L->bq, c->q_dim);
+            add_bias(c->k, c->kv_dim, T, &L->bk, c->kv_dim);
+            add_bias(c->v, c->kv_dim, T, &L->bv, c->kv_dim);
+        }
+        tok_job tj = {c, T, l};
+        td_pool_run(c->pool, qkv_post_run, &tj);
+        /* new K/V are in the cache: row lengths as seen by attention include them */
+        td_pool_run(c->pool, attn_run, &tj);
+        matmul(c, c->xb, D, c->att, T, &L->wo, c->q_dim, D);
+        if (cfg->attn_bias) add_bias(c->xb, D, T, &L->bo, D);
+        for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
+        rmsnorm_rows(c, c->xb, c->x, T, &L->ffn_norm, D);
+        matmul(c, c->hg, F, c->xb, T, &L->w_gate, D, F);
+        matmul(c, c->hu, F, c->xb, T, &L->w_up, D, F);
+        for (size_t t = 0; t < (size_t)T; t++) td_swiglu(c->hg + t * F, c->hg + t * F, c->hu + t * F, F);
+        matmul(c, c->xb, D, c->hg, T, &L->w_down, F, D);
+        for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
+        for (int ti = 0; ti < b->n_taps; ti++)
+            if (b->taps[ti] == l + 1)
+                for (int o = 0; o < n_out; o++)
+                    memcpy(taps + ((size_t)o * b->n_taps + ti) * D, c->x + (size_t)c->out_tok[o] * D, sizeof(float) * D);
+    }
+    for (int o = 0; o < n_out; o++)
+        td_rmsnorm(c->xo + (size_t)o * D, c->x + (size_t)c->out_tok[o] * D, W->out_norm.data, W->out_norm.dtype, D, cfg->rms_eps);
+    matmul(c, logits, cfg->n_vocab, c->xo, n_out, &W->lm_head, D, cfg->n_vocab);
+    for (int i = 0; i < b->n_rows; i++) c->row_len[b->rows[i]] += b->n_tokens[i];
+    return 0;
+}

@@ -1,0 +1,20 @@
+/* pool — a persistent thread pool for data-parallel kernels.
+ *
+ * td_pool_run(p, fn, arg) calls fn(arg, i, n) for i = 0..n-1 on n threads (the
+ * caller is thread 0) and returns when all are done. Workers spin briefly on a
+ * generation counter after each job (a forward issues many short jobs), then
+ * sleep on a condition variable, so an idle pool costs no CPU. Kernels split
+ * work over output elements or rows only, never over a reduction axis, so the
+ * thread count never changes a result's bits. */
+#ifndef TD_POOL_H
+#define TD_POOL_H
+
+typedef struct td_pool td_pool;
+typedef void (*td_pool_fn)(void *arg, int ith, int nth);
+
+int td_pool_open(td_pool **out, int n_threads);
+void td_pool_free(td_pool *p);
+int td_pool_size(const td_pool *p);
+void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);
+
+#endif

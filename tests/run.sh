@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Run every test: the C test programs in $BUILD/tests and the scripts tests/*.sh
+# (except this one). Each prints "PASS name" / "FAIL name" lines; a program that
+# crashes or exits non-zero without a FAIL line counts as one failure.
+# Closing line: "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export BUILD
+pass=0; fail=0; failed_names=()
+run_one() {
+  local name=$1; shift
+  local log; log=$(mktemp)
+  "$@" >"$log" 2>&1; local rc=$?
+  local p f; p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log")
+  cat "$log"
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    echo "FAIL $name (exit status $rc)"; f=1
+  fi
+  pass=$((pass + p)); fail=$((fail + f))
+  [ "$f" -gt 0 ] && failed_names+=("$name")
+  rm -f "$log"
+}
+for t in "$BUILD"/tests/*; do
+  [ -x "$t" ] || continue
+  echo "== $(basename "$t")"
+  run_one "$(basename "$t")" "$t"
+done
+for s in tests/*.sh; do
+  [ "$(basename "$s")" = run.sh ] && continue
+  echo "== $(basename "$s")"
+  run_one "$(basename "$s")" bash "$s"
+done
+[ ${#failed_names[@]} -gt 0 ] && echo "failing: ${failed_names[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,232 @@
+/* test_forward — batch invariance, KV rollback and forward input checks on
+ * random-weight models written by tmodel.h (shapes chosen so that no dimension
+ * is a multiple of the vector width, to exercise every tail path). */
+#include "tandem.h"
+#include "t.h"
+#include "tmodel.h"
+
+#include <unistd.h>
+
+static td_model *open_model(const char *dir, const tm_shape *s) {
+    if (tm_write(dir, s) != 0) return NULL;
+    td_model *m = NULL;
+    td_err err = {0};
+    if (td_model_open(&m, dir, &err) != 0) { printf("  open %s: %s\n", dir, err.msg); return NULL; }
+    return m;
+}
+
+static td_ctx *open_ctx(td_model *m, int rows, int threads) {
+    td_ctx_params p = td_ctx_default_params();
+    p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads;
+    td_ctx *c = NULL;
+    td_err err = {0};
+    if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);
+    return c;
+}
+
+/* Feed n tokens to row as one block; logits of every position into out. */
+static int feed(td_ctx *c, int row, const int32_t *toks, int n, float *out) {
+    uint8_t want[64];
+    memset(want, 1, sizeof want);
+    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks, .want = want};
+    td_err err = {0};
+    int rc = td_ctx_forward(c, &b, out, NULL, &err);
+    if (rc) printf("  forward: %s\n", err.msg);
+    return rc;
+}
+
+static void test_invariance(const char *name, const tm_shape *s, const char *dir) {
+    t_begin(name);
+    td_model *m = open_model(dir, s);
+    td_ctx *c1 = NULL, *c5 = NULL;
+    float *a = NULL, *bb = NULL, *cc = NULL, *dd = NULL;
+    T_REQUIRE(m != NULL, "model did not open");
+    int V = s->vocab;
+    int32_t seq[12];
+    uint64_t st = s->seed + 7;
+    for (int i = 0; i < 12; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    a = malloc(sizeof(float) * 64 * V); bb = malloc(sizeof(float) * 64 * V);
+    cc = malloc(sizeof(float) * 64 * V); dd = malloc(sizeof(float) * 64 * V);
+    c1 = open_ctx(m, 1, 1);
+    c5 = open_ctx(m, 5, 2);
+    T_REQUIRE(c1 && c5, "contexts");
+    /* (a) T=1 steps after a 5-token prefill, one thread */
+    int r;
+    td_ctx_row_add(c1, &r);
+    T_REQUIRE(feed(c1, r, seq, 5, a) == 0, "prefill");
+    for (int i = 5; i < 12; i++) T_REQUIRE(feed(c1, r, seq + i, 1, a + (size_t)(i - 5) * V) == 0, "step");
+    /* (b) one block of T=7, same context after trim */
+    T_CHECK(td_ctx_row_trim(c1, r, 5) == 0, "trim");
+    T_REQUIRE(feed(c1, r, seq + 5, 7, bb) == 0, "block");
+    T_CHECK(memcmp(a, bb, sizeof(float) * 7 * V) == 0, "T=1 and T=7 logits differ");
+    /* (c) inside a ragged batch of B=5 rows, two threads */
+    int rows[5], ntok[5] = {3, 7, 1, 9, 2};
+    for (int i = 0; i < 5; i++) td_ctx_row_add(c5, &rows[i]);
+    /* give other rows different histories of different lengths */
+    for (int i = 0; i < 5; i++) {
+        int32_t hist[16];
+        for (int k = 0; k < 16; k++) hist[k] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+        if (i == 1) T_REQUIRE(feed(c5, rows[i], seq, 5, dd) == 0, "prefill b5");
+        else T_REQUIRE(feed(c5, rows[i], hist, 2 + 3 * i, dd) == 0, "prefill other");
+    }
+    int32_t toks[32];
+    uint8_t want[32];
+    int t = 0, out_of_row1 = 0, nout = 0;
+    for (int i = 0; i < 5; i++)
+        for (int k = 0; k < ntok[i]; k++) {
+            toks[t] = i == 1 ? seq[5 + k] : (int32_t)(tm_rng(&st) % (uint64_t)V);
+            want[t] = (uint8_t)(i == 1 || k == ntok[i] - 1);
+            if (i == 1 && k == 0) out_of_row1 = nout;
+            nout += want[t];
+            t++;
+        }
+    td_batch b = {.n_rows = 5, .rows = rows, .n_tokens = ntok, .tokens = toks, .want = want};
+    td_err err = {0};
+    T_REQUIRE(td_ctx_forward(c5, &b, cc, NULL, &err) == 0, "batch forward: %s", err.msg);
+    T_CHECK(memcmp(a, cc + (size_t)out_of_row1 * V, sizeof(float) * 7 * V) == 0, "B=5 logits differ from T=1");
+    for (int i = 0; i < 5; i++) T_CHECK(td_ctx_row_len(c5, rows[i]) == (i == 1 ? 12 : 2 + 3 * i + ntok[i]), "row %d length", i);
+done:
+    free(a); free(bb); free(cc); free(dd);
+    td_ctx_free(c1); td_ctx_free(c5);
+    td_model_free(m);
+    t_end();
+}
+
+static void test_rollback(const tm_shape *s, const char *dir) {
+    t_begin("kv_rollback");
+    td_model *m = open_model(dir, s);
+    td_ctx *c = NULL;
+    float *ref = NULL, *got = NULL, *tmp = NULL;
+    T_REQUIRE(m != NULL, "model");
+    int V = s->vocab;
+    c = open_ctx(m, 2, 2);
+    T_REQUIRE(c != NULL, "ctx");
+    ref = malloc(sizeof(float) * 64 * V); got = malloc(sizeof(float) * 64 * V); tmp = malloc(sizeof(float) * 64 * V);
+    int32_t seq[20], alt[8];
+    uint64_t st = 99;
+    for (int i = 0; i < 20; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    for (int i = 0; i < 8; i++) alt[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    int r0, r1;
+    td_ctx_row_add(c, &r0);
+    td_ctx_row_add(c, &r1);
+    /* reference: never goes past */
+    T_REQUIRE(feed(c, r0, seq, 20, ref) == 0, "ref");
+    /* decode, wander off 8 wrong tokens, trim back, continue */
+    T_REQUIRE(feed(c, r1, seq, 10, tmp) == 0, "prefix");
+    T_REQUIRE(feed(c, r1, alt, 8, tmp) == 0, "wrong branch");
+    T_CHECK(td_ctx_row_len(c, r1) == 18, "len after branch");
+    T_CHECK(td_ctx_row_trim(c, r1, 10) == 0, "trim");
+    T_CHECK(td_ctx_row_len(c, r1) == 10, "len after trim");
+    for (int i = 10; i < 20; i++) T_REQUIRE(feed(c, r1, seq + i, 1, got + (size_t)(i - 10) * V) == 0, "redo");
+    T_CHECK(memcmp(ref + (size_t)10 * V, got, sizeof(float) * 10 * V) == 0, "logits after rollback differ");
+    T_CHECK(td_ctx_row_trim(c, r1, 21) == TD_ERANGE, "trim past the end must fail");
+done:
+    free(ref); free(got); free(tmp);
+    td_ctx_free(c);
+    td_model_free(m);
+    t_end();
+}
+
+static void test_bad_batches(const tm_shape *s, const char *dir) {
+    t_begin("forward_bad_input");
+    td_model *m = open_model(dir, s);
+    td_ctx *c = NULL;
+    float *lg = NULL;
+    T_REQUIRE(m != NULL, "model");
+    c = open_ctx(m, 2, 1);
+    T_REQUIRE(c != NULL, "ctx");
+    lg = malloc(sizeof(float) * 64 * s->vocab);
+    int r;
+    td_ctx_row_add(c, &r);
+    int32_t toks[64] = {0};
+    td_err err = {0};
+    int n = 3, bad_row = 1;
+    td_batch b = {.n_rows = 1, .rows = &bad_row, .n_tokens = &n, .tokens = toks};
+    T_CHECK(td_ctx_forward(c, &b, lg, NULL, &err) == TD_EINVAL && strstr(err.msg, "row"), "dead row: %s", err.msg);
+    b.rows = &r;
+    toks[1] = s->vocab;
+    T_CHECK(td_ctx_forward(c, &b, lg, NULL, &err) == TD_ERANGE && strstr(err.msg, "token id"), "token out of range: %s", err.msg);
+    toks[1] = 0;
+    n = 0;
+    T_CHECK(td_ctx_forward(c, &b, lg, NULL, &err) == TD_EINVAL, "zero tokens");
+    n = 60;
+    T_CHECK(td_ctx_forward(c, &b, lg, NULL, &err) == 0, "60 tokens fit");
+    n = 5;
+    T_CHECK(td_ctx_forward(c, &b, lg, NULL, &err) == TD_EFULL && strstr(err.msg, "context"), "context overflow: %s", err.msg);
+    T_CHECK(td_ctx_row_len(c, r) == 60, "failed forward must not change the row");
+    int tap = s->layers + 1;
+    n = 1;
+    b.taps = &tap; b.n_taps = 1;
+    T_CHECK(td_ctx_forward(c, &b, lg, lg, &err) == TD_ERANGE, "tap out of range");
+    int r2;
+    T_CHECK(td_ctx_row_add(c, &r2) == 0 && td_ctx_row_add(c, &r2) == TD_EFULL, "row capacity");
+done:
+    free(lg);
+    td_ctx_free(c);
+    td_model_free(m);
+    t_end();
+}
+
+/* taps: the residual stream after l layers equals the embeddings for l = 0 and
+ * is the same bits in any batch. */
+static void test_taps(const tm_shape *s, const char *dir) {
+    t_begin("forward_taps");
+    td_model *m = open_model(dir, s);
+    td_ctx *c = NULL;
+    float *lg = NULL, *tp = NULL, *tp2 = NULL;
+    T_REQUIRE(m != NULL, "model");
+    c = open_ctx(m, 1, 2);
+    T_REQUIRE(c != NULL, "ctx");
+    lg = malloc(sizeof(float) * 64 * s->vocab);
+    tp = malloc(sizeof(float) * 64 * 3 * s->hidden);
+    tp2 = malloc(sizeof(float) * 64 * 3 * s->hidden);
+    int r;
+    td_ctx_row_add(c, &r);
+    int32_t toks[6] = {3, 1, 4, 1, 5, 9};
+    int taps[3] = {0, 1, s->layers};
+    uint8_t want[6] = {1, 1, 1, 1, 1, 1};
+    int n = 6;
+    td_batch b = {.n_rows = 1, .rows = &r, .n_tokens = &n, .tokens = toks, .want = want, .taps = taps, .n_taps = 3};
+    td_err err = {0};
+    T_REQUIRE(td_ctx_forward(c, &b, lg, tp, &err) == 0, "forward: %s", err.msg);
+    /* embedding row of token 3 (f32 storage) */
+    T_CHECK(tp[0] != 0.0f, "tap 0 written");
+    T_CHECK(memcmp(tp + 0, tp + 3 * s->hidden, sizeof(float) * s->hidden) != 0, "tap 0 of different tokens differs");
+    T_CHECK(memcmp(tp + (size_t)1 * 3 * s->hidden, tp + (size_t)3 * 3 * s->hidden, sizeof(float) * s->hidden) == 0,
+            "token 1 at positions 1 and 3 has the same embedding tap");
+    td_ctx_row_trim(c, r, 5);
+    n = 1;
+    b.tokens = toks + 5;
+    T_REQUIRE(td_ctx_forward(c, &b, lg, tp2, &err) == 0, "step: %s", err.msg);
+    T_CHECK(memcmp(tp + (size_t)5 * 3 * s->hidden, tp2, sizeof(float) * 3 * s->hidden) == 0, "taps differ between T=6 and T=1");
+done:
+    free(lg); free(tp); free(tp2);
+    td_ctx_free(c);
+    td_model_free(m);
+    t_end();
+}
+
+int main(void) {
+    char tmpl[] = "/tmp/td_fwd_XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    if (!dir) return 1;
+    char d1[512], d2[512], d3[512];
+    snprintf(d1, sizeof d1, "%s/qwen", dir);
+    snprintf(d2, sizeof d2, "%s/llama", dir);
+    snprintf(d3, sizeof d3, "%s/qwenf32", dir);
+    tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
+                  .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
+    tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
+                  .ffn = 136, .ctx = 128, .tied = 0, .bf16 = 0, .seed = 2};
+    tm_shape qf = q;
+    qf.bf16 = 0; qf.seed = 3;
+    test_invariance("batch_invariance_qwen3_bf16", &q, d1);
+    test_invariance("batch_invariance_llama_f32", &l, d2);
+    test_rollback(&q, d1);
+    test_bad_batches(&qf, d3);
+    test_taps(&qf, d3);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) return 1;
+    return t_exit();
+}
