@@ -1,0 +1,406 @@
+/* model — open a Hugging Face model directory and bind its weights.
+ *
+ * Design: td_model_open reads config.json (td_config_parse), then the optional
+ * generation_config.json (its eos ids extend the config's; its bos overrides),
+ * then maps the weights: model.safetensors when present, otherwise
+ * model.safetensors.index.json whose weight_map names the shards. Each distinct
+ * shard is opened once (td_st_open validates its header completely); shard names
+ * must be plain file names inside the directory. Every tensor the forward needs
+ * is then bound by its HF name, looked up in the shard the index names for it,
+ * and checked: present, of a computable dtype (F32/F16/BF16; dtypes may differ
+ * per tensor), and of exactly the shape the config implies. lm_head points at
+ * embed_tokens when the embeddings are tied (an lm_head.weight in the files is
+ * then ignored, as transformers does). Tensors the model does not use are
+ * ignored but counted. Finally tokenizer.json (+ tokenizer_config.json) is
+ * loaded when present; its vocabulary must fit in the model's.
+ * All failures free everything, leave *out NULL and name the file/tensor/field. */
+#define _POSIX_C_SOURCE 200809L
+#include "model/model.h"
+#include "io/safetensors.h"
+#include "util/util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MD_PATH_MAX 4096
+#define MD_MAX_SHARDS 65536
+
+static const char *md_dtype_name(int dt) {
+    switch (dt) {
+    case TD_DTYPE_F32: return "F32";
+    case TD_DTYPE_F16: return "F16";
+    case TD_DTYPE_BF16: return "BF16";
+    default: return "?";
+    }
+}
+
+static int md_join(char *buf, const char *dir, const char *name, td_err *err) {
+    int n = snprintf(buf, MD_PATH_MAX, "%s/%s", dir, name);
+    if (n < 0 || n >= MD_PATH_MAX)
+        return td_seterr(err, TD_ERANGE, "%s/%s: path too long", dir, name);
+    return 0;
+}
+
+static int md_is_file(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Loader state while binding. */
+typedef struct md_loader {
+    td_model *m;
+    cJSON *index;        /* parsed index.json, or NULL for a single file */
+    const cJSON *wmap;   /* its weight_map */
+    char **shard_names;  /* [m->n_files] plain names, when sharded */
+    td_err *err;
+} md_loader;
+
+/* Find, check and bind one tensor. dims: n_dims expected sizes. */
+static int md_bind(md_loader *L, td_tensor *t, const char *name, int n_dims, int64_t d0, int64_t d1) {
+    td_model *m = L->m;
+    const td_st_tensor *st = NULL;
+    if (L->wmap) {
+        const cJSON *shard = cJSON_GetObjectItemCaseSensitive(L->wmap, name);
+        if (!shard)
+            return td_seterr(L->err, TD_EFORMAT, "tensor %s is missing (not in the weight_map of %s/%s)",
+                             name, m->dir, "model.safetensors.index.json");
+        int k;
+        for (k = 0; k < m->n_files; k++)
+            if (strcmp(L->shard_names[k], shard->valuestring) == 0) break;
+        if (k == m->n_files) /* cannot happen: every weight_map value was opened */
+            return td_seterr(L->err, TD_EFORMAT, "tensor %s: shard %s was not opened", name,
+                             shard->valuestring);
+        st = td_st_find(m->files[k], name);
+        if (!st)
+            return td_seterr(L->err, TD_EFORMAT,
+                             "tensor %s is missing: the index names shard %s but that file has no such tensor",
+                             name, m->files[k]->path);
+    } else {
+        st = td_st_find(m->files[0], name);
+        if (!st) return td_seterr(L->err, TD_EFORMAT, "tensor %s is missing from %s", name, m->files[0]->path);
+    }
+    if (st->dtype < 0)
+        return td_seterr(L->err, TD_EUNSUPPORTED,
+                         "tensor %s has dtype %s, which tandem cannot compute with (F32, F16, BF16)", name,
+                         st->dtype_name);
+    int64_t want[2] = {d0, d1};
+    int ok = st->n_dims == n_dims;
+    for (int i = 0; ok && i < n_dims; i++) ok = st->shape[i] == want[i];
+    if (!ok) {
+        char got[160] = "", exp[64] = "";
+        int p = 0;
+        for (int i = 0; i < st->n_dims && p < (int)sizeof got - 24; i++)
+            p += snprintf(got + p, sizeof got - (size_t)p, "%s%lld", i ? ", " : "", (long long)st->shape[i]);
+        if (n_dims == 1) snprintf(exp, sizeof exp, "%lld", (long long)d0);
+        else snprintf(exp, sizeof exp, "%lld, %lld", (long long)d0, (long long)d1);
+        return td_seterr(L->err, TD_EFORMAT, "tensor %s: shape [%s] but config expects [%s]", name, got, exp);
+    }
+    memset(t, 0, sizeof *t);
+    t->data = st->data;
+    t->dtype = st->dtype;
+    t->n_dims = n_dims;
+    t->shape[0] = d0;
+    if (n_dims == 2) t->shape[1] = d1;
+    m->n_tensors++;
+    m->weight_bytes += st->nbytes;
+    m->n_params += (size_t)d0 * (size_t)(n_dims == 2 ? d1 : 1);
+    m->dtype_count[st->dtype]++;
+    m->dtype_bytes[st->dtype] += st->nbytes;
+    return 0;
+}
+
+static int md_bind_all(md_loader *L) {
+    td_model *m = L->m;
+    const td_config *c = &m->cfg;
+    int rc;
+    char nm[256];
+    const int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff, D = c->head_dim;
+    const int64_t Q = (int64_t)c->n_head * D, K = (int64_t)c->n_kv_head * D;
+    if ((rc = md_bind(L, &m->w.tok_embd, "model.embed_tokens.weight", 2, V, E))) return rc;
+    if ((rc = md_bind(L, &m->w.out_norm, "model.norm.weight", 1, E, 0))) return rc;
+    if (c->tied) m->w.lm_head = m->w.tok_embd;
+    else if ((rc = md_bind(L, &m->w.lm_head, "lm_head.weight", 2, V, E))) return rc;
+    m->w.layers = calloc((size_t)c->n_layer, sizeof *m->w.layers);
+    if (!m->w.layers) return td_seterr(L->err, TD_ENOMEM, "out of memory for %d layers", c->n_layer);
+    for (int i = 0; i < c->n_layer; i++) {
+        td_layer_w *l = &m->w.layers[i];
+        struct {
+            td_tensor *t;
+            const char *suffix;
+            int nd;
+            int64_t d0, d1;
+            int when;
+        } b[] = {
+            {&l->attn_norm, "input_layernorm.weight", 1, E, 0, 1},
+            {&l->wq, "self_attn.q_proj.weight", 2, Q, E, 1},
+            {&l->wk, "self_attn.k_proj.weight", 2, K, E, 1},
+            {&l->wv, "self_attn.v_proj.weight", 2, K, E, 1},
+            {&l->wo, "self_attn.o_proj.weight", 2, E, Q, 1},
+            {&l->bq, "self_attn.q_proj.bias", 1, Q, 0, c->attn_bias},
+            {&l->bk, "self_attn.k_proj.bias", 1, K, 0, c->attn_bias},
+            {&l->bv, "self_attn.v_proj.bias", 1, K, 0, c->attn_bias},
+            {&l->bo, "self_attn.o_proj.bias", 1, E, 0, c->attn_bias},
+            {&l->q_norm, "self_attn.q_norm.weight", 1, D, 0, c->qk_norm},
+            {&l->k_norm, "self_attn.k_norm.weight", 1, D, 0, c->qk_norm},
+            {&l->ffn_norm, "post_attention_layernorm.weight", 1, E, 0, 1},
+            {&l->w_gate, "mlp.gate_proj.weight", 2, F, E, 1},
+            {&l->w_up, "mlp.up_proj.weight", 2, F, E, 1},
+            {&l->w_down, "mlp.down_proj.weight", 2, E, F, 1},
+        };
+        for (size_t j = 0; j < sizeof b / sizeof b[0]; j++) {
+            if (!b[j].when) continue;
+            snprintf(nm, sizeof nm, "model.layers.%d.%s", i, b[j].suffix);
+            if ((rc = md_bind(L, b[j].t, nm, b[j].nd, b[j].d0, b[j].d1))) return rc;
+        }
+    }
+    return 0;
+}
+
+static int md_add_file(td_model *m, const char *path, td_err *err) {
+    td_st_file *f = NULL;
+    int rc = td_st_open(&f, path, err);
+    if (rc) return rc;
+    td_st_file **nf = realloc(m->files, (size_t)(m->n_files + 1) * sizeof *nf);
+    if (!nf) {
+        td_st_free(f);
+        return td_seterr(err, TD_ENOMEM, "out of memory opening %s", path);
+    }
+    m->files = nf;
+    m->files[m->n_files++] = f;
+    return 0;
+}
+
+/* Open the shards an index names. */
+static int md_open_sharded(md_loader *L, const char *ipath) {
+    td_model *m = L->m;
+    td_err *err = L->err;
+    char *txt = NULL;
+    size_t len = 0;
+    int rc = td_read_file(ipath, &txt, &len, err);
+    if (rc) return rc;
+    L->index = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    if (!L->index) return td_seterr(err, TD_EFORMAT, "%s: not valid JSON", ipath);
+    L->wmap = cJSON_GetObjectItemCaseSensitive(L->index, "weight_map");
+    if (!cJSON_IsObject(L->index) || !cJSON_IsObject(L->wmap)) {
+        L->wmap = NULL;
+        return td_seterr(err, TD_EFORMAT, "%s: field weight_map is missing or not an object", ipath);
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, L->wmap) {
+        const char *s = cJSON_IsString(e) ? e->valuestring : NULL;
+        if (!s || !*s || strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0 || strlen(s) > 255)
+            return td_seterr(err, TD_EFORMAT, "%s: weight_map entry for %s is not a plain file name", ipath,
+                             e->string ? e->string : "?");
+        int k;
+        for (k = 0; k < m->n_files; k++)
+            if (strcmp(L->shard_names[k], s) == 0) break;
+        if (k < m->n_files) continue;
+        if (m->n_files >= MD_MAX_SHARDS) return td_seterr(err, TD_ERANGE, "%s: too many shards", ipath);
+        char **nn = realloc(L->shard_names, (size_t)(m->n_files + 1) * sizeof *nn);
+        if (!nn) return td_seterr(err, TD_ENOMEM, "out of memory reading %s", ipath);
+        L->shard_names = nn;
+        L->shard_names[m->n_files] = strdup(s);
+        if (!L->shard_names[m->n_files]) return td_seterr(err, TD_ENOMEM, "out of memory reading %s", ipath);
+        char path[MD_PATH_MAX];
+        if ((rc = md_join(path, m->dir, s, err))) goto fail_name;
+        if (!md_is_file(path)) {
+            rc = td_seterr(err, TD_EIO, "%s: shard %s named in weight_map (for tensor %s) does not exist", ipath,
+                           path, e->string ? e->string : "?");
+            goto fail_name;
+        }
+        if ((rc = md_add_file(m, path, err))) goto fail_name;
+        continue;
+    fail_name:
+        free(L->shard_names[m->n_files]);
+        return rc;
+    }
+    if (m->n_files == 0) return td_seterr(err, TD_EFORMAT, "%s: weight_map names no shards", ipath);
+    return 0;
+}
+
+static int md_load_tokenizer(td_model *m, td_err *err) {
+    char tj[MD_PATH_MAX], tc[MD_PATH_MAX];
+    int rc;
+    if ((rc = md_join(tj, m->dir, "tokenizer.json", err))) return rc;
+    if ((rc = md_join(tc, m->dir, "tokenizer_config.json", err))) return rc;
+    if (!md_is_file(tj)) return 0;
+    td_err e = {0};
+    rc = td_tokenizer_open(&m->tok, tj, md_is_file(tc) ? tc : NULL, &e);
+    if (rc) {
+        m->tok = NULL;
+        return td_seterr(err, rc < 0 ? rc : TD_EFORMAT, "%s: %s", tj, e.msg[0] ? e.msg : td_strerror(rc));
+    }
+    int nv = td_tokenizer_n_vocab(m->tok);
+    if (nv > m->cfg.n_vocab)
+        return td_seterr(err, TD_EFORMAT, "%s: tokenizer has %d ids but config.json vocab_size is %d", tj, nv,
+                         m->cfg.n_vocab);
+    m->chat = td_tokenizer_chat_style(m->tok);
+    return 0;
+}
+
+static int md_open(td_model *m, const char *dir, td_err *err) {
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/') dl--; /* "dir/" -> "dir" */
+    if (dl == 0 || dl >= sizeof m->dir - 300)
+        return td_seterr(err, TD_EINVAL, "model directory path is empty or too long");
+    memcpy(m->dir, dir, dl);
+    m->dir[dl] = 0;
+    struct stat sb;
+    if (stat(m->dir, &sb) != 0) return td_seterr(err, TD_EIO, "%s: %s", m->dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return td_seterr(err, TD_EIO, "%s: not a directory", m->dir);
+
+    char path[MD_PATH_MAX];
+    char *txt = NULL;
+    size_t len = 0;
+    int rc;
+    if ((rc = md_join(path, m->dir, "config.json", err))) return rc;
+    if ((rc = td_read_file(path, &txt, &len, err))) return rc;
+    td_err ce = {0};
+    rc = td_config_parse(&m->cfg, txt, len, &ce);
+    free(txt);
+    if (rc) return td_seterr(err, rc, "%s/%s", m->dir, ce.msg); /* ce.msg starts "config.json: " */
+
+    if ((rc = md_join(path, m->dir, "generation_config.json", err))) return rc;
+    if (md_is_file(path)) {
+        if ((rc = td_read_file(path, &txt, &len, err))) return rc;
+        rc = td_config_merge_generation(&m->cfg, txt, len, path, err);
+        free(txt);
+        if (rc) return rc;
+    }
+
+    md_loader L = {.m = m, .err = err};
+    char ipath[MD_PATH_MAX];
+    if ((rc = md_join(path, m->dir, "model.safetensors", err))) return rc;
+    if ((rc = md_join(ipath, m->dir, "model.safetensors.index.json", err))) return rc;
+    if (md_is_file(path)) {
+        rc = md_add_file(m, path, err);
+    } else if (md_is_file(ipath)) {
+        rc = md_open_sharded(&L, ipath);
+    } else {
+        rc = td_seterr(err, TD_EIO, "%s: no model.safetensors or model.safetensors.index.json", m->dir);
+    }
+    if (rc == 0) rc = md_bind_all(&L);
+    if (rc == 0) {
+        long total = 0;
+        for (int i = 0; i < m->n_files; i++) total += m->files[i]->n_tensors;
+        m->n_extra_tensors = (int)(total - m->n_tensors);
+        int best = TD_DTYPE_F32;
+        for (int d = 0; d < 3; d++)
+            if (m->dtype_bytes[d] > m->dtype_bytes[best]) best = d;
+        m->dtype = best;
+    }
+    if (L.shard_names)
+        for (int i = 0; i < m->n_files; i++) free(L.shard_names[i]);
+    free(L.shard_names);
+    cJSON_Delete(L.index);
+    if (rc) return rc;
+    return md_load_tokenizer(m, err);
+}
+
+int td_model_open(td_model **out, const char *dir, td_err *err) {
+    if (!out) return td_seterr(err, TD_EINVAL, "td_model_open: out is NULL");
+    *out = NULL;
+    if (!dir) return td_seterr(err, TD_EINVAL, "td_model_open: dir is NULL");
+    td_model *m = calloc(1, sizeof *m);
+    if (!m) return td_seterr(err, TD_ENOMEM, "out of memory opening model %s", dir);
+    int rc = md_open(m, dir, err);
+    if (rc) {
+        td_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void td_model_free(td_model *m) {
+    if (!m) return;
+    if (m->tok) td_tokenizer_free(m->tok);
+    for (int i = 0; i < m->n_files; i++) td_st_free(m->files[i]);
+    free(m->files);
+    free(m->w.layers);
+    free(m);
+}
+
+void td_model_get_info(const td_model *m, td_model_info *info) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    if (!m) return;
+    const td_config *c = &m->cfg;
+    info->arch = c->arch;
+    info->arch_name = c->arch_name;
+    info->n_vocab = c->n_vocab;
+    info->n_embd = c->n_embd;
+    info->n_layer = c->n_layer;
+    info->n_head = c->n_head;
+    info->n_kv_head = c->n_kv_head;
+    info->head_dim = c->head_dim;
+    info->n_ff = c->n_ff;
+    info->n_ctx_train = c->n_ctx_train;
+    info->tied_embeddings = c->tied;
+    info->dtype = m->dtype;
+    info->n_params = m->n_params;
+    info->weight_bytes = m->weight_bytes;
+    info->n_tensors = m->n_tensors;
+    info->n_eos = c->n_eos;
+    memcpy(info->eos_ids, c->eos_ids, sizeof info->eos_ids);
+}
+
+const td_tokenizer *td_model_tokenizer(const td_model *m) { return m ? m->tok : NULL; }
+
+static const char *md_chat_name(td_chat_style s) {
+    switch (s) {
+    case TD_CHAT_CHATML: return "chatml";
+    case TD_CHAT_LLAMA3: return "llama3";
+    default: return "none";
+    }
+}
+
+void td_model_describe(const td_model *m, FILE *f) {
+    if (!m || !f) return;
+    const td_config *c = &m->cfg;
+    fprintf(f, "model:              %s\n", m->dir);
+    fprintf(f, "architecture:       %s\n", c->arch_name);
+    fprintf(f, "vocab_size:         %d\n", c->n_vocab);
+    fprintf(f, "hidden_size:        %d\n", c->n_embd);
+    fprintf(f, "num_hidden_layers:  %d\n", c->n_layer);
+    fprintf(f, "num_attention_heads: %d\n", c->n_head);
+    fprintf(f, "num_key_value_heads: %d\n", c->n_kv_head);
+    fprintf(f, "head_dim:           %d\n", c->head_dim);
+    fprintf(f, "intermediate_size:  %d\n", c->n_ff);
+    fprintf(f, "max_position_embeddings: %d\n", c->n_ctx_train);
+    fprintf(f, "rms_norm_eps:       %g\n", (double)c->rms_eps);
+    fprintf(f, "rope_theta:         %g\n", c->rope_theta);
+    if (c->rope_scaling == TD_ROPE_LLAMA3)
+        fprintf(f, "rope:               llama3 (factor %g, low_freq_factor %g, high_freq_factor %g, "
+                   "original_max_position_embeddings %d)\n",
+                c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_ctx);
+    else
+        fprintf(f, "rope:               default\n");
+    fprintf(f, "tie_word_embeddings: %s\n", c->tied ? "true" : "false");
+    fprintf(f, "attention_bias:     %s\n", c->attn_bias ? "true" : "false");
+    fprintf(f, "qk_norm:            %s\n", c->qk_norm ? "true" : "false");
+    fprintf(f, "eos_token_id:       ");
+    for (int i = 0; i < c->n_eos; i++) fprintf(f, "%s%d", i ? ", " : "", (int)c->eos_ids[i]);
+    fprintf(f, "%s\n", c->n_eos ? "" : "(none)");
+    if (c->bos_id >= 0) fprintf(f, "bos_token_id:       %d\n", (int)c->bos_id);
+    else fprintf(f, "bos_token_id:       (none)\n");
+    fprintf(f, "tensors:            %d used, %d ignored\n", m->n_tensors, m->n_extra_tensors);
+    fprintf(f, "parameters:         %zu (%.3f M)\n", m->n_params, (double)m->n_params / 1e6);
+    fprintf(f, "weight bytes:       %zu (%.2f MiB)\n", m->weight_bytes, (double)m->weight_bytes / 1048576.0);
+    fprintf(f, "dtypes:            ");
+    for (int d = 0; d < 3; d++)
+        if (m->dtype_count[d]) fprintf(f, " %s x %d (%zu bytes)", md_dtype_name(d), m->dtype_count[d], m->dtype_bytes[d]);
+    fprintf(f, "\n");
+    fprintf(f, "files:              %d\n", m->n_files);
+    for (int i = 0; i < m->n_files; i++)
+        fprintf(f, "  %s (%d tensors, %zu bytes)\n", m->files[i]->path, m->files[i]->n_tensors, m->files[i]->map_len);
+    if (m->tok)
+        fprintf(f, "tokenizer:          %d ids, chat style %s\n", td_tokenizer_n_vocab(m->tok), md_chat_name(m->chat));
+    else
+        fprintf(f, "tokenizer:          (none)\n");
+}

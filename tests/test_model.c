@@ -1,0 +1,768 @@
+/* test_model — the model loader (model/model.c, model/config.c, io/safetensors.c).
+ *
+ * Design: every case writes a tiny synthetic Hugging Face model directory into a
+ * temp dir from C (config.json + safetensors built byte by byte: a Qwen3 config
+ * with vocab 32, hidden 8, 1 layer, 2 heads, 1 kv head, head_dim 4, ffn 16 and
+ * deterministic weights), opens it with td_model_open, and checks either the
+ * loaded views (info fields, tensor data pointers, values) or, for corrupted
+ * inputs, the error code and that the message names the culprit. Real fixtures
+ * under tests/fixtures/{qwen3,llama}-rand are loaded when present. */
+#define _POSIX_C_SOURCE 200809L
+#include "t.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "tandem.h"
+#include "util/util.h"
+
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- synthetic files ---------------------------------------------------- */
+
+typedef struct tt {
+    char name[96];
+    char dtype[8];   /* "F32", "BF16", "F16", "I8" */
+    int nd;
+    int64_t shape[4];
+    int bad_end;     /* added to the end offset in the header */
+    int shard;       /* 0 or 1 when written sharded */
+} tt;
+
+typedef struct tmodel {
+    tt t[64];
+    int n;
+} tmodel;
+
+static char g_root[256];
+
+static size_t dt_size(const char *d) {
+    if (!strcmp(d, "F32")) return 4;
+    if (!strcmp(d, "I8")) return 1;
+    return 2;
+}
+
+static size_t tt_count(const tt *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->nd; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+/* Deterministic value j of tensor i, exact in bf16 and f16. */
+static float tval(const char *name, size_t j) {
+    unsigned h = 5381;
+    for (const char *p = name; *p; p++) h = h * 33 + (unsigned char)*p;
+    return (float)((int)((h + j * 7) % 64) - 32) * 0.25f;
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16); /* values are exact */
+}
+
+static uint16_t f32_to_f16(float f) { /* exact small values only */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    if ((u & 0x7fffffff) == 0) return (uint16_t)sign;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = (u >> 13) & 0x3ff;
+    return (uint16_t)(sign | ((uint32_t)e << 10) | man);
+}
+
+static float read_val(const td_tensor *t, size_t j) {
+    if (t->dtype == TD_DTYPE_F32) return ((const float *)t->data)[j];
+    uint16_t h = ((const uint16_t *)t->data)[j];
+    return t->dtype == TD_DTYPE_BF16 ? td_bf16_to_f32(h) : td_f16_to_f32(h);
+}
+
+/* Write the tensors with shard == which (or all when which < 0) to path.
+ * header_override replaces the JSON header text when non-NULL. */
+static void write_st(const char *path, const tmodel *tm, int which, const char *header_override) {
+    char *hdr = malloc(65536);
+    size_t hl = 0, off = 0;
+    hl += (size_t)sprintf(hdr + hl, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < tm->n; i++) {
+        const tt *t = &tm->t[i];
+        if (which >= 0 && t->shard != which) continue;
+        size_t nb = tt_count(t) * dt_size(t->dtype);
+        hl += (size_t)sprintf(hdr + hl, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, t->dtype);
+        for (int d = 0; d < t->nd; d++) hl += (size_t)sprintf(hdr + hl, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        hl += (size_t)sprintf(hdr + hl, "],\"data_offsets\":[%zu,%lld]}", off, (long long)(off + nb) + t->bad_end);
+        off += nb;
+    }
+    hl += (size_t)sprintf(hdr + hl, "}");
+    if (header_override) hl = (size_t)sprintf(hdr, "%s", header_override);
+    while (hl % 8) hdr[hl++] = ' ';
+    FILE *f = fopen(path, "wb");
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    fwrite(len8, 1, 8, f);
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < tm->n; i++) {
+        const tt *t = &tm->t[i];
+        if (which >= 0 && t->shard != which) continue;
+        size_t n = tt_count(t);
+        for (size_t j = 0; j < n; j++) {
+            float v = tval(t->name, j);
+            if (!strcmp(t->dtype, "F32")) fwrite(&v, 4, 1, f);
+            else if (!strcmp(t->dtype, "BF16")) { uint16_t h = f32_to_bf16(v); fwrite(&h, 2, 1, f); }
+            else if (!strcmp(t->dtype, "F16")) { uint16_t h = f32_to_f16(v); fwrite(&h, 2, 1, f); }
+            else { int8_t b = (int8_t)v; fwrite(&b, 1, 1, f); }
+        }
+    }
+    fclose(f);
+    free(hdr);
+}
+
+static void add(tmodel *tm, const char *name, const char *dt, int nd, int64_t d0, int64_t d1) {
+    tt *t = &tm->t[tm->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dt);
+    t->nd = nd;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+}
+
+static tt *find_tt(tmodel *tm, const char *name) {
+    for (int i = 0; i < tm->n; i++)
+        if (!strcmp(tm->t[i].name, name)) return &tm->t[i];
+    return NULL;
+}
+
+static void remove_tt(tmodel *tm, const char *name) {
+    for (int i = 0; i < tm->n; i++)
+        if (!strcmp(tm->t[i].name, name)) {
+            memmove(&tm->t[i], &tm->t[i + 1], (size_t)(tm->n - i - 1) * sizeof tm->t[0]);
+            tm->n--;
+            return;
+        }
+}
+
+/* The tiny Qwen3: vocab 32, hidden 8, 1 layer, 2 heads x 4, 1 kv head, ffn 16, untied. */
+static void tiny_tensors(tmodel *tm, const char *dt) {
+    tm->n = 0;
+    add(tm, "model.embed_tokens.weight", dt, 2, 32, 8);
+    add(tm, "model.norm.weight", dt, 1, 8, 0);
+    add(tm, "lm_head.weight", dt, 2, 32, 8);
+    add(tm, "model.layers.0.input_layernorm.weight", dt, 1, 8, 0);
+    add(tm, "model.layers.0.self_attn.q_proj.weight", dt, 2, 8, 8);
+    add(tm, "model.layers.0.self_attn.k_proj.weight", dt, 2, 4, 8);
+    add(tm, "model.layers.0.self_attn.v_proj.weight", dt, 2, 4, 8);
+    add(tm, "model.layers.0.self_attn.o_proj.weight", dt, 2, 8, 8);
+    add(tm, "model.layers.0.self_attn.q_norm.weight", dt, 1, 4, 0);
+    add(tm, "model.layers.0.self_attn.k_norm.weight", dt, 1, 4, 0);
+    add(tm, "model.layers.0.post_attention_layernorm.weight", dt, 1, 8, 0);
+    add(tm, "model.layers.0.mlp.gate_proj.weight", dt, 2, 16, 8);
+    add(tm, "model.layers.0.mlp.up_proj.weight", dt, 2, 16, 8);
+    add(tm, "model.layers.0.mlp.down_proj.weight", dt, 2, 8, 16);
+    for (int i = 0; i < tm->n; i++) tm->t[i].shard = i % 2;
+}
+
+static const char *TINY_CFG =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":32,"
+    "\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+    "\"head_dim\":4,\"intermediate_size\":16,\"max_position_embeddings\":128,\"rms_norm_eps\":1e-6,"
+    "\"tie_word_embeddings\":false,\"attention_bias\":false,\"rope_theta\":1000000,"
+    "\"hidden_act\":\"silu\",\"eos_token_id\":2,\"bos_token_id\":1,\"rope_scaling\":null}";
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A fresh case directory under the temp root. */
+static const char *case_dir(const char *name, char *buf) {
+    if (snprintf(buf, 512, "%s/%s", g_root, name) >= 512) buf[0] = 0;
+    mkdir(buf, 0755);
+    return buf;
+}
+
+static void file_in(char *out, const char *dir, const char *name) {
+    if (snprintf(out, 512, "%s/%s", dir, name) >= 512) out[0] = 0;
+}
+
+/* Write a complete single-file model dir; cfg NULL = TINY_CFG. */
+static const char *write_model(const char *name, const char *cfg, const tmodel *tm, char *dirbuf) {
+    const char *d = case_dir(name, dirbuf);
+    char p[512];
+    file_in(p, d, "config.json");
+    write_text(p, cfg ? cfg : TINY_CFG);
+    file_in(p, d, "model.safetensors");
+    write_st(p, tm, -1, NULL);
+    return d;
+}
+
+static long file_size(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+static void rm_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char p[1024];
+            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+            rm_tree(p);
+        }
+        closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+/* Open expecting failure with code; the message must contain every needle. */
+static void expect_fail(const char *dir, int code, const char *n1, const char *n2) {
+    td_err err = {0};
+    td_model *m = (td_model *)1;
+    int rc = td_model_open(&m, dir, &err);
+    T_CHECK(rc == code, "rc %d (%s), want %d; msg: %s", rc, td_strerror(rc), code, err.msg);
+    T_CHECK(m == NULL, "out not NULL on failure");
+    T_CHECK(err.code == rc, "err.code %d", err.code);
+    if (n1) T_CHECK(strstr(err.msg, n1), "message lacks \"%s\": %s", n1, err.msg);
+    if (n2) T_CHECK(strstr(err.msg, n2), "message lacks \"%s\": %s", n2, err.msg);
+    if (m && m != (td_model *)1) td_model_free(m);
+}
+
+/* Every bound tensor's values match what was written. */
+static int check_values(const td_model *m, tmodel *tm) {
+    int bad = 0;
+    const td_layer_w *l = &m->w.layers[0];
+    struct { const td_tensor *t; const char *name; } c[] = {
+        {&m->w.tok_embd, "model.embed_tokens.weight"},
+        {&m->w.out_norm, "model.norm.weight"},
+        {&m->w.lm_head, m->cfg.tied ? "model.embed_tokens.weight" : "lm_head.weight"},
+        {&l->attn_norm, "model.layers.0.input_layernorm.weight"},
+        {&l->wq, "model.layers.0.self_attn.q_proj.weight"},
+        {&l->wk, "model.layers.0.self_attn.k_proj.weight"},
+        {&l->wv, "model.layers.0.self_attn.v_proj.weight"},
+        {&l->wo, "model.layers.0.self_attn.o_proj.weight"},
+        {&l->q_norm, "model.layers.0.self_attn.q_norm.weight"},
+        {&l->k_norm, "model.layers.0.self_attn.k_norm.weight"},
+        {&l->ffn_norm, "model.layers.0.post_attention_layernorm.weight"},
+        {&l->w_gate, "model.layers.0.mlp.gate_proj.weight"},
+        {&l->w_up, "model.layers.0.mlp.up_proj.weight"},
+        {&l->w_down, "model.layers.0.mlp.down_proj.weight"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const td_tensor *t = c[i].t;
+        tt *w = find_tt(tm, c[i].name);
+        if (!t->data || !w) { printf("  %s: no data\n", c[i].name); bad++; continue; }
+        if (t->n_dims != w->nd || t->shape[0] != w->shape[0] || (w->nd == 2 && t->shape[1] != w->shape[1])) {
+            printf("  %s: shape differs\n", c[i].name);
+            bad++;
+        }
+        size_t n = tt_count(w);
+        for (size_t j = 0; j < n; j++) {
+            if (read_val(t, j) != tval(w->name, j)) {
+                printf("  %s[%zu] = %g, want %g\n", w->name, j, read_val(t, j), tval(w->name, j));
+                bad++;
+                break;
+            }
+        }
+    }
+    return bad;
+}
+
+/* ---- cases -------------------------------------------------------------- */
+
+static void test_good(void) {
+    t_begin("model: tiny qwen3 f32 loads; info and tensor views right");
+    tmodel tm;
+    tiny_tensors(&tm, "F32");
+    add(&tm, "model.rotary_emb.inv_freq", "F32", 1, 2, 0); /* extra, ignored */
+    char d[512];
+    write_model("good", NULL, &tm, d);
+    td_err err = {0};
+    td_model *m = NULL;
+    int rc = td_model_open(&m, d, &err);
+    T_REQUIRE(rc == 0 && m, "open failed: %d %s", rc, err.msg);
+    td_model_info in;
+    td_model_get_info(m, &in);
+    T_CHECK(in.arch == TD_ARCH_QWEN3, "arch %d", in.arch);
+    T_CHECK(!strcmp(in.arch_name, "Qwen3ForCausalLM"), "arch_name %s", in.arch_name);
+    T_CHECK(in.n_vocab == 32 && in.n_embd == 8 && in.n_layer == 1 && in.n_head == 2, "dims");
+    T_CHECK(in.n_kv_head == 1 && in.head_dim == 4 && in.n_ff == 16 && in.n_ctx_train == 128, "dims2");
+    T_CHECK(in.tied_embeddings == 0, "tied");
+    T_CHECK(in.dtype == TD_DTYPE_F32, "dtype %d", in.dtype);
+    T_CHECK(in.n_tensors == 14, "n_tensors %d", in.n_tensors);
+    size_t params = 32 * 8 * 2 + 8 + 8 + 64 + 32 + 32 + 64 + 4 + 4 + 8 + 128 * 3;
+    T_CHECK(in.n_params == params, "n_params %zu want %zu", in.n_params, params);
+    T_CHECK(in.weight_bytes == params * 4, "weight_bytes %zu", in.weight_bytes);
+    T_CHECK(in.n_eos == 1 && in.eos_ids[0] == 2, "eos %d %d", in.n_eos, in.eos_ids[0]);
+    T_CHECK(m->cfg.bos_id == 1 && m->cfg.qk_norm == 1 && m->cfg.attn_bias == 0, "cfg flags");
+    T_CHECK(m->cfg.rope_theta == 1000000.0 && m->cfg.rope_scaling == TD_ROPE_NONE, "rope");
+    T_CHECK(m->cfg.rms_eps == 1e-6f, "eps %g", (double)m->cfg.rms_eps);
+    T_CHECK(m->n_extra_tensors == 1, "extra %d", m->n_extra_tensors);
+    T_CHECK(td_model_tokenizer(m) == NULL, "tokenizer should be absent");
+    T_CHECK(check_values(m, &tm) == 0, "values differ");
+    /* the view points into the mapping at header end + offset */
+    const td_st_file *f = m->files[0];
+    const td_st_tensor *st = td_st_find(f, "model.layers.0.mlp.up_proj.weight");
+    T_CHECK(st && st->data == m->w.layers[0].w_up.data, "w_up view not at the file's bytes");
+    T_CHECK((const char *)m->w.tok_embd.data > (const char *)f->map &&
+                (const char *)m->w.tok_embd.data < (const char *)f->map + f->map_len, "embd outside map");
+    T_CHECK(((const float *)m->w.layers[0].wk.data)[5] == tval("model.layers.0.self_attn.k_proj.weight", 5),
+            "wk[5]");
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *mf = open_memstream(&buf, &blen);
+    td_model_describe(m, mf);
+    fclose(mf);
+    T_CHECK(buf && strstr(buf, "Qwen3ForCausalLM") && strstr(buf, "F32 x 14") && strstr(buf, "model.safetensors"),
+            "describe:\n%s", buf ? buf : "");
+    free(buf);
+done:
+    td_model_free(m);
+    t_end();
+}
+
+static void test_sharded(void) {
+    t_begin("model: sharded index.json layout loads identically");
+    tmodel tm;
+    tiny_tensors(&tm, "F32");
+    char d[512], p[512];
+    case_dir("sharded", d);
+    file_in(p, d, "config.json");
+    write_text(p, TINY_CFG);
+    file_in(p, d, "model-00001-of-00002.safetensors");
+    write_st(p, &tm, 0, NULL);
+    file_in(p, d, "model-00002-of-00002.safetensors");
+    write_st(p, &tm, 1, NULL);
+    char idx[16384];
+    int n = sprintf(idx, "{\"metadata\":{\"total_size\":1},\"weight_map\":{");
+    for (int i = 0; i < tm.n; i++)
+        n += snprintf(idx + n, sizeof idx - (size_t)n, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"", i ? "," : "", tm.t[i].name,
+                     tm.t[i].shard + 1);
+    snprintf(idx + n, sizeof idx - (size_t)n, "}}");
+    file_in(p, d, "model.safetensors.index.json");
+    write_text(p, idx);
+    td_err err = {0};
+    td_model *m = NULL;
+    int rc = td_model_open(&m, d, &err);
+    T_REQUIRE(rc == 0, "open failed: %s", err.msg);
+    T_CHECK(m->n_files == 2, "n_files %d", m->n_files);
+    td_model_info in;
+    td_model_get_info(m, &in);
+    T_CHECK(in.n_tensors == 14 && in.weight_bytes == 1120 * 4, "n_tensors %d bytes %zu", in.n_tensors,
+            in.weight_bytes);
+    T_CHECK(check_values(m, &tm) == 0, "values differ");
+    td_model_free(m);
+    m = NULL;
+
+    /* the index names a shard that does not hold the tensor */
+    n = sprintf(idx, "{\"weight_map\":{");
+    for (int i = 0; i < tm.n; i++)
+        n += snprintf(idx + n, sizeof idx - (size_t)n, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"", i ? "," : "", tm.t[i].name,
+                     (i == 5 ? 1 - tm.t[i].shard : tm.t[i].shard) + 1);
+    snprintf(idx + n, sizeof idx - (size_t)n, "}}");
+    write_text(p, idx);
+    expect_fail(d, TD_EFORMAT, "model.layers.0.self_attn.k_proj.weight", "index names shard");
+
+    /* the index names a shard file that is absent */
+    n = sprintf(idx, "{\"weight_map\":{");
+    for (int i = 0; i < tm.n; i++)
+        n += snprintf(idx + n, sizeof idx - (size_t)n, "%s\"%s\":\"%s\"", i ? "," : "", tm.t[i].name,
+                     i == 3 ? "model-00003-of-00002.safetensors" : "model-00001-of-00002.safetensors");
+    snprintf(idx + n, sizeof idx - (size_t)n, "}}");
+    write_text(p, idx);
+    expect_fail(d, TD_EIO, "model-00003-of-00002.safetensors", "does not exist");
+
+    /* path traversal in a shard name */
+    write_text(p, "{\"weight_map\":{\"model.norm.weight\":\"../x.safetensors\"}}");
+    expect_fail(d, TD_EFORMAT, "model.norm.weight", "plain file name");
+    write_text(p, "{\"weight_map\":[1]}");
+    expect_fail(d, TD_EFORMAT, "weight_map", NULL);
+done:
+    td_model_free(m);
+    t_end();
+}
+
+static void test_dtypes(void) {
+    static const char *dts[3] = {"BF16", "F16", "F32"};
+    static const int want[3] = {TD_DTYPE_BF16, TD_DTYPE_F16, TD_DTYPE_F32};
+    for (int k = 0; k < 2; k++) {
+        static char title[2][64];
+        char name[64];
+        snprintf(title[k], sizeof title[k], "model: %s weights load with exact values", dts[k]);
+        t_begin(title[k]);
+        tmodel tm;
+        tiny_tensors(&tm, dts[k]);
+        char d[512];
+        snprintf(name, sizeof name, "dt_%s", dts[k]);
+        write_model(name, NULL, &tm, d);
+        td_err err = {0};
+        td_model *m = NULL;
+        int rc = td_model_open(&m, d, &err);
+        T_REQUIRE(rc == 0, "open failed: %s", err.msg);
+        td_model_info in;
+        td_model_get_info(m, &in);
+        T_CHECK(in.dtype == want[k], "dtype %d", in.dtype);
+        T_CHECK(in.weight_bytes == in.n_params * 2, "bytes");
+        T_CHECK(m->w.layers[0].wq.dtype == want[k], "wq dtype");
+        T_CHECK(check_values(m, &tm) == 0, "values differ");
+    done:
+        td_model_free(m);
+        t_end();
+    }
+}
+
+static void test_mixed(void) {
+    t_begin("model: mixed dtypes per tensor; tied lm_head; generation_config eos");
+    {
+        tmodel tm;
+        tiny_tensors(&tm, "BF16");
+        find_tt(&tm, "model.norm.weight")->dtype[0] = 0;
+        strcpy(find_tt(&tm, "model.norm.weight")->dtype, "F32");
+        strcpy(find_tt(&tm, "model.layers.0.self_attn.q_norm.weight")->dtype, "F16");
+        /* lm_head.weight stays in the file but is ignored when tied */
+        char cfg[2048], d[512], p[512];
+        snprintf(cfg, sizeof cfg, "%s", TINY_CFG);
+        char *tie = strstr(cfg, "\"tie_word_embeddings\":false");
+        memcpy(tie, "\"tie_word_embeddings\":true ", 27);
+        write_model("mixed", cfg, &tm, d);
+        file_in(p, d, "generation_config.json");
+        write_text(p, "{\"eos_token_id\":[7,2],\"bos_token_id\":3}");
+        td_err err = {0};
+        td_model *m = NULL;
+        int rc = td_model_open(&m, d, &err);
+        T_REQUIRE(rc == 0, "open failed: %s", err.msg);
+        T_CHECK(m->w.out_norm.dtype == TD_DTYPE_F32 && m->w.layers[0].q_norm.dtype == TD_DTYPE_F16 &&
+                    m->w.layers[0].wq.dtype == TD_DTYPE_BF16, "per-tensor dtypes");
+        T_CHECK(m->cfg.tied && m->w.lm_head.data == m->w.tok_embd.data, "tied lm_head not embd");
+        T_CHECK(m->n_tensors == 13 && m->n_extra_tensors == 1, "tensors %d extra %d", m->n_tensors,
+                m->n_extra_tensors);
+        T_CHECK(m->dtype == TD_DTYPE_BF16, "main dtype");
+        T_CHECK(m->cfg.n_eos == 2 && m->cfg.eos_ids[0] == 7 && m->cfg.eos_ids[1] == 2, "eos %d", m->cfg.n_eos);
+        T_CHECK(m->cfg.bos_id == 3, "bos %d", m->cfg.bos_id);
+        T_CHECK(check_values(m, &tm) == 0, "values differ");
+        td_model_free(m);
+        m = NULL;
+        write_text(p, "{\"eos_token_id\":[7,99]}");
+        expect_fail(d, TD_ERANGE, "generation_config.json", "eos_token_id");
+        write_text(p, "{\"eos_token_id\":");
+        expect_fail(d, TD_EFORMAT, "generation_config.json", NULL);
+    done:
+        td_model_free(m);
+        t_end();
+    }
+}
+
+static void test_bad_files(void) {
+    tmodel tm;
+    char d[512], p[512];
+
+    t_begin("model: truncated safetensors (cut in the data region)");
+    tiny_tensors(&tm, "F32");
+    write_model("trunc_data", NULL, &tm, d);
+    file_in(p, d, "model.safetensors");
+    T_CHECK(truncate(p, file_size(p) - 10) == 0, "truncate");
+    expect_fail(d, TD_EFORMAT, "model.layers.0.mlp.down_proj.weight", "past the data region");
+    t_end();
+
+    t_begin("model: truncated safetensors (cut inside the header)");
+    T_CHECK(truncate(p, 100) == 0, "truncate");
+    expect_fail(d, TD_EFORMAT, "model.safetensors", "past the end of the file");
+    T_CHECK(truncate(p, 5) == 0, "truncate");
+    expect_fail(d, TD_EFORMAT, "model.safetensors", "too short");
+    T_CHECK(truncate(p, 0) == 0, "truncate");
+    expect_fail(d, TD_EFORMAT, "model.safetensors", "too short");
+    t_end();
+
+    t_begin("model: header length past end of file / over 100 MB");
+    write_model("hdr_len", NULL, &tm, d);
+    file_in(p, d, "model.safetensors");
+    {
+        FILE *f = fopen(p, "r+b");
+        unsigned char big[8] = {0x00, 0x00, 0x10, 0, 0, 0, 0, 0}; /* 1 MiB */
+        fwrite(big, 1, 8, f);
+        fclose(f);
+        expect_fail(d, TD_EFORMAT, "header length 1048576", "past the end");
+        f = fopen(p, "r+b");
+        unsigned char huge[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+        fwrite(huge, 1, 8, f);
+        fclose(f);
+        expect_fail(d, TD_EFORMAT, "model.safetensors", "100 MB");
+    }
+    t_end();
+
+    t_begin("model: header offset past the end of the data");
+    tiny_tensors(&tm, "F32");
+    find_tt(&tm, "model.layers.0.mlp.down_proj.weight")->bad_end = 4000;
+    write_model("off_past", NULL, &tm, d);
+    expect_fail(d, TD_EFORMAT, "model.layers.0.mlp.down_proj.weight", "past the data region");
+    t_end();
+
+    t_begin("model: data_offsets not matching shape x dtype");
+    tiny_tensors(&tm, "F32");
+    find_tt(&tm, "model.layers.0.self_attn.v_proj.weight")->bad_end = -4;
+    write_model("off_size", NULL, &tm, d);
+    expect_fail(d, TD_EFORMAT, "model.layers.0.self_attn.v_proj.weight", "needs 128");
+    t_end();
+
+    t_begin("model: shape disagreeing with the config");
+    tiny_tensors(&tm, "F32");
+    find_tt(&tm, "model.layers.0.mlp.up_proj.weight")->shape[0] = 12;
+    write_model("shape", NULL, &tm, d);
+    expect_fail(d, TD_EFORMAT, "tensor model.layers.0.mlp.up_proj.weight: shape [12, 8] but config expects [16, 8]",
+                NULL);
+    tiny_tensors(&tm, "F32");
+    find_tt(&tm, "model.norm.weight")->nd = 2;
+    find_tt(&tm, "model.norm.weight")->shape[1] = 1;
+    write_model("shape2", NULL, &tm, d);
+    expect_fail(d, TD_EFORMAT, "tensor model.norm.weight: shape [8, 1] but config expects [8]", NULL);
+    t_end();
+
+    t_begin("model: missing tensor named");
+    tiny_tensors(&tm, "F32");
+    remove_tt(&tm, "model.layers.0.self_attn.k_norm.weight");
+    write_model("missing", NULL, &tm, d);
+    expect_fail(d, TD_EFORMAT, "model.layers.0.self_attn.k_norm.weight", "missing");
+    tiny_tensors(&tm, "F32");
+    remove_tt(&tm, "lm_head.weight");
+    write_model("missing_head", NULL, &tm, d);
+    expect_fail(d, TD_EFORMAT, "lm_head.weight", "missing");
+    t_end();
+
+    t_begin("model: unsupported dtype (I8) for a needed tensor");
+    tiny_tensors(&tm, "F32");
+    strcpy(find_tt(&tm, "model.layers.0.self_attn.q_proj.weight")->dtype, "I8");
+    write_model("i8", NULL, &tm, d);
+    expect_fail(d, TD_EUNSUPPORTED, "model.layers.0.self_attn.q_proj.weight", "I8");
+    t_end();
+
+    t_begin("model: malformed JSON headers");
+    tiny_tensors(&tm, "F32");
+    static const struct { const char *hdr; const char *needle; } bad[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],", "not valid JSON"},
+        {"[1,2,3]", "not a JSON object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} xx", "trailing"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", "tensor a: shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", "tensor a: shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":\"2\",\"data_offsets\":[0,8]}}", "tensor a: missing or non-array \"shape\""},
+        {"{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", "tensor a: missing or non-string \"dtype\""},
+        {"{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", "unknown dtype \"Q4\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", "reversed"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", "[begin, end]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", "data_offsets"},
+        {"{\"a\":5}", "tensor a: header entry is not an object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}",
+         "overflows"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", "dimensions"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "tensor a appears twice"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e300]}}", "not non-negative integers"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[2,6]}}", "aligned"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_model("hdr_bad", NULL, &tm, d);
+        file_in(p, d, "model.safetensors");
+        write_st(p, &tm, -1, bad[i].hdr);
+        td_err err = {0};
+        td_st_file *f = (td_st_file *)1;
+        int rc = td_st_open(&f, p, &err);
+        T_CHECK(rc < 0 && f == NULL, "case %zu: rc %d", i, rc);
+        T_CHECK(strstr(err.msg, bad[i].needle) && strstr(err.msg, "model.safetensors"),
+                "case %zu: message lacks \"%s\": %s", i, bad[i].needle, err.msg);
+    }
+    expect_fail(d, TD_EUNSUPPORTED, "aligned", NULL); /* the last header, through the loader */
+    t_end();
+}
+
+static void cfg_case(const char *name, const char *from, const char *to, int code, const char *n1,
+                     const char *n2) {
+    char cfg[4096], d[512];
+    const char *at = strstr(TINY_CFG, from);
+    if (!at) {
+        T_CHECK(0, "bad test: %s not in config", from);
+        return;
+    }
+    int pre = (int)(at - TINY_CFG);
+    snprintf(cfg, sizeof cfg, "%.*s%s%s", pre, TINY_CFG, to, at + strlen(from));
+    tmodel tm;
+    tiny_tensors(&tm, "F32");
+    write_model(name, cfg, &tm, d);
+    expect_fail(d, code, n1, n2);
+}
+
+static void test_bad_config(void) {
+    t_begin("config: malformed config.json");
+    cfg_case("cfg_json", "}", "", TD_EFORMAT, "config.json", "not valid JSON");
+    cfg_case("cfg_type", "\"vocab_size\":32", "\"vocab_size\":\"32\"", TD_EFORMAT, "vocab_size", "not a number");
+    cfg_case("cfg_frac", "\"vocab_size\":32", "\"vocab_size\":32.5", TD_ERANGE, "vocab_size", NULL);
+    cfg_case("cfg_miss", "\"hidden_size\":8,", "", TD_EFORMAT, "hidden_size", "missing");
+    cfg_case("cfg_neg", "\"intermediate_size\":16", "\"intermediate_size\":-16", TD_ERANGE, "intermediate_size", NULL);
+    cfg_case("cfg_big", "\"vocab_size\":32", "\"vocab_size\":99999999999", TD_ERANGE, "vocab_size", NULL);
+    cfg_case("cfg_eps", "\"rms_norm_eps\":1e-6", "\"rms_norm_eps\":0", TD_ERANGE, "rms_norm_eps", NULL);
+    cfg_case("cfg_hd", "\"head_dim\":4", "\"head_dim\":1024", TD_ERANGE, "head_dim", NULL);
+    cfg_case("cfg_eos", "\"eos_token_id\":2", "\"eos_token_id\":[2,32]", TD_ERANGE, "eos_token_id", NULL);
+    cfg_case("cfg_tie", "\"tie_word_embeddings\":false", "\"tie_word_embeddings\":\"no\"", TD_EFORMAT,
+             "tie_word_embeddings", NULL);
+    cfg_case("cfg_act", "\"silu\"", "\"gelu\"", TD_EUNSUPPORTED, "hidden_act", "gelu");
+    t_end();
+
+    t_begin("config: heads not dividing");
+    cfg_case("cfg_heads", "\"num_attention_heads\":2,\"num_key_value_heads\":1",
+             "\"num_attention_heads\":3,\"num_key_value_heads\":2", TD_ERANGE, "num_key_value_heads", "divide");
+    cfg_case("cfg_heads2", "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":4,",
+             "\"num_attention_heads\":3,\"num_key_value_heads\":1,", TD_ERANGE, "hidden_size", "divide");
+    cfg_case("cfg_heads3", "\"num_key_value_heads\":1", "\"num_key_value_heads\":0", TD_ERANGE,
+             "num_key_value_heads", NULL);
+    t_end();
+
+    t_begin("config: unknown architecture");
+    cfg_case("cfg_arch", "Qwen3ForCausalLM", "MistralForCausalLM", TD_EUNSUPPORTED, "MistralForCausalLM",
+             "architectures");
+    cfg_case("cfg_arch2", "[\"Qwen3ForCausalLM\"]", "[]", TD_EFORMAT, "architectures", NULL);
+    t_end();
+
+    t_begin("config: unsupported rope type");
+    cfg_case("rope_yarn", "\"rope_scaling\":null", "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4}",
+             TD_EUNSUPPORTED, "rope_parameters", "yarn");
+    cfg_case("rope_lin", "\"rope_scaling\":null", "\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}",
+             TD_EUNSUPPORTED, "rope_scaling", "linear");
+    cfg_case("rope_l3bad", "\"rope_scaling\":null",
+             "\"rope_parameters\":{\"rope_type\":\"llama3\",\"rope_theta\":500000,\"factor\":8}", TD_EFORMAT,
+             "rope_parameters", "low_freq_factor");
+    t_end();
+}
+
+static void test_config_parse(void) {
+    t_begin("config: llama3 rope in both formats; defaults");
+    td_config c;
+    td_err err = {0};
+    const char *v5 =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":128256,\"hidden_size\":2048,"
+        "\"num_hidden_layers\":16,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+        "\"intermediate_size\":8192,\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,"
+        "\"rope_parameters\":{\"rope_type\":\"llama3\",\"rope_theta\":500000.0,\"factor\":32.0,"
+        "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192},"
+        "\"eos_token_id\":[128001,128008,128009],\"bos_token_id\":128000}";
+    int rc = td_config_parse(&c, v5, strlen(v5), &err);
+    T_CHECK(rc == 0, "v5: %s", err.msg);
+    T_CHECK(c.arch == TD_ARCH_LLAMA && c.qk_norm == 0 && c.tied == 0 && c.attn_bias == 0, "llama flags");
+    T_CHECK(c.head_dim == 64 && c.n_kv_head == 8, "head_dim %d", c.head_dim);
+    T_CHECK(c.rope_scaling == TD_ROPE_LLAMA3 && c.rope_theta == 500000.0 && c.rope_factor == 32.0 &&
+                c.rope_low_freq_factor == 1.0 && c.rope_high_freq_factor == 4.0 && c.rope_orig_ctx == 8192,
+            "llama3 rope v5");
+    T_CHECK(c.n_eos == 3 && c.eos_ids[2] == 128009 && c.bos_id == 128000, "eos");
+    const char *v4 =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":128256,\"hidden_size\":2048,"
+        "\"num_hidden_layers\":16,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+        "\"intermediate_size\":8192,\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,"
+        "\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"rope_scaling\":{\"rope_type\":\"llama3\","
+        "\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+        "\"original_max_position_embeddings\":8192},\"eos_token_id\":128001}";
+    rc = td_config_parse(&c, v4, strlen(v4), &err);
+    T_CHECK(rc == 0, "v4: %s", err.msg);
+    T_CHECK(c.rope_scaling == TD_ROPE_LLAMA3 && c.rope_theta == 500000.0 && c.rope_factor == 32.0 &&
+                c.rope_orig_ctx == 8192 && c.tied == 1, "llama3 rope v4");
+    T_CHECK(c.n_eos == 1 && c.bos_id == -1, "eos/bos");
+    const char *dflt =
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":128,"
+        "\"max_position_embeddings\":256,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000}}";
+    rc = td_config_parse(&c, dflt, strlen(dflt), &err);
+    T_CHECK(rc == 0, "default: %s", err.msg);
+    T_CHECK(c.n_kv_head == 4 && c.head_dim == 16 && c.qk_norm == 1 && c.rope_theta == 5000.0 &&
+                c.rope_scaling == TD_ROPE_NONE && c.n_eos == 0,
+            "defaults");
+    rc = td_config_parse(&c, "", 0, &err);
+    T_CHECK(rc == TD_EFORMAT, "empty config rc %d", rc);
+    t_end();
+}
+
+static void test_missing_files(void) {
+    t_begin("model: missing directory / config / weights");
+    char d[512], p[512];
+    expect_fail("/nonexistent/tandem/model", TD_EIO, "/nonexistent/tandem/model", NULL);
+    case_dir("empty", d);
+    expect_fail(d, TD_EIO, "config.json", NULL);
+    file_in(p, d, "config.json");
+    write_text(p, TINY_CFG);
+    expect_fail(d, TD_EIO, "no model.safetensors", NULL);
+    td_err err = {0};
+    td_model *m = (td_model *)1;
+    T_CHECK(td_model_open(&m, NULL, &err) == TD_EINVAL && m == NULL, "NULL dir");
+    td_model_free(NULL);
+    td_model_info in;
+    td_model_get_info(NULL, &in);
+    T_CHECK(in.n_vocab == 0, "info of NULL");
+    T_CHECK(td_model_tokenizer(NULL) == NULL, "tokenizer of NULL");
+    t_end();
+}
+
+static void test_fixture(const char *dir, td_arch arch) {
+    char name[256];
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        snprintf(name, sizeof name, "model: fixture %s (skipped: directory absent)", dir);
+        t_begin(name);
+        t_end();
+        return;
+    }
+    snprintf(name, sizeof name, "model: fixture %s loads", dir);
+    t_begin(name);
+    td_err err = {0};
+    td_model *m = NULL;
+    int rc = td_model_open(&m, dir, &err);
+    T_REQUIRE(rc == 0, "open failed: %s", err.msg);
+    td_model_info in;
+    td_model_get_info(m, &in);
+    const td_config *c = &m->cfg;
+    T_CHECK(in.arch == arch, "arch %d", in.arch);
+    T_CHECK(in.n_vocab > 0 && in.n_embd > 0 && in.n_layer > 0 && in.n_head > 0 && in.head_dim > 0, "dims");
+    int per_layer = 9 + (c->qk_norm ? 2 : 0) + (c->attn_bias ? 4 : 0);
+    T_CHECK(in.n_tensors == 2 + (c->tied ? 0 : 1) + in.n_layer * per_layer, "n_tensors %d", in.n_tensors);
+    T_CHECK(in.n_params > 0 && in.weight_bytes >= in.n_params * 2, "params %zu bytes %zu", in.n_params,
+            in.weight_bytes);
+    T_CHECK(in.n_eos >= 1, "no eos ids");
+    T_CHECK(arch != TD_ARCH_QWEN3 || c->qk_norm, "qwen3 qk_norm");
+    for (int i = 0; i < in.n_layer; i++)
+        T_CHECK(m->w.layers[i].wq.data && m->w.layers[i].w_down.data, "layer %d unbound", i);
+    if (td_model_tokenizer(m)) {
+        T_CHECK(td_tokenizer_n_vocab(td_model_tokenizer(m)) <= in.n_vocab, "tokenizer vocab");
+        T_CHECK(m->chat == (arch == TD_ARCH_QWEN3 ? TD_CHAT_CHATML : TD_CHAT_LLAMA3) || m->chat == TD_CHAT_NONE,
+                "chat style %d", m->chat);
+    }
+    FILE *dn = fopen("/dev/null", "w");
+    if (dn) {
+        td_model_describe(m, dn);
+        fclose(dn);
+    }
+done:
+    td_model_free(m);
+    t_end();
+}
+
+int main(void) {
+    snprintf(g_root, sizeof g_root, "%s/td_model_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(g_root)) {
+        printf("FAIL model: cannot create temp dir\n");
+        return 1;
+    }
+    test_good();
+    test_sharded();
+    test_dtypes();
+    test_mixed();
+    test_bad_files();
+    test_bad_config();
+    test_config_parse();
+    test_missing_files();
+    test_fixture("tests/fixtures/qwen3-rand", TD_ARCH_QWEN3);
+    test_fixture("tests/fixtures/llama-rand", TD_ARCH_LLAMA);
+    rm_tree(g_root);
+    return t_exit();
+}
