@@ -1,0 +1,55 @@
+/* sample — the token sampler and the counter-based RNG (public API in tandem.h:
+ * td_sampling, td_sampling_default, td_rng_uniform, td_sampler_*).
+ *
+ * Exactness (shared/design/exactness.md): a draw is a pure function of
+ * (logits, history, sampling params, pos). Nothing is carried between calls;
+ * the sampler object is scratch memory only (allocated once in td_sampler_open,
+ * no allocation per call). One td_sampler must not be used by two threads at once.
+ *
+ * The pipeline, in this order:
+ *  0. Validate: s, p, logits (and probs for _probs) non-NULL; n_history >= 0,
+ *     history non-NULL when n_history > 0, every counted token in [0, n_vocab);
+ *     temperature not NaN; top_k >= 0; top_p in (0,1]; min_p in [0,1];
+ *     repeat_penalty finite and > 0; presence/frequency finite; penalty_last_n >= 0.
+ *     Bad input returns TD_EINVAL. NaN logits count as -inf; if every logit is
+ *     -inf/NaN (after penalties) the call returns TD_EINVAL.
+ *  1. Penalties over the window = the last penalty_last_n history tokens (all if 0).
+ *     For each DISTINCT token t in the window, with c = its count there:
+ *       z = logit[t];  if repeat_penalty != 1: z = z > 0 ? z / rp : z * rp;
+ *       z = z - (c * frequency_penalty + presence_penalty)      (float arithmetic)
+ *  2. temperature <= 0 (negative included): greedy, argmax of z, ties to the lowest
+ *     id; probs is one-hot. pos/seed are not used.
+ *  3. Otherwise weights w_i = expf((z_i - zmax) / T) in float (max subtracted, so the
+ *     top weight is exactly 1); w_i is flushed to 0 when the exponent is below -87.
+ *     If some z is +inf, the +inf tokens get w = 1 and all others 0.
+ *  4. Truncation. Order tokens by w descending, ties by id ascending ("rank order").
+ *     Every truncation keeps a prefix of that order:
+ *       top-k: the first k (k = 0 or k >= n_vocab: off);
+ *       top-p: (top_p < 1) the shortest prefix of the top-k set whose mass (double)
+ *              is >= top_p * mass(top-k set); at least one token;
+ *       min-p: (min_p > 0) tokens with w >= min_p * wmax (wmax = 1).
+ *     The kept set is the shortest of the three prefixes. Found without a full sort:
+ *     a 16-bit histogram of the float bits of w locates the boundary bucket, only that
+ *     bucket is ordered (stable radix sort on the low bits, so ties stay by id).
+ *  5. Draw: u = td_rng_uniform(seed, pos). Walk the kept tokens in id ascending
+ *     order (the fixed order, always, whether or not anything was truncated),
+ *     accumulating w in double; the token is the first whose running sum exceeds
+ *     u * total, total = sum of kept w in the same order. probs[i] = w_i / total for
+ *     kept tokens, 0 elsewhere: exactly the distribution the draw uses.
+ */
+#ifndef TD_SAMPLE_SAMPLER_H
+#define TD_SAMPLE_SAMPLER_H
+
+#include "tandem.h"
+#include <stdint.h>
+
+/* Check sampling parameters; 0 or TD_EINVAL with a message in err (may be NULL). */
+int td_sampling_check(const td_sampling *p, td_err *err);
+
+/* Draw from non-negative weights w[0..n) with a uniform u in [0,1) by the same rule
+ * the sampler uses (walk in id order, double running sum, first to exceed u*total).
+ * Usable for rejection-sampling residuals. Negative weights/NaN count as 0.
+ * Returns the index, or TD_EINVAL (NULL, n <= 0, or no positive weight). */
+int32_t td_draw_weights(const float *w, int n, double u);
+
+#endif
