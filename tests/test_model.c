@@ -611,6 +611,12 @@ static void test_bad_config(void) {
     cfg_case("cfg_tie", "\"tie_word_embeddings\":false", "\"tie_word_embeddings\":\"no\"", TD_EFORMAT,
              "tie_word_embeddings", NULL);
     cfg_case("cfg_act", "\"silu\"", "\"gelu\"", TD_EUNSUPPORTED, "hidden_act", "gelu");
+    cfg_case("cfg_mlpb", "\"attention_bias\":false", "\"mlp_bias\":true", TD_EUNSUPPORTED, "mlp_bias", NULL);
+    cfg_case("cfg_swa", "\"rope_scaling\":null", "\"use_sliding_window\":true,\"sliding_window\":4096",
+             TD_EUNSUPPORTED, "use_sliding_window", NULL);
+    cfg_case("cfg_lt", "\"rope_scaling\":null", "\"sliding_window\":64,\"layer_types\":[\"sliding_attention\"]",
+             TD_EUNSUPPORTED, "layer_types[0]", "sliding_attention");
+    cfg_case("cfg_lt2", "\"rope_scaling\":null", "\"layer_types\":\"full\"", TD_EFORMAT, "layer_types", NULL);
     t_end();
 
     t_begin("config: heads not dividing");
@@ -679,8 +685,92 @@ static void test_config_parse(void) {
     T_CHECK(c.n_kv_head == 4 && c.head_dim == 16 && c.qk_norm == 1 && c.rope_theta == 5000.0 &&
                 c.rope_scaling == TD_ROPE_NONE && c.n_eos == 0,
             "defaults");
+    /* real checkpoints' config.json (Qwen3-0.6B, transformers 4.51; Llama-3.2-1B) */
+    const char *q06 =
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+        "\"bos_token_id\":151643,\"eos_token_id\":151645,\"head_dim\":128,\"hidden_act\":\"silu\","
+        "\"hidden_size\":1024,\"initializer_range\":0.02,\"intermediate_size\":3072,"
+        "\"max_position_embeddings\":40960,\"max_window_layers\":28,\"model_type\":\"qwen3\","
+        "\"num_attention_heads\":16,\"num_hidden_layers\":28,\"num_key_value_heads\":8,\"rms_norm_eps\":1e-06,"
+        "\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,\"tie_word_embeddings\":true,"
+        "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\",\"use_cache\":true,"
+        "\"use_sliding_window\":false,\"vocab_size\":151936}";
+    rc = td_config_parse(&c, q06, strlen(q06), &err);
+    T_CHECK(rc == 0, "qwen3-0.6b: %s", err.msg);
+    T_CHECK(c.n_embd == 1024 && c.head_dim == 128 && c.n_head == 16 && c.n_kv_head == 8 && c.tied &&
+                c.qk_norm && c.rope_theta == 1e6 && c.n_eos == 1 && c.eos_ids[0] == 151645 && c.bos_id == 151643,
+            "qwen3-0.6b values");
+    const char *l32 =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+        "\"bos_token_id\":128000,\"eos_token_id\":128001,\"head_dim\":64,\"hidden_act\":\"silu\","
+        "\"hidden_size\":2048,\"initializer_range\":0.02,\"intermediate_size\":8192,"
+        "\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\","
+        "\"num_attention_heads\":32,\"num_hidden_layers\":16,\"num_key_value_heads\":8,\"pretraining_tp\":1,"
+        "\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,"
+        "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
+        "\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\","
+        "\"transformers_version\":\"4.45.0.dev0\",\"use_cache\":true,\"vocab_size\":128256}";
+    rc = td_config_parse(&c, l32, strlen(l32), &err);
+    T_CHECK(rc == 0, "llama-3.2-1b: %s", err.msg);
+    T_CHECK(c.rope_scaling == TD_ROPE_LLAMA3 && c.rope_theta == 500000.0 && c.tied && c.head_dim == 64 &&
+                c.rms_eps == 1e-5f,
+            "llama-3.2-1b values");
+    /* transformers 5 style: rope_parameters + layer_types */
+    const char *v5q =
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":512,\"hidden_size\":64,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"
+        "\"intermediate_size\":128,\"max_position_embeddings\":256,\"rms_norm_eps\":1e-6,"
+        "\"layer_types\":[\"full_attention\",\"full_attention\"],\"sliding_window\":null,"
+        "\"use_sliding_window\":false,\"max_window_layers\":28,\"tie_word_embeddings\":true,"
+        "\"rope_parameters\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"},"
+        "\"bos_token_id\":null,\"eos_token_id\":null,\"pad_token_id\":null}";
+    rc = td_config_parse(&c, v5q, strlen(v5q), &err);
+    T_CHECK(rc == 0, "v5 qwen3: %s", err.msg);
+    T_CHECK(c.rope_theta == 10000.0 && c.n_eos == 0 && c.bos_id == -1 && c.tied, "v5 qwen3 values");
     rc = td_config_parse(&c, "", 0, &err);
     T_CHECK(rc == TD_EFORMAT, "empty config rc %d", rc);
+    t_end();
+}
+
+static void test_tokenizer(void) {
+    t_begin("model: tokenizer.json loaded with the model; bad tokenizer fails the open");
+    tmodel tm;
+    tiny_tensors(&tm, "F32");
+    char d[512], p[512], pc[512];
+    write_model("tok", NULL, &tm, d);
+    file_in(p, d, "tokenizer.json");
+    file_in(pc, d, "tokenizer_config.json");
+    write_text(p, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},"
+                  "\"added_tokens\":[{\"id\":3,\"content\":\"<|im_end|>\",\"special\":true}]}");
+    write_text(pc, "{\"chat_template\":\"{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}\"}");
+    td_err err = {0};
+    td_model *m = NULL;
+    int rc = td_model_open(&m, d, &err);
+    T_CHECK(rc == 0, "open with tokenizer: %s", err.msg);
+    if (rc == 0) {
+        T_CHECK(td_model_tokenizer(m) != NULL, "no tokenizer");
+        T_CHECK(td_model_tokenizer(m) && td_tokenizer_n_vocab(td_model_tokenizer(m)) == 4, "n_vocab");
+        T_CHECK(m->chat == TD_CHAT_CHATML, "chat %d", m->chat);
+        char *buf = NULL;
+        size_t blen = 0;
+        FILE *mf = open_memstream(&buf, &blen);
+        td_model_describe(m, mf);
+        fclose(mf);
+        T_CHECK(buf && strstr(buf, "4 ids, chat style chatml"), "describe:\n%s", buf ? buf : "");
+        free(buf);
+    }
+    td_model_free(m);
+    /* a tokenizer with more ids than the model's vocabulary */
+    write_text(p, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":40},\"merges\":[]}}");
+    expect_fail(d, TD_EFORMAT, "tokenizer.json", "vocab_size is 32");
+    /* malformed tokenizer.json: the path is named */
+    write_text(p, "{\"model\":");
+    char want[600];
+    snprintf(want, sizeof want, "%s/tokenizer.json", d);
+    expect_fail(d, TD_EFORMAT, want, NULL);
+    unlink(pc);
+    write_text(p, "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}}");
+    expect_fail(d, TD_EUNSUPPORTED, want, "WordPiece");
     t_end();
 }
 
@@ -704,39 +794,62 @@ static void test_missing_files(void) {
     t_end();
 }
 
-static void test_fixture(const char *dir, td_arch arch) {
+/* The random-weight fixtures of tools/train/make_rand_fixtures.py: vocab 512, hidden 64,
+ * 2 layers, 4 heads x 16, 2 kv heads; Qwen3 ffn 128, tied; Llama ffn 160, untied,
+ * llama3 rope (theta 500000, factor 8, low 1, high 4, original ctx 64). */
+typedef struct fixture {
+    const char *dir;
+    td_arch arch;
+    int n_ff, tied, dtype, min_files;
+} fixture;
+
+static void test_fixture(const fixture *fx) {
     char name[256];
     struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        snprintf(name, sizeof name, "model: fixture %s (skipped: directory absent)", dir);
+    if (stat(fx->dir, &sb) != 0) {
+        snprintf(name, sizeof name, "model: fixture %s (skipped: directory absent)", fx->dir);
         t_begin(name);
         t_end();
         return;
     }
-    snprintf(name, sizeof name, "model: fixture %s loads", dir);
+    snprintf(name, sizeof name, "model: fixture %s loads", fx->dir);
     t_begin(name);
     td_err err = {0};
     td_model *m = NULL;
-    int rc = td_model_open(&m, dir, &err);
+    int rc = td_model_open(&m, fx->dir, &err);
     T_REQUIRE(rc == 0, "open failed: %s", err.msg);
     td_model_info in;
     td_model_get_info(m, &in);
     const td_config *c = &m->cfg;
-    T_CHECK(in.arch == arch, "arch %d", in.arch);
-    T_CHECK(in.n_vocab > 0 && in.n_embd > 0 && in.n_layer > 0 && in.n_head > 0 && in.head_dim > 0, "dims");
+    T_CHECK(in.arch == fx->arch, "arch %d", in.arch);
+    T_CHECK(in.n_vocab == 512 && in.n_embd == 64 && in.n_layer == 2 && in.n_head == 4 && in.n_kv_head == 2 &&
+                in.head_dim == 16 && in.n_ff == fx->n_ff && in.n_ctx_train == 256,
+            "dims %d %d %d %d %d %d %d %d", in.n_vocab, in.n_embd, in.n_layer, in.n_head, in.n_kv_head,
+            in.head_dim, in.n_ff, in.n_ctx_train);
+    T_CHECK(in.tied_embeddings == fx->tied, "tied %d", in.tied_embeddings);
+    T_CHECK(in.dtype == fx->dtype, "dtype %d", in.dtype);
+    T_CHECK(m->n_files >= fx->min_files, "files %d", m->n_files);
     int per_layer = 9 + (c->qk_norm ? 2 : 0) + (c->attn_bias ? 4 : 0);
     T_CHECK(in.n_tensors == 2 + (c->tied ? 0 : 1) + in.n_layer * per_layer, "n_tensors %d", in.n_tensors);
-    T_CHECK(in.n_params > 0 && in.weight_bytes >= in.n_params * 2, "params %zu bytes %zu", in.n_params,
-            in.weight_bytes);
-    T_CHECK(in.n_eos >= 1, "no eos ids");
-    T_CHECK(arch != TD_ARCH_QWEN3 || c->qk_norm, "qwen3 qk_norm");
-    for (int i = 0; i < in.n_layer; i++)
-        T_CHECK(m->w.layers[i].wq.data && m->w.layers[i].w_down.data, "layer %d unbound", i);
-    if (td_model_tokenizer(m)) {
-        T_CHECK(td_tokenizer_n_vocab(td_model_tokenizer(m)) <= in.n_vocab, "tokenizer vocab");
-        T_CHECK(m->chat == (arch == TD_ARCH_QWEN3 ? TD_CHAT_CHATML : TD_CHAT_LLAMA3) || m->chat == TD_CHAT_NONE,
-                "chat style %d", m->chat);
+    size_t per = (size_t)64 * 4 * 16 * 2 + (size_t)64 * 2 * 16 * 2 + (size_t)3 * 64 * fx->n_ff + 2 * 64 +
+                 (c->qk_norm ? 32 : 0);
+    size_t params = (size_t)512 * 64 * (fx->tied ? 1 : 2) + 64 + 2 * per;
+    T_CHECK(in.n_params == params, "params %zu want %zu", in.n_params, params);
+    T_CHECK(in.weight_bytes == params * (fx->dtype == TD_DTYPE_F32 ? 4 : 2), "bytes %zu", in.weight_bytes);
+    if (fx->arch == TD_ARCH_QWEN3) {
+        T_CHECK(c->qk_norm && c->rope_scaling == TD_ROPE_NONE && c->rope_theta == 10000.0, "qwen3 cfg");
+    } else {
+        T_CHECK(!c->qk_norm && c->rope_scaling == TD_ROPE_LLAMA3 && c->rope_theta == 500000.0 &&
+                    c->rope_factor == 8.0 && c->rope_low_freq_factor == 1.0 && c->rope_high_freq_factor == 4.0 &&
+                    c->rope_orig_ctx == 64,
+                "llama3 rope cfg");
     }
+    T_CHECK(c->rms_eps == (fx->arch == TD_ARCH_QWEN3 ? 1e-6f : 1e-5f), "eps %g", (double)c->rms_eps);
+    for (int i = 0; i < in.n_layer; i++)
+        T_CHECK(m->w.layers[i].wq.data && m->w.layers[i].w_down.data && m->w.layers[i].attn_norm.data,
+                "layer %d unbound", i);
+    if (td_model_tokenizer(m))
+        T_CHECK(td_tokenizer_n_vocab(td_model_tokenizer(m)) <= in.n_vocab, "tokenizer vocab");
     FILE *dn = fopen("/dev/null", "w");
     if (dn) {
         td_model_describe(m, dn);
@@ -761,8 +874,14 @@ int main(void) {
     test_bad_config();
     test_config_parse();
     test_missing_files();
-    test_fixture("tests/fixtures/qwen3-rand", TD_ARCH_QWEN3);
-    test_fixture("tests/fixtures/llama-rand", TD_ARCH_LLAMA);
+    test_tokenizer();
+    static const fixture fx[] = {
+        {"tests/fixtures/qwen3-rand", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_F32, 2},
+        {"tests/fixtures/qwen3-rand-bf16", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_BF16, 1},
+        {"tests/fixtures/qwen3-rand-f16", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_F16, 1},
+        {"tests/fixtures/llama-rand", TD_ARCH_LLAMA, 160, 0, TD_DTYPE_F32, 1},
+    };
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) test_fixture(&fx[i]);
     rm_tree(g_root);
     return t_exit();
 }

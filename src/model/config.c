@@ -223,11 +223,33 @@ static int cfg_from_json(td_config *c, const cJSON *root, td_err *err) {
     int mlp_bias = 0;
     if ((rc = cfg_bool(root, "mlp_bias", "config.json", &mlp_bias, err)) < 0) return rc;
     if (mlp_bias) return td_seterr(err, TD_EUNSUPPORTED, "config.json: field mlp_bias = true is not supported");
+    /* Sliding-window attention takes effect (as in transformers) only with a numeric
+     * sliding_window: with use_sliding_window = true, or on "sliding_attention" layers. */
+    const cJSON *sw = cfg_item(root, "sliding_window");
+    int has_window = sw && cJSON_IsNumber(sw);
     int swa = 0;
     if ((rc = cfg_bool(root, "use_sliding_window", "config.json", &swa, err)) < 0) return rc;
-    if (swa)
+    if (swa && has_window)
         return td_seterr(err, TD_EUNSUPPORTED,
-                         "config.json: field use_sliding_window = true is not supported");
+                         "config.json: field use_sliding_window = true (sliding-window attention) is not supported");
+    const cJSON *lt = cfg_item(root, "layer_types"); /* newer transformers: per-layer attention kind */
+    if (lt) {
+        if (!cJSON_IsArray(lt))
+            return td_seterr(err, TD_EFORMAT, "config.json: field layer_types is not a list");
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, lt) {
+            if (!cJSON_IsString(e) || !e->valuestring)
+                return td_seterr(err, TD_EFORMAT, "config.json: field layer_types[%d] is not a string", i);
+            int full = strcmp(e->valuestring, "full_attention") == 0;
+            int sliding = strcmp(e->valuestring, "sliding_attention") == 0;
+            if (!full && !(sliding && !has_window))
+                return td_seterr(err, TD_EUNSUPPORTED,
+                                 "config.json: field layer_types[%d] = \"%.32s\" is not supported (full_attention)",
+                                 i, e->valuestring);
+            i++;
+        }
+    }
     const cJSON *act = cfg_item(root, "hidden_act");
     if (act) {
         if (!cJSON_IsString(act) || !act->valuestring)

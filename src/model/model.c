@@ -233,7 +233,13 @@ static int md_load_tokenizer(td_model *m, td_err *err) {
     rc = td_tokenizer_open(&m->tok, tj, md_is_file(tc) ? tc : NULL, &e);
     if (rc) {
         m->tok = NULL;
-        return td_seterr(err, rc < 0 ? rc : TD_EFORMAT, "%s: %s", tj, e.msg[0] ? e.msg : td_strerror(rc));
+        rc = rc < 0 ? rc : TD_EFORMAT;
+        const char *msg = e.msg[0] ? e.msg : td_strerror(rc);
+        /* the tokenizer names "tokenizer.json: ..." / "tokenizer_config.json: ...";
+         * put the directory in front of such names, else the path of tokenizer.json */
+        if (strncmp(msg, "tokenizer.json:", 15) == 0 || strncmp(msg, "tokenizer_config.json:", 22) == 0)
+            return td_seterr(err, rc, "%s/%s", m->dir, msg);
+        return td_seterr(err, rc, "%s: %s", tj, msg);
     }
     int nv = td_tokenizer_n_vocab(m->tok);
     if (nv > m->cfg.n_vocab)
