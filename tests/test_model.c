@@ -860,6 +860,90 @@ done:
     t_end();
 }
 
+/* Deterministic robustness sweep: every truncation of a good file fails cleanly,
+ * and random byte corruption of the header or of config.json never crashes. */
+static void test_robust(void) {
+    t_begin("model: every truncation fails cleanly; random header/config corruption never crashes");
+    tmodel tm;
+    tiny_tensors(&tm, "BF16");
+    char d[512], p[512], pc[512];
+    write_model("robust", NULL, &tm, d);
+    file_in(p, d, "model.safetensors");
+    file_in(pc, d, "config.json");
+    char *orig = NULL, *cfg = NULL;
+    size_t olen = 0, clen = 0;
+    T_REQUIRE(td_read_file(p, &orig, &olen, NULL) == 0 && td_read_file(pc, &cfg, &clen, NULL) == 0, "read");
+    int bad = 0;
+    for (size_t cut = 0; cut < olen; cut += (cut < 1200 ? 1 : 7)) {
+        FILE *f = fopen(p, "wb");
+        fwrite(orig, 1, cut, f);
+        fclose(f);
+        td_err err = {0};
+        td_model *m = NULL;
+        int rc = td_model_open(&m, d, &err);
+        if (rc >= 0 || m || !err.msg[0] || !strstr(err.msg, "model.safetensors")) {
+            if (bad++ < 3) printf("  cut %zu: rc %d msg %s\n", cut, rc, err.msg);
+        }
+        td_model_free(m);
+    }
+    T_CHECK(bad == 0, "%d truncations misreported", bad);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)orig[i];
+    uint32_t seed = 12345;
+    int opened = 0;
+    char *buf = malloc(olen);
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, orig, olen);
+        int nflip = 1 + it % 4;
+        for (int k = 0; k < nflip; k++) {
+            seed = seed * 1103515245u + 12345u;
+            size_t at = (seed >> 8) % (size_t)(8 + hl);
+            seed = seed * 1103515245u + 12345u;
+            static const char pool[] = "0123456789[]{}\",:-.eE \x00\xff";
+            buf[at] = (it & 1) ? (char)(seed >> 16) : pool[(seed >> 16) % (sizeof pool - 1)];
+        }
+        FILE *f = fopen(p, "wb");
+        fwrite(buf, 1, olen, f);
+        fclose(f);
+        td_err err = {0};
+        td_model *m = NULL;
+        int rc = td_model_open(&m, d, &err);
+        if (rc == 0) opened++;
+        else if (m || !err.msg[0]) bad++;
+        td_model_free(m);
+    }
+    FILE *f = fopen(p, "wb");
+    fwrite(orig, 1, olen, f);
+    fclose(f);
+    for (int it = 0; it < 2000; it++) {
+        memcpy(buf, cfg, clen < olen ? clen : olen);
+        for (int k = 0; k < 1 + it % 3; k++) {
+            seed = seed * 1103515245u + 12345u;
+            size_t at = (seed >> 8) % clen;
+            seed = seed * 1103515245u + 12345u;
+            static const char pool[] = "0123456789[]{}\",:-.eEn ";
+            buf[at] = pool[(seed >> 16) % (sizeof pool - 1)];
+        }
+        f = fopen(pc, "wb");
+        fwrite(buf, 1, clen, f);
+        fclose(f);
+        td_err err = {0};
+        td_model *m = NULL;
+        int rc = td_model_open(&m, d, &err);
+        if (rc != 0 && (m || !err.msg[0] || (!strstr(err.msg, "config.json") && !strstr(err.msg, "tensor ")))) {
+            if (bad++ < 3) printf("  config corruption: rc %d msg %s\n", rc, err.msg);
+        }
+        td_model_free(m);
+    }
+    T_CHECK(bad == 0, "%d corruptions misreported", bad);
+    printf("  (%d of 3000 corrupted headers still valid)\n", opened);
+    free(buf);
+done:
+    free(orig);
+    free(cfg);
+    t_end();
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "%s/td_model_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_root)) {
@@ -875,6 +959,7 @@ int main(void) {
     test_config_parse();
     test_missing_files();
     test_tokenizer();
+    test_robust();
     static const fixture fx[] = {
         {"tests/fixtures/qwen3-rand", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_F32, 2},
         {"tests/fixtures/qwen3-rand-bf16", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_BF16, 1},
