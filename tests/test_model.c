@@ -460,6 +460,42 @@ static void test_mixed(void) {
     }
 }
 
+static void test_llama_bias(void) {
+    t_begin("model: tiny llama (no qk-norm) and attention_bias biases bind");
+    tmodel tm;
+    tiny_tensors(&tm, "F32");
+    remove_tt(&tm, "model.layers.0.self_attn.q_norm.weight");
+    remove_tt(&tm, "model.layers.0.self_attn.k_norm.weight");
+    add(&tm, "model.layers.0.self_attn.q_proj.bias", "F32", 1, 8, 0);
+    add(&tm, "model.layers.0.self_attn.k_proj.bias", "F32", 1, 4, 0);
+    add(&tm, "model.layers.0.self_attn.v_proj.bias", "F32", 1, 4, 0);
+    add(&tm, "model.layers.0.self_attn.o_proj.bias", "F32", 1, 8, 0);
+    char cfg[2048], d[512];
+    snprintf(cfg, sizeof cfg, "%s", TINY_CFG);
+    memcpy(strstr(cfg, "Qwen3ForCausalLM"), "LlamaForCausalLM", 16);
+    memcpy(strstr(cfg, "\"attention_bias\":false"), "\"attention_bias\":true ", 22);
+    write_model("llama_bias", cfg, &tm, d);
+    td_err err = {0};
+    td_model *m = NULL;
+    int rc = td_model_open(&m, d, &err);
+    T_REQUIRE(rc == 0, "open failed: %s", err.msg);
+    const td_layer_w *l = &m->w.layers[0];
+    T_CHECK(m->cfg.arch == TD_ARCH_LLAMA && !m->cfg.qk_norm && m->cfg.attn_bias, "cfg");
+    T_CHECK(!l->q_norm.data && !l->k_norm.data, "llama has no q/k norm");
+    T_CHECK(l->bq.data && l->bk.data && l->bv.data && l->bo.data, "biases unbound");
+    T_CHECK(l->bk.n_dims == 1 && l->bk.shape[0] == 4, "bk shape");
+    T_CHECK(read_val(&l->bv, 3) == tval("model.layers.0.self_attn.v_proj.bias", 3), "bv value");
+    T_CHECK(m->n_tensors == 16 && m->n_extra_tensors == 0, "tensors %d", m->n_tensors);
+    td_model_free(m);
+    m = NULL;
+    remove_tt(&tm, "model.layers.0.self_attn.o_proj.bias");
+    write_model("llama_bias", cfg, &tm, d);
+    expect_fail(d, TD_EFORMAT, "model.layers.0.self_attn.o_proj.bias", "missing");
+done:
+    td_model_free(m);
+    t_end();
+}
+
 static void test_bad_files(void) {
     tmodel tm;
     char d[512], p[512];
@@ -954,6 +990,7 @@ int main(void) {
     test_sharded();
     test_dtypes();
     test_mixed();
+    test_llama_bias();
     test_bad_files();
     test_bad_config();
     test_config_parse();
