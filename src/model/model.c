@@ -366,47 +366,54 @@ static const char *md_chat_name(td_chat_style s) {
     }
 }
 
+#define MD_LABEL "%-26s "
+
 void td_model_describe(const td_model *m, FILE *f) {
     if (!m || !f) return;
     const td_config *c = &m->cfg;
-    fprintf(f, "model:              %s\n", m->dir);
-    fprintf(f, "architecture:       %s\n", c->arch_name);
-    fprintf(f, "vocab_size:         %d\n", c->n_vocab);
-    fprintf(f, "hidden_size:        %d\n", c->n_embd);
-    fprintf(f, "num_hidden_layers:  %d\n", c->n_layer);
-    fprintf(f, "num_attention_heads: %d\n", c->n_head);
-    fprintf(f, "num_key_value_heads: %d\n", c->n_kv_head);
-    fprintf(f, "head_dim:           %d\n", c->head_dim);
-    fprintf(f, "intermediate_size:  %d\n", c->n_ff);
-    fprintf(f, "max_position_embeddings: %d\n", c->n_ctx_train);
-    fprintf(f, "rms_norm_eps:       %g\n", (double)c->rms_eps);
-    fprintf(f, "rope_theta:         %g\n", c->rope_theta);
+    fprintf(f, MD_LABEL "%s\n", "model:", m->dir);
+    fprintf(f, MD_LABEL "%s\n", "architecture:", c->arch_name);
+    fprintf(f, MD_LABEL "%d\n", "vocab_size:", c->n_vocab);
+    fprintf(f, MD_LABEL "%d\n", "hidden_size:", c->n_embd);
+    fprintf(f, MD_LABEL "%d\n", "num_hidden_layers:", c->n_layer);
+    fprintf(f, MD_LABEL "%d\n", "num_attention_heads:", c->n_head);
+    fprintf(f, MD_LABEL "%d\n", "num_key_value_heads:", c->n_kv_head);
+    fprintf(f, MD_LABEL "%d\n", "head_dim:", c->head_dim);
+    fprintf(f, MD_LABEL "%d\n", "intermediate_size:", c->n_ff);
+    fprintf(f, MD_LABEL "%d\n", "max_position_embeddings:", c->n_ctx_train);
+    fprintf(f, MD_LABEL "%g\n", "rms_norm_eps:", (double)c->rms_eps);
+    fprintf(f, MD_LABEL "%g\n", "rope_theta:", c->rope_theta);
     if (c->rope_scaling == TD_ROPE_LLAMA3)
-        fprintf(f, "rope:               llama3 (factor %g, low_freq_factor %g, high_freq_factor %g, "
+        fprintf(f, MD_LABEL "llama3 (factor %g, low_freq_factor %g, high_freq_factor %g, "
                    "original_max_position_embeddings %d)\n",
-                c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_ctx);
+                "rope_type:", c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_ctx);
     else
-        fprintf(f, "rope:               default\n");
-    fprintf(f, "tie_word_embeddings: %s\n", c->tied ? "true" : "false");
-    fprintf(f, "attention_bias:     %s\n", c->attn_bias ? "true" : "false");
-    fprintf(f, "qk_norm:            %s\n", c->qk_norm ? "true" : "false");
-    fprintf(f, "eos_token_id:       ");
+        fprintf(f, MD_LABEL "default\n", "rope_type:");
+    fprintf(f, MD_LABEL "%s\n", "tie_word_embeddings:", c->tied ? "true" : "false");
+    fprintf(f, MD_LABEL "%s\n", "attention_bias:", c->attn_bias ? "true" : "false");
+    fprintf(f, MD_LABEL "%s\n", "qk_norm:", c->qk_norm ? "true" : "false");
+    fprintf(f, MD_LABEL, "eos_token_id:");
     for (int i = 0; i < c->n_eos; i++) fprintf(f, "%s%d", i ? ", " : "", (int)c->eos_ids[i]);
     fprintf(f, "%s\n", c->n_eos ? "" : "(none)");
-    if (c->bos_id >= 0) fprintf(f, "bos_token_id:       %d\n", (int)c->bos_id);
-    else fprintf(f, "bos_token_id:       (none)\n");
-    fprintf(f, "tensors:            %d used, %d ignored\n", m->n_tensors, m->n_extra_tensors);
-    fprintf(f, "parameters:         %zu (%.3f M)\n", m->n_params, (double)m->n_params / 1e6);
-    fprintf(f, "weight bytes:       %zu (%.2f MiB)\n", m->weight_bytes, (double)m->weight_bytes / 1048576.0);
-    fprintf(f, "dtypes:            ");
-    for (int d = 0; d < 3; d++)
-        if (m->dtype_count[d]) fprintf(f, " %s x %d (%zu bytes)", md_dtype_name(d), m->dtype_count[d], m->dtype_bytes[d]);
+    if (c->bos_id >= 0) fprintf(f, MD_LABEL "%d\n", "bos_token_id:", (int)c->bos_id);
+    else fprintf(f, MD_LABEL "(none)\n", "bos_token_id:");
+    fprintf(f, MD_LABEL "%d used, %d ignored (unused by the model)\n", "tensors:", m->n_tensors, m->n_extra_tensors);
+    fprintf(f, MD_LABEL "%zu (%.3f M)\n", "parameters:", m->n_params, (double)m->n_params / 1e6);
+    fprintf(f, MD_LABEL "%zu (%.2f MiB)\n", "weight bytes:", m->weight_bytes, (double)m->weight_bytes / 1048576.0);
+    fprintf(f, MD_LABEL, "dtypes:");
+    int first = 1;
+    for (int d = 0; d < 3; d++) {
+        if (!m->dtype_count[d]) continue;
+        fprintf(f, "%s%s x %d (%zu bytes)", first ? "" : ", ", md_dtype_name(d), m->dtype_count[d], m->dtype_bytes[d]);
+        first = 0;
+    }
     fprintf(f, "\n");
-    fprintf(f, "files:              %d\n", m->n_files);
+    fprintf(f, MD_LABEL "%d\n", "files:", m->n_files);
     for (int i = 0; i < m->n_files; i++)
         fprintf(f, "  %s (%d tensors, %zu bytes)\n", m->files[i]->path, m->files[i]->n_tensors, m->files[i]->map_len);
     if (m->tok)
-        fprintf(f, "tokenizer:          %d ids, chat style %s\n", td_tokenizer_n_vocab(m->tok), md_chat_name(m->chat));
+        fprintf(f, MD_LABEL "%d ids, chat style %s\n", "tokenizer:", td_tokenizer_n_vocab(m->tok),
+                md_chat_name(m->chat));
     else
-        fprintf(f, "tokenizer:          (none)\n");
+        fprintf(f, MD_LABEL "(none)\n", "tokenizer:");
 }
