@@ -275,6 +275,79 @@ int td_generate(td_ctx *c, const td_model *m, const int32_t *prompt, int n_promp
                 const td_gen_params *gp, td_text_cb cb, void *user,
                 int32_t *out_ids, int cap, td_gen_stats *stats, td_err *err);
 
+
+/* ---- speculative decoding ---------------------------------------------- */
+
+/* A drafter (draft provider) proposes tokens that the target verifies. It is
+ * opened once for a target model and may serve many speculative groups. */
+typedef struct td_drafter td_drafter;
+
+/* spec: "none" (no drafter: *out = NULL, returns 0), "ngram" or
+ * "ngram:MIN-MAX" (prompt lookup, n-gram sizes MIN..MAX, default 1-4),
+ * "model:DIR" (a separate draft model; its tokenizer must be the target's).
+ * target is borrowed and must outlive the drafter. */
+int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
+void td_drafter_free(td_drafter *d);
+const char *td_drafter_id(const td_drafter *d);       /* e.g. "ngram:1-4" */
+size_t td_drafter_weight_bytes(const td_drafter *d);  /* resident weights it adds */
+
+typedef enum td_accept_rule {
+    TD_ACCEPT_MATCH = 0,     /* accept while the draft equals the target's own sample: exact */
+    TD_ACCEPT_REJECTION = 1, /* Leviathan/Chen speculative sampling: same distribution */
+} td_accept_rule;
+
+typedef struct td_spec_params {
+    int max_depth;           /* most draft tokens per row and round (<= 16); 0 = plain decoding */
+    int fixed_depth;         /* 1 = always draft max_depth; 0 = the depth controller chooses */
+    td_accept_rule accept;
+} td_spec_params;
+
+td_spec_params td_spec_default_params(void);
+
+/* The speculative group: the one served lane. It drafts, verifies (one batched,
+ * ragged target forward per round), accepts and commits for all its rows. */
+typedef struct td_spec td_spec;
+
+/* ctx and target are borrowed and must outlive the group; drafter may be NULL
+ * (plain decoding). The ctx's rows, max_tokens and max_logits bound the group. */
+int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *target, td_drafter *drafter,
+                 const td_spec_params *p, td_err *err);
+void td_spec_free(td_spec *g);
+
+/* Add a request; it is prefilled at the next td_spec_step. prompt is copied;
+ * gp (and its stop strings) are borrowed until the row is removed. draft = 0
+ * opts this row out of speculation. *id_out: the row's id. */
+int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_params *gp,
+                int draft, int *id_out, td_err *err);
+/* One round for every live row (prefill of new rows first). Returns the number
+ * of rows still generating, or negative on error. */
+int td_spec_step(td_spec *g, td_err *err);
+/* Take what a row emitted since the last take: up to cap ids (and, when prov is
+ * not NULL, per id 1 = an accepted draft token, 0 = sampled by the target), and
+ * released text (appended to text, at most tcap bytes; *n_text set). *done = 1
+ * once the row has finished and everything has been taken. Returns ids taken. */
+int td_spec_take(td_spec *g, int id, int32_t *ids, uint8_t *prov, int cap,
+                 char *text, size_t tcap, size_t *n_text, int *done);
+/* Remove a row (finished or not); its id may be reused. */
+int td_spec_remove(td_spec *g, int id);
+int td_spec_n_rows(const td_spec *g);
+
+#define TD_SPEC_MAX_DEPTH 16
+typedef struct td_spec_stats {
+    long rounds;              /* rounds in which the row was verified */
+    long drafted;             /* draft tokens proposed */
+    long accepted;            /* draft tokens accepted */
+    long emitted;             /* tokens emitted */
+    long drafted_at[TD_SPEC_MAX_DEPTH];  /* proposals at draft position j */
+    long accepted_at[TD_SPEC_MAX_DEPTH]; /* of which accepted */
+    double t_draft, t_verify, t_accept, t_prefill; /* seconds (group totals) */
+    int stop_reason;          /* TD_STOP_* once done */
+} td_spec_stats;
+/* Statistics of one row (id >= 0) or of the whole group since open (id = -1). */
+int td_spec_stats_get(const td_spec *g, int id, td_spec_stats *st);
+/* Mean accepted drafts per round: accepted / rounds (0 when no rounds). */
+double td_spec_stats_mean_accepted(const td_spec_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

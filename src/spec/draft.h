@@ -1,0 +1,145 @@
+/* draft — the draft contract: what every drafter implements.
+ *
+ * A provider (td_drafter) lives as long as the process serves its target: it
+ * owns the draft machinery (a second model's weights, a learned head, nothing
+ * for prompt lookup). For each speculative group it opens a ROW GROUP, which
+ * holds per-row draft state for the rows that draft, in the group's dense row
+ * order. Every round the speculative group:
+ *   1. calls draft(): each row's pending token (sampled by the target, not yet
+ *      in any KV) and the depth chosen for it -> up to depth proposals per row
+ *      (a row may propose fewer, e.g. no n-gram match), optionally with the
+ *      drafter's probabilities q over the vocabulary for each proposal;
+ *   2. verifies all rows in one target forward and accepts;
+ *   3. calls commit() for EVERY row, also rows drafted at depth 0: the row's
+ *      committed stream grew by [old pending, d_1..d_m] (m accepted drafts) and
+ *      its new pending token is the target's sample after them. Tapping drafters
+ *      get the target's hidden rows for exactly those m+1 positions; rejected
+ *      positions never reach a drafter.
+ * Membership changes (append, filter) and capture happen only between rounds.
+ * A provider differs from another only in what fills the draft; verification,
+ * acceptance, rollback, sampling and statistics belong to the group. */
+#ifndef TD_DRAFT_H
+#define TD_DRAFT_H
+
+#include "tandem.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* An owned, immutable snapshot of one row's draft state (opaque bytes tagged by
+ * the provider's namespace); restored by append into a group of the same
+ * provider kind. */
+typedef struct td_draft_checkpoint {
+    char ns[64];          /* provider namespace, e.g. "ngram-v1" */
+    size_t size;
+    unsigned char *data;  /* owned, [size] */
+} td_draft_checkpoint;
+void td_draft_checkpoint_free(td_draft_checkpoint *ck);
+
+/* A draft request for all rows of a row group. */
+typedef struct td_draft_req {
+    int n_rows;
+    const int32_t *pending;   /* [n_rows] borrowed */
+    const int *depth;         /* [n_rows] 0..max_depth (0 = propose nothing) */
+    int max_depth;            /* row stride of tokens / probs */
+    int32_t *tokens;          /* [n_rows][max_depth] out */
+    int *n_tokens;            /* [n_rows] out: proposals written, <= depth */
+    float *probs;             /* [n_rows][max_depth][n_vocab] out, or NULL when the
+                                 group does not need q (match rule). A drafter
+                                 without probabilities sets has_probs = 0. */
+    int has_probs;            /* out: 1 when probs were written */
+    const td_sampling *const *sampling; /* [n_rows] borrowed: each row's sampling (for
+                                 drafters that sample under the rejection rule) */
+    const uint64_t *out_pos;  /* [n_rows] output position of the row's next token */
+} td_draft_req;
+
+/* What one row committed in a round. */
+typedef struct td_draft_commit {
+    int32_t old_pending;      /* the token verified first this round */
+    const int32_t *accepted;  /* [n_accepted] borrowed: the accepted drafts */
+    int n_accepted;
+    int32_t new_pending;      /* the target's sample after them */
+    const float *taps;        /* [(n_accepted+1)][n_taps][n_embd] borrowed, or NULL */
+} td_draft_commit;
+
+/* Row-group operations. Each slot says when it is called and who owns what. */
+typedef struct td_draft_rows_vt {
+    /* required. Append one row at the end of the group. tokens[0..n) is the
+     * row's committed stream so far (its prompt; borrowed for the call); the
+     * row's pending token comes with the first draft(). taps: the target's
+     * hidden rows for those n positions ([n][n_taps][n_embd]) when the provider
+     * taps, else NULL. ck: a checkpoint to restore instead (borrowed), or NULL. */
+    int (*append)(void *g, const int32_t *tokens, int n, const float *taps,
+                  const td_draft_checkpoint *ck, td_err *err);
+    /* required. Propose drafts for every row (see td_draft_req). */
+    int (*draft)(void *g, td_draft_req *req, td_err *err);
+    /* required. cm[0..n_rows) in row order, one per row, every round. */
+    int (*commit)(void *g, const td_draft_commit *cm, int n_rows, td_err *err);
+    /* required. Keep rows keep[0..n_keep) (ascending old indices), in that order. */
+    void (*filter)(void *g, const int *keep, int n_keep);
+    /* optional. Snapshot row `row` into a new owned checkpoint. */
+    int (*capture)(void *g, int row, td_draft_checkpoint **out, td_err *err);
+    /* required. Free the group and all its rows. */
+    void (*free)(void *g);
+} td_draft_rows_vt;
+
+typedef struct td_draft_rows {
+    const td_draft_rows_vt *vt;
+    void *self;               /* the implementation's group state, owned */
+    int n_rows;               /* maintained by the wrappers below */
+} td_draft_rows;
+
+/* Provider operations. */
+typedef struct td_drafter_vt {
+    /* required. Open a row group for max_rows rows at most, streams of up to
+     * max_ctx tokens and drafts of up to max_depth tokens; the group is owned
+     * by the caller (td_draft_rows_free). */
+    int (*open_rows)(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err);
+    /* optional. Target layers whose hidden states the provider's rows consume,
+     * in capture order (td_batch.taps semantics). Absent: no taps. */
+    int (*tap_layers)(void *self, const int **layers);
+    /* required. Free the provider. */
+    void (*free)(void *self);
+} td_drafter_vt;
+
+struct td_drafter {
+    const td_drafter_vt *vt;
+    void *self;               /* owned */
+    char id[160];
+    char ns[64];              /* checkpoint namespace */
+    size_t weight_bytes;
+    const td_model *target;   /* borrowed */
+};
+
+/* Small wrappers so callers never touch the tables directly. */
+static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
+                                       const td_draft_checkpoint *ck, td_err *err) {
+    int rc = r->vt->append(r->self, t, n, taps, ck, err);
+    if (rc == 0) r->n_rows++;
+    return rc;
+}
+static inline int td_draft_rows_draft(td_draft_rows *r, td_draft_req *q, td_err *err) {
+    return r->vt->draft(r->self, q, err);
+}
+static inline int td_draft_rows_commit(td_draft_rows *r, const td_draft_commit *cm, td_err *err) {
+    return r->vt->commit(r->self, cm, r->n_rows, err);
+}
+static inline void td_draft_rows_filter(td_draft_rows *r, const int *keep, int n_keep) {
+    r->vt->filter(r->self, keep, n_keep);
+    r->n_rows = n_keep;
+}
+static inline void td_draft_rows_free(td_draft_rows *r) {
+    if (r->vt) r->vt->free(r->self);
+    r->vt = NULL;
+    r->self = NULL;
+    r->n_rows = 0;
+}
+static inline int td_drafter_taps(const td_drafter *d, const int **layers) {
+    if (!d || !d->vt->tap_layers) { *layers = NULL; return 0; }
+    return d->vt->tap_layers(d->self, layers);
+}
+
+/* Provider constructors, one per drafter file in spec/drafters/. */
+int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err);
+int td_drafter_model_open(td_drafter **out, const char *dir, const td_model *target, td_err *err);
+
+#endif

@@ -1,0 +1,318 @@
+/* model — a separate, smaller draft model with its own KV cache.
+ *
+ * The provider owns the draft model (any directory the loader reads) and checks
+ * at open that its tokenizer is the target's, id for id. A row group owns one
+ * draft context with a KV row per group row. Each row keeps its committed
+ * stream and a copy of the tokens its draft KV holds; drafting first feeds the
+ * backlog (committed tokens not yet in the draft KV, then the pending token) for
+ * all rows in one ragged forward, then one batched step per further draft
+ * position. Commit keeps the draft KV up to its longest prefix that agrees with
+ * the committed stream (accepted drafts are exactly what the drafter fed
+ * itself), so rollback is a trim. Greedy drafting under the match rule; under
+ * the rejection rule each draft is sampled from the draft model's own
+ * distribution (q) with a draw stream separate from the target's. */
+#include "spec/draft.h"
+#include "model/model.h"
+#include "util/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CATCHUP_CHUNK 64
+
+typedef struct {
+    td_model *m;     /* owned draft model */
+} dm_provider;
+
+typedef struct {
+    int32_t *stream;   /* [cap] committed tokens */
+    int32_t *kv_tok;   /* [cap] tokens held in the draft KV */
+    int len, kv_len, cap;
+    int kv_row;        /* row in the draft context */
+} dm_row;
+
+typedef struct {
+    const dm_provider *p;
+    td_ctx *ctx;       /* owned */
+    td_sampler *smp;   /* owned */
+    dm_row *rows;      /* [max_rows] */
+    int n_rows, max_rows, max_ctx, max_depth, n_vocab;
+    float *logits;     /* [max_rows][n_vocab] */
+    int32_t *btok;     /* [max_tokens] batch tokens */
+    int *brow, *bn;    /* [max_rows] batch rows / counts */
+    int *bidx;         /* [max_rows] group row of each batch row */
+    int max_tokens;
+} dm_group;
+
+static int dm_append(void *gv, const int32_t *tokens, int n, const float *taps,
+                     const td_draft_checkpoint *ck, td_err *err) {
+    dm_group *g = gv;
+    (void)taps;
+    if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "draft model: row group is full (%d rows)", g->max_rows);
+    if (ck) {
+        if (strcmp(ck->ns, "model-v1") != 0 || ck->size % sizeof(int32_t))
+            return td_seterr(err, TD_EFORMAT, "draft model: checkpoint of namespace '%s' is not a model-v1 checkpoint", ck->ns);
+        tokens = (const int32_t *)ck->data;
+        n = (int)(ck->size / sizeof(int32_t));
+    }
+    if (n < 0 || n > g->max_ctx) return td_seterr(err, TD_ERANGE, "draft model: stream of %d tokens exceeds the context %d", n, g->max_ctx);
+    dm_row *r = &g->rows[g->n_rows];
+    memset(r, 0, sizeof *r);
+    r->cap = g->max_ctx + g->max_depth + 2;
+    r->stream = malloc(sizeof(int32_t) * (size_t)r->cap);
+    r->kv_tok = malloc(sizeof(int32_t) * (size_t)r->cap);
+    if (!r->stream || !r->kv_tok || td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
+        free(r->stream); free(r->kv_tok);
+        return td_seterr(err, TD_ENOMEM, "draft model: no memory or KV row for a new row");
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= g->n_vocab) {
+            td_ctx_row_remove(g->ctx, r->kv_row);
+            free(r->stream); free(r->kv_tok);
+            return td_seterr(err, TD_ERANGE, "draft model: token %d out of range", (int)tokens[i]);
+        }
+    if (n) memcpy(r->stream, tokens, sizeof(int32_t) * (size_t)n);
+    r->len = n;
+    g->n_rows++;
+    return 0;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Feed the rows listed in bidx[0..nb): tokens already laid out in btok/bn. */
+static int feed(dm_group *g, int nb, td_err *err) {
+    for (int i = 0; i < nb; i++) g->brow[i] = g->rows[g->bidx[i]].kv_row;
+    td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .tokens = g->btok};
+    return td_ctx_forward(g->ctx, &b, g->logits, NULL, err);
+}
+
+static void kv_push(dm_row *r, const int32_t *t, int n) {
+    memcpy(r->kv_tok + r->kv_len, t, sizeof(int32_t) * (size_t)n);
+    r->kv_len += n;
+}
+
+static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
+    dm_group *g = gv;
+    if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "draft model: draft for %d rows, group has %d", q->n_rows, g->n_rows);
+    q->has_probs = q->probs != NULL;
+    int maxk = 0;
+    for (int i = 0; i < q->n_rows; i++) {
+        q->n_tokens[i] = 0;
+        if (q->depth[i] > maxk) maxk = q->depth[i];
+        if (q->depth[i] > 0 && g->rows[i].len + 1 + q->depth[i] > g->max_ctx + g->max_depth)
+            return td_seterr(err, TD_EFULL, "draft model: row %d is past its context", i);
+    }
+    if (!maxk) return 0;
+    /* 1. catch up long backlogs in chunks */
+    for (;;) {
+        int nb = 0, nt = 0;
+        for (int i = 0; i < q->n_rows; i++) {
+            dm_row *r = &g->rows[i];
+            int back = r->len - r->kv_len;
+            if (q->depth[i] <= 0 || back <= CATCHUP_CHUNK) continue;
+            int n = back - CATCHUP_CHUNK < CATCHUP_CHUNK ? back - CATCHUP_CHUNK : CATCHUP_CHUNK;
+            if (nt + n > g->max_tokens) break;
+            memcpy(g->btok + nt, r->stream + r->kv_len, sizeof(int32_t) * (size_t)n);
+            g->bidx[nb] = i; g->bn[nb] = n; nb++; nt += n;
+        }
+        if (!nb) break;
+        int rc = feed(g, nb, err);
+        if (rc) return rc;
+        for (int i = 0; i < nb; i++) {
+            dm_row *r = &g->rows[g->bidx[i]];
+            kv_push(r, r->stream + r->kv_len, g->bn[i]);
+        }
+    }
+    /* 2. remaining backlog + pending, then one step per further position */
+    for (int j = 0; j < maxk; j++) {
+        int nb = 0, nt = 0;
+        for (int i = 0; i < q->n_rows; i++) {
+            if (q->depth[i] <= j) continue;
+            dm_row *r = &g->rows[i];
+            int n;
+            if (j == 0) {
+                int back = r->len - r->kv_len;
+                memcpy(g->btok + nt, r->stream + r->kv_len, sizeof(int32_t) * (size_t)back);
+                g->btok[nt + back] = q->pending[i];
+                n = back + 1;
+            } else {
+                g->btok[nt] = q->tokens[(size_t)i * q->max_depth + j - 1];
+                n = 1;
+            }
+            g->bidx[nb] = i; g->bn[nb] = n; nb++; nt += n;
+        }
+        int rc = feed(g, nb, err);
+        if (rc) return rc;
+        nt = 0;
+        for (int b = 0; b < nb; b++) {
+            int i = g->bidx[b];
+            dm_row *r = &g->rows[i];
+            kv_push(r, g->btok + nt, g->bn[b]);
+            nt += g->bn[b];
+            const float *lg = g->logits + (size_t)b * g->n_vocab;
+            int32_t d;
+            if (q->probs) {
+                td_sampling sp = *q->sampling[i];
+                sp.seed ^= 0x5bd1e9955bd1e995ull; /* the draft's own draw stream */
+                float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->n_vocab;
+                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
+                if (d < 0) return td_seterr(err, d, "draft model: sampling failed");
+            } else {
+                d = argmax(lg, g->n_vocab);
+            }
+            q->tokens[(size_t)i * q->max_depth + j] = d;
+            q->n_tokens[i] = j + 1;
+        }
+    }
+    return 0;
+}
+
+static int dm_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
+    dm_group *g = gv;
+    for (int i = 0; i < n_rows; i++) {
+        dm_row *r = &g->rows[i];
+        int old = r->len;
+        if (r->len + 1 + cm[i].n_accepted > r->cap) return td_seterr(err, TD_EFULL, "draft model: row %d stream is full", i);
+        r->stream[r->len++] = cm[i].old_pending;
+        memcpy(r->stream + r->len, cm[i].accepted, sizeof(int32_t) * (size_t)cm[i].n_accepted);
+        r->len += cm[i].n_accepted;
+        /* the KV agrees with the stream up to their first difference */
+        int keep = old < r->kv_len ? old : r->kv_len;
+        while (keep < r->kv_len && keep < r->len && r->kv_tok[keep] == r->stream[keep]) keep++;
+        if (keep < r->kv_len) {
+            td_ctx_row_trim(g->ctx, r->kv_row, keep);
+            r->kv_len = keep;
+        }
+    }
+    return 0;
+}
+
+static void dm_filter(void *gv, const int *keep, int n_keep) {
+    dm_group *g = gv;
+    int k = 0;
+    for (int i = 0; i < g->n_rows; i++) {
+        if (k < n_keep && keep[k] == i) { g->rows[k++] = g->rows[i]; continue; }
+        td_ctx_row_remove(g->ctx, g->rows[i].kv_row);
+        free(g->rows[i].stream);
+        free(g->rows[i].kv_tok);
+    }
+    g->n_rows = n_keep;
+}
+
+static int dm_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err) {
+    dm_group *g = gv;
+    *out = NULL;
+    if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "draft model: no row %d", row);
+    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
+    size_t bytes = sizeof(int32_t) * (size_t)g->rows[row].len;
+    if (!ck || !(ck->data = malloc(bytes ? bytes : 1))) { free(ck); return td_seterr(err, TD_ENOMEM, "out of memory"); }
+    snprintf(ck->ns, sizeof ck->ns, "model-v1");
+    memcpy(ck->data, g->rows[row].stream, bytes);
+    ck->size = bytes;
+    *out = ck;
+    return 0;
+}
+
+static void dm_free_group(void *gv) {
+    dm_group *g = gv;
+    if (!g) return;
+    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].kv_tok); }
+    td_ctx_free(g->ctx);
+    td_sampler_free(g->smp);
+    free(g->rows); free(g->logits); free(g->btok); free(g->brow); free(g->bn); free(g->bidx);
+    free(g);
+}
+
+static const td_draft_rows_vt dm_rows_vt = {
+    .append = dm_append, .draft = dm_draft, .commit = dm_commit,
+    .filter = dm_filter, .capture = dm_capture, .free = dm_free_group,
+};
+
+static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err) {
+    dm_provider *p = self;
+    dm_group *g = calloc(1, sizeof *g);
+    if (!g) return td_seterr(err, TD_ENOMEM, "out of memory");
+    g->p = p;
+    g->max_rows = max_rows;
+    g->max_ctx = max_ctx;
+    g->max_depth = max_depth;
+    g->n_vocab = p->m->cfg.n_vocab;
+    g->max_tokens = max_rows * (CATCHUP_CHUNK + 2);
+    if (g->max_tokens < 256) g->max_tokens = 256;
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = max_rows;
+    cp.max_ctx = max_ctx + max_depth + 2;
+    cp.max_tokens = g->max_tokens;
+    cp.max_logits = max_rows;
+    int rc = td_ctx_open(&g->ctx, p->m, &cp, err);
+    if (rc) { free(g); return rc; }
+    g->rows = calloc((size_t)max_rows, sizeof *g->rows);
+    g->logits = malloc(sizeof(float) * (size_t)max_rows * (size_t)g->n_vocab);
+    g->btok = malloc(sizeof(int32_t) * (size_t)g->max_tokens);
+    g->brow = malloc(sizeof(int) * (size_t)max_rows);
+    g->bn = malloc(sizeof(int) * (size_t)max_rows);
+    g->bidx = malloc(sizeof(int) * (size_t)max_rows);
+    if (!g->rows || !g->logits || !g->btok || !g->brow || !g->bn || !g->bidx ||
+        td_sampler_open(&g->smp, g->n_vocab) != 0) {
+        dm_free_group(g);
+        return td_seterr(err, TD_ENOMEM, "out of memory");
+    }
+    *out = (td_draft_rows){&dm_rows_vt, g, 0};
+    return 0;
+}
+
+static void dm_free(void *self) {
+    dm_provider *p = self;
+    if (!p) return;
+    td_model_free(p->m);
+    free(p);
+}
+
+static const td_drafter_vt dm_vt = {.open_rows = dm_open_rows, .tap_layers = NULL, .free = dm_free};
+
+/* The draft model must read and write the same ids as the target. */
+static int same_vocabulary(const td_model *t, const td_model *d, const char *dir, td_err *err) {
+    if (!t->tok != !d->tok)
+        return td_seterr(err, TD_EINVAL, "draft model %s: %s a tokenizer.json and the %s not, so they cannot be shown to share a vocabulary",
+                         dir, t->tok ? "the target has" : "the draft model has", t->tok ? "draft model has" : "target has");
+    if (!t->tok) { /* id-only models (tests, converted checkpoints): the logit widths must agree */
+        if (t->cfg.n_vocab != d->cfg.n_vocab)
+            return td_seterr(err, TD_EINVAL, "draft model %s: %d logits, the target has %d", dir, d->cfg.n_vocab, t->cfg.n_vocab);
+        return 0;
+    }
+    int nt = td_tokenizer_n_vocab(t->tok), nd = td_tokenizer_n_vocab(d->tok);
+    if (nt != nd || t->cfg.n_vocab != d->cfg.n_vocab)
+        return td_seterr(err, TD_EINVAL, "draft model %s: its vocabulary (%d tokens, %d logits) is not the target's (%d tokens, %d logits)",
+                         dir, nd, d->cfg.n_vocab, nt, t->cfg.n_vocab);
+    char a[512], b[512];
+    for (int i = 0; i < nt; i++) {
+        int la = td_token_bytes(t->tok, i, a, sizeof a), lb = td_token_bytes(d->tok, i, b, sizeof b);
+        if (la != lb || (la > 0 && memcmp(a, b, (size_t)(la < (int)sizeof a ? la : (int)sizeof a)) != 0))
+            return td_seterr(err, TD_EINVAL, "draft model %s: its tokenizer differs from the target's at token id %d", dir, i);
+    }
+    return 0;
+}
+
+int td_drafter_model_open(td_drafter **out, const char *dir, const td_model *target, td_err *err) {
+    *out = NULL;
+    if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "draft model: give a directory, as model:DIR");
+    dm_provider *p = calloc(1, sizeof *p);
+    td_drafter *d = calloc(1, sizeof *d);
+    if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
+    int rc = td_model_open(&p->m, dir, err);
+    if (rc == 0) rc = same_vocabulary(target, p->m, dir, err);
+    if (rc) { dm_free(p); free(d); return rc; }
+    d->vt = &dm_vt;
+    d->self = p;
+    d->target = target;
+    d->weight_bytes = p->m->weight_bytes;
+    snprintf(d->id, sizeof d->id, "model:%s", dir);
+    snprintf(d->ns, sizeof d->ns, "model-v1");
+    *out = d;
+    return 0;
+}

@@ -1,0 +1,511 @@
+/* group — the speculative group: the one served lane.
+ *
+ * Every request is a row. Each td_spec_step runs one round for all live rows:
+ *   0. prefill rows added since the last step (target forward over the prompt,
+ *      sample output position 0 = the row's first pending token), and append
+ *      drafting rows to the drafter's row group;
+ *   1. choose each row's depth (depth controller, or fixed), draft for all
+ *      drafting rows in one drafter call;
+ *   2. verify every live row's [pending, d_1..d_k] in ONE ragged target forward
+ *      (logits of every window position);
+ *   3. accept (match or rejection rule), emit through emit.c, stopping at eos,
+ *      stop strings and max_tokens exactly where plain decoding would;
+ *   4. commit: trim each row's target KV to keep [pending, d_1..d_m], tell the
+ *      drafter what was accepted; rows that finished leave the drafter group and
+ *      give back their KV row.
+ * All buffers are allocated at open or when a row is added; a round allocates
+ * nothing. Row ids are slots; a finished row keeps its output until removed. */
+#include "tandem.h"
+#include "model/model.h"
+#include "spec/accept.h"
+#include "spec/depth.h"
+#include "spec/draft.h"
+#include "spec/emit.h"
+#include "util/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { ROW_FREE = 0, ROW_NEW, ROW_LIVE, ROW_DONE };
+
+typedef struct sp_row {
+    int state;
+    int kv_row;                /* target ctx row, -1 when none */
+    int drafting;              /* takes part in the drafter's row group */
+    int dr;                    /* index in the drafter row group, -1 if none */
+    const td_gen_params *gp;   /* borrowed until removed */
+    int32_t *hist;             /* [cap] prompt then emitted tokens */
+    uint8_t *prov;             /* [cap] per emitted token: 1 = accepted draft */
+    int cap, n_prompt, n_emitted, n_taken;
+    td_emitter em;
+    td_depth_ctl depth;
+    td_spec_stats st;
+    int k;                     /* depth chosen this round */
+    int n_draft;               /* proposals this round */
+} sp_row;
+
+struct td_spec {
+    td_ctx *ctx;               /* borrowed */
+    const td_model *m;         /* borrowed */
+    td_drafter *drafter;       /* borrowed, may be NULL */
+    td_spec_params p;
+    td_draft_rows dr;          /* owned row group (vt NULL when no drafter) */
+    int max_rows, max_ctx, n_vocab;
+    sp_row *rows;              /* [max_rows] */
+    td_sampler *smp;           /* owned */
+    float *logits;             /* [max_rows*(max_depth+1)][n_vocab] */
+    float *q;                  /* [max_rows][max_depth][n_vocab] drafter probs (rejection) */
+    float *pbuf;               /* [n_vocab] */
+    /* per-round scratch */
+    int32_t *pending;          /* [max_rows] by drafter row */
+    int *depth;                /* [max_rows] */
+    int32_t *drafts;           /* [max_rows][max_depth] */
+    int *n_drafts;             /* [max_rows] */
+    const td_sampling **samp;  /* [max_rows] */
+    uint64_t *out_pos;         /* [max_rows] */
+    int *dr_slot;              /* [max_rows] slot of each drafter row */
+    int *keep;                 /* [max_rows] */
+    td_draft_commit *commits;  /* [max_rows] */
+    int32_t *vtok;             /* [max_rows*(max_depth+1)] verify tokens */
+    int *vrows, *vn, *vslot;   /* [max_rows] */
+    uint8_t *want;             /* [max_rows*(max_depth+1)] all ones */
+    int have_q;                /* the drafter returned q this round */
+    int32_t *emitted;          /* [max_depth+1] */
+    double verify_s[TD_SPEC_MAX_DEPTH + 2]; /* forward seconds by T */
+    double draft_s;            /* seconds per draft token (running) */
+    td_spec_stats total;
+};
+
+td_spec_params td_spec_default_params(void) {
+    td_spec_params p = {.max_depth = 8, .fixed_depth = 0, .accept = TD_ACCEPT_MATCH};
+    return p;
+}
+
+double td_spec_stats_mean_accepted(const td_spec_stats *st) {
+    return st->rounds ? (double)st->accepted / (double)st->rounds : 0.0;
+}
+
+static int is_eos(const td_model *m, int32_t t) {
+    for (int e = 0; e < m->cfg.n_eos; e++)
+        if (t == m->cfg.eos_ids[e]) return 1;
+    return 0;
+}
+
+/* Time target forwards of T = 1..max_depth+1 new tokens at a short context, so
+ * the depth controller can weigh a deeper draft against its verify cost. */
+static int measure_verify(td_spec *g, td_err *err) {
+    int row;
+    int D = g->p.max_depth;
+    for (int T = 1; T <= D + 1; T++) g->verify_s[T] = (double)T; /* fallback: linear */
+    if (D == 0) return 0;
+    if (td_ctx_row_add(g->ctx, &row) != 0) return 0; /* no spare row: keep the fallback */
+    int32_t toks[TD_SPEC_MAX_DEPTH + 1 + 64];
+    for (int i = 0; i < (int)(sizeof toks / sizeof *toks); i++) toks[i] = i % g->n_vocab;
+    int n = 64 < g->max_ctx / 2 ? 64 : g->max_ctx / 2;
+    int rc = 0;
+    if (n < 1 || n + D + 1 > g->max_ctx) goto out;
+    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks};
+    if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) goto out;
+    for (int T = 1; T <= D + 1; T++) {
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            td_ctx_row_trim(g->ctx, row, n);
+            int t = T;
+            td_batch bt = {.n_rows = 1, .rows = &row, .n_tokens = &t, .tokens = toks + n};
+            double t0 = td_now();
+            if ((rc = td_ctx_forward(g->ctx, &bt, g->logits, NULL, err)) != 0) goto out;
+            double dt = td_now() - t0;
+            if (dt < best) best = dt;
+        }
+        g->verify_s[T] = best;
+    }
+    /* costs never decrease with T */
+    for (int T = 2; T <= D + 1; T++)
+        if (g->verify_s[T] < g->verify_s[T - 1]) g->verify_s[T] = g->verify_s[T - 1];
+out:
+    td_ctx_row_remove(g->ctx, row);
+    return rc;
+}
+
+void td_spec_free(td_spec *g) {
+    if (!g) return;
+    for (int i = 0; i < g->max_rows; i++) {
+        sp_row *r = &g->rows[i];
+        if (r->state != ROW_FREE && r->kv_row >= 0) td_ctx_row_remove(g->ctx, r->kv_row);
+        free(r->hist);
+        free(r->prov);
+        td_emit_free(&r->em);
+    }
+    td_draft_rows_free(&g->dr);
+    td_sampler_free(g->smp);
+    free(g->rows); free(g->logits); free(g->q); free(g->pbuf); free(g->pending); free(g->depth);
+    free(g->drafts); free(g->n_drafts); free(g->samp); free(g->out_pos); free(g->dr_slot);
+    free(g->keep); free(g->commits); free(g->vtok); free(g->vrows); free(g->vn); free(g->vslot);
+    free(g->emitted);
+    free(g->want);
+    free(g);
+}
+
+int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *drafter,
+                 const td_spec_params *pp, td_err *err) {
+    *out = NULL;
+    if (!ctx || !m) return td_seterr(err, TD_EINVAL, "td_spec_open: NULL context or model");
+    td_spec_params p = pp ? *pp : td_spec_default_params();
+    if (p.max_depth < 0 || p.max_depth > TD_SPEC_MAX_DEPTH)
+        return td_seterr(err, TD_EINVAL, "draft depth %d out of range [0, %d]", p.max_depth, TD_SPEC_MAX_DEPTH);
+    if (p.accept != TD_ACCEPT_MATCH && p.accept != TD_ACCEPT_REJECTION)
+        return td_seterr(err, TD_EINVAL, "unknown acceptance rule %d", (int)p.accept);
+    if (!drafter) p.max_depth = 0;
+    td_ctx_params cp = td_ctx_get_params(ctx);
+    const int *taps;
+    if (drafter && td_drafter_taps(drafter, &taps) > 0)
+        return td_seterr(err, TD_EUNSUPPORTED, "drafter %s taps target layers, which this group does not feed yet", drafter->id);
+    int D = p.max_depth, R = cp.max_rows;
+    if (cp.max_logits < R * (D + 1) || cp.max_tokens < R * (D + 1))
+        return td_seterr(err, TD_EINVAL,
+                         "context too small for speculation: %d rows at depth %d need max_tokens and max_logits >= %d (have %d, %d)",
+                         R, D, R * (D + 1), cp.max_tokens, cp.max_logits);
+    if (D > 0 && cp.max_ctx < D + 2)
+        return td_seterr(err, TD_EINVAL, "draft depth %d does not fit a context of %d positions", D, cp.max_ctx);
+    td_spec *g = calloc(1, sizeof *g);
+    if (!g) return td_seterr(err, TD_ENOMEM, "out of memory");
+    g->ctx = ctx;
+    g->m = m;
+    g->drafter = drafter;
+    g->p = p;
+    g->max_rows = R;
+    g->max_ctx = cp.max_ctx;
+    g->n_vocab = m->cfg.n_vocab;
+    size_t V = (size_t)g->n_vocab, W = (size_t)D + 1;
+    g->rows = calloc((size_t)R, sizeof *g->rows);
+    g->logits = malloc(sizeof(float) * (size_t)R * W * V);
+    if (p.accept == TD_ACCEPT_REJECTION && D > 0) g->q = malloc(sizeof(float) * (size_t)R * (D ? (size_t)D : 1) * V);
+    g->pbuf = malloc(sizeof(float) * V);
+    g->pending = malloc(sizeof(int32_t) * (size_t)R);
+    g->depth = malloc(sizeof(int) * (size_t)R);
+    g->drafts = malloc(sizeof(int32_t) * (size_t)R * (D ? (size_t)D : 1));
+    g->n_drafts = malloc(sizeof(int) * (size_t)R);
+    g->samp = malloc(sizeof(*g->samp) * (size_t)R);
+    g->out_pos = malloc(sizeof(uint64_t) * (size_t)R);
+    g->dr_slot = malloc(sizeof(int) * (size_t)R);
+    g->keep = malloc(sizeof(int) * (size_t)R);
+    g->commits = malloc(sizeof(td_draft_commit) * (size_t)R);
+    g->vtok = malloc(sizeof(int32_t) * (size_t)R * W);
+    g->vrows = malloc(sizeof(int) * (size_t)R);
+    g->vn = malloc(sizeof(int) * (size_t)R);
+    g->vslot = malloc(sizeof(int) * (size_t)R);
+    g->emitted = malloc(sizeof(int32_t) * W);
+    g->want = malloc((size_t)R * W);
+    if (g->want) memset(g->want, 1, (size_t)R * W);
+    if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
+        !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
+        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want ||
+        td_sampler_open(&g->smp, g->n_vocab) != 0) {
+        td_spec_free(g);
+        return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
+    }
+    for (int i = 0; i < R; i++) g->rows[i].kv_row = -1;
+    int rc;
+    if (drafter && (rc = drafter->vt->open_rows(drafter->self, R, g->max_ctx, D, &g->dr, err)) != 0) {
+        td_spec_free(g);
+        return rc;
+    }
+    if ((rc = measure_verify(g, err)) != 0) {
+        td_spec_free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int td_spec_n_rows(const td_spec *g) {
+    int n = 0;
+    for (int i = 0; i < g->max_rows; i++) n += g->rows[i].state != ROW_FREE;
+    return n;
+}
+
+int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_params *gp,
+                int draft, int *id_out, td_err *err) {
+    if (!g || !prompt || !gp || !id_out) return td_seterr(err, TD_EINVAL, "td_spec_add: NULL argument");
+    if (n_prompt < 1) return td_seterr(err, TD_EINVAL, "empty prompt: at least one token is needed");
+    if (gp->max_tokens < 0) return td_seterr(err, TD_EINVAL, "max_tokens %d < 0", gp->max_tokens);
+    if (n_prompt >= g->max_ctx)
+        return td_seterr(err, TD_ERANGE, "prompt of %d tokens does not fit the context of %d positions", n_prompt, g->max_ctx);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= g->n_vocab)
+            return td_seterr(err, TD_ERANGE, "prompt token %d at index %d is outside the vocabulary of %d", (int)prompt[i], i, g->n_vocab);
+    int slot = -1;
+    for (int i = 0; i < g->max_rows; i++)
+        if (g->rows[i].state == ROW_FREE) { slot = i; break; }
+    if (slot < 0) return td_seterr(err, TD_EFULL, "all %d rows are in use", g->max_rows);
+    sp_row *r = &g->rows[slot];
+    int cap = g->max_ctx + g->p.max_depth + 2;
+    if (r->cap < cap) {
+        int32_t *h = realloc(r->hist, sizeof(int32_t) * (size_t)cap);
+        if (h) r->hist = h;
+        uint8_t *pv = h ? realloc(r->prov, (size_t)cap) : NULL;
+        if (pv) r->prov = pv;
+        if (!h || !pv) return td_seterr(err, TD_ENOMEM, "out of memory adding a row");
+        r->cap = cap;
+    }
+    if (td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
+        r->kv_row = -1;
+        return td_seterr(err, TD_EFULL, "no free KV row in the target context");
+    }
+    memcpy(r->hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    r->n_prompt = n_prompt;
+    r->n_emitted = r->n_taken = 0;
+    r->gp = gp;
+    r->drafting = draft && g->drafter && g->p.max_depth > 0;
+    r->dr = -1;
+    td_emit_free(&r->em);
+    td_emit_init(&r->em, gp->stop, gp->n_stop);
+    td_depth_init(&r->depth, 0.7);
+    memset(&r->st, 0, sizeof r->st);
+    r->state = ROW_NEW;
+    *id_out = slot;
+    return 0;
+}
+
+/* Mark a row finished: it leaves the drafter group (done by the caller in
+ * batch) and gives back its KV row. */
+static void finish(td_spec *g, sp_row *r, int reason) {
+    r->state = ROW_DONE;
+    r->st.stop_reason = reason;
+    if (r->kv_row >= 0) td_ctx_row_remove(g->ctx, r->kv_row);
+    r->kv_row = -1;
+    td_emit_finish(&r->em);
+}
+
+/* Emit one token decided by the target; returns 1 if the row is now finished. */
+static int emit(td_spec *g, sp_row *r, int32_t t, int from_draft) {
+    if (is_eos(g->m, t) && !r->gp->ignore_eos) { finish(g, r, TD_STOP_EOS); return 1; }
+    r->hist[r->n_prompt + r->n_emitted] = t;
+    r->prov[r->n_prompt + r->n_emitted] = (uint8_t)from_draft;
+    r->n_emitted++;
+    r->st.emitted++;
+    g->total.emitted++;
+    int hit = td_emit_token(&r->em, g->m->tok, t);
+    if (hit > 0) { finish(g, r, TD_STOP_STRING); return 1; }
+    if (r->n_emitted >= r->gp->max_tokens) { finish(g, r, TD_STOP_LENGTH); return 1; }
+    if (r->n_prompt + r->n_emitted >= g->max_ctx) { finish(g, r, TD_STOP_LENGTH); return 1; }
+    return 0;
+}
+
+static int prefill(td_spec *g, sp_row *r, td_err *err) {
+    int chunk = td_ctx_get_params(g->ctx).max_tokens, rc;
+    double t0 = td_now();
+    for (int done = 0; done < r->n_prompt;) {
+        int n = r->n_prompt - done < chunk ? r->n_prompt - done : chunk;
+        td_batch b = {.n_rows = 1, .rows = &r->kv_row, .n_tokens = &n, .tokens = r->hist + done};
+        if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) return rc;
+        done += n;
+    }
+    r->st.t_prefill += td_now() - t0;
+    g->total.t_prefill += td_now() - t0;
+    r->state = ROW_LIVE;
+    if (r->gp->max_tokens == 0) { finish(g, r, TD_STOP_LENGTH); return 0; }
+    int32_t t = td_sampler_sample(g->smp, &r->gp->sampling, g->logits, r->hist, r->n_prompt, 0);
+    if (t < 0) return td_seterr(err, t, "sampling failed");
+    if (emit(g, r, t, 0)) return 0;
+    if (r->drafting) {
+        if ((rc = td_draft_rows_append(&g->dr, r->hist, r->n_prompt, NULL, NULL, err)) != 0) return rc;
+        r->dr = g->dr.n_rows - 1;
+    }
+    return 0;
+}
+
+/* Drop finished rows from the drafter group, keeping order. */
+static void compact_drafter(td_spec *g) {
+    if (!g->dr.vt) return;
+    int n = g->dr.n_rows, nk = 0;
+    for (int i = 0; i < g->max_rows; i++) {
+        sp_row *r = &g->rows[i];
+        if (r->dr >= 0) g->dr_slot[r->dr] = i;
+    }
+    int changed = 0;
+    for (int d = 0; d < n; d++) {
+        sp_row *r = &g->rows[g->dr_slot[d]];
+        if (r->state == ROW_LIVE) { g->keep[nk++] = d; r->dr = nk - 1; }
+        else { r->dr = -1; changed = 1; }
+    }
+    if (changed) td_draft_rows_filter(&g->dr, g->keep, nk);
+}
+
+int td_spec_step(td_spec *g, td_err *err) {
+    if (!g) return td_seterr(err, TD_EINVAL, "td_spec_step: NULL group");
+    int rc;
+    for (int i = 0; i < g->max_rows; i++)
+        if (g->rows[i].state == ROW_NEW && (rc = prefill(g, &g->rows[i], err)) != 0) return rc;
+    compact_drafter(g);
+    int D = g->p.max_depth, V = g->n_vocab;
+    /* 1. depth and draft */
+    int n_dr = g->dr.vt ? g->dr.n_rows : 0;
+    g->have_q = 0;
+    for (int i = 0; i < g->max_rows; i++) {
+        sp_row *r = &g->rows[i];
+        r->k = r->n_draft = 0;
+        if (r->state != ROW_LIVE || r->dr < 0) continue;
+        int room = g->max_ctx - (r->n_prompt + r->n_emitted) - 1;
+        int left = r->gp->max_tokens - r->n_emitted - 1;
+        int k = g->p.fixed_depth ? D : td_depth_choose(&r->depth, g->verify_s, g->draft_s, D);
+        if (k > room) k = room;
+        if (k > left) k = left;
+        if (k < 0) k = 0;
+        r->k = k;
+        g->dr_slot[r->dr] = i;
+        g->pending[r->dr] = r->hist[r->n_prompt + r->n_emitted - 1];
+        g->depth[r->dr] = k;
+        g->samp[r->dr] = &r->gp->sampling;
+        g->out_pos[r->dr] = (uint64_t)r->n_emitted;
+    }
+    if (n_dr > 0) {
+        int any = 0;
+        for (int d = 0; d < n_dr; d++) any |= g->depth[d] > 0;
+        if (any) {
+            td_draft_req q = {.n_rows = n_dr, .pending = g->pending, .depth = g->depth, .max_depth = D,
+                              .tokens = g->drafts, .n_tokens = g->n_drafts, .probs = g->q,
+                              .sampling = g->samp, .out_pos = g->out_pos};
+            double t0 = td_now();
+            if ((rc = td_draft_rows_draft(&g->dr, &q, err)) != 0) return rc;
+            double dt = td_now() - t0;
+            g->total.t_draft += dt;
+            long nd = 0;
+            for (int d = 0; d < n_dr; d++) {
+                if (g->n_drafts[d] > g->depth[d]) g->n_drafts[d] = g->depth[d];
+                g->rows[g->dr_slot[d]].n_draft = g->n_drafts[d];
+                nd += g->n_drafts[d];
+            }
+            g->have_q = q.has_probs; /* else accept treats each proposal as a one-hot q */
+            if (nd > 0) {
+                double per = dt / (double)nd;
+                g->draft_s = g->draft_s == 0 ? per : 0.8 * g->draft_s + 0.2 * per;
+            }
+        }
+    }
+    /* 2. verify every live row in one forward */
+    int nb = 0, nt = 0;
+    for (int i = 0; i < g->max_rows; i++) {
+        sp_row *r = &g->rows[i];
+        if (r->state != ROW_LIVE) continue;
+        g->vtok[nt] = r->hist[r->n_prompt + r->n_emitted - 1];
+        if (r->n_draft) memcpy(g->vtok + nt + 1, g->drafts + (size_t)r->dr * (D ? D : 1), sizeof(int32_t) * (size_t)r->n_draft);
+        g->vrows[nb] = r->kv_row;
+        g->vn[nb] = 1 + r->n_draft;
+        g->vslot[nb] = i;
+        nt += g->vn[nb];
+        nb++;
+    }
+    if (nb == 0) return 0;
+    double t0 = td_now();
+    td_batch b = {.n_rows = nb, .rows = g->vrows, .n_tokens = g->vn, .tokens = g->vtok};
+    b.want = g->want; /* every position of every window */
+    if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) return rc;
+    g->total.t_verify += td_now() - t0;
+    /* 3. accept, emit, commit */
+    t0 = td_now();
+    int off = 0, live = 0;
+    for (int v = 0; v < nb; v++) {
+        sp_row *r = &g->rows[g->vslot[v]];
+        int k = r->n_draft;
+        int n_before = r->n_prompt + r->n_emitted; /* pending is hist[n_before-1] */
+        const int32_t *dr = k ? g->drafts + (size_t)r->dr * (D ? D : 1) : NULL;
+        td_accept_io io = {.smp = g->smp, .sp = &r->gp->sampling, .logits = g->logits + (size_t)off * V,
+                           .n_vocab = V, .drafts = dr, .k = k,
+                           .q = (g->q && g->have_q && k) ? g->q + (size_t)r->dr * D * V : NULL,
+                           .p = g->pbuf, .hist = r->hist, .n_hist = n_before,
+                           .pos0 = (uint64_t)r->n_emitted, .out = g->emitted};
+        int m = g->p.accept == TD_ACCEPT_REJECTION && k ? td_accept_rejection(&io) : td_accept_match(&io);
+        if (m < 0) return td_seterr(err, m, "acceptance failed");
+        off += 1 + k;
+        int32_t old_pending = r->hist[n_before - 1];
+        r->st.rounds++;
+        r->st.drafted += k;
+        r->st.accepted += m;
+        g->total.rounds++;
+        g->total.drafted += k;
+        g->total.accepted += m;
+        for (int j = 0; j < k && j < TD_SPEC_MAX_DEPTH; j++) {
+            r->st.drafted_at[j]++;
+            g->total.drafted_at[j]++;
+            if (j < m) { r->st.accepted_at[j]++; g->total.accepted_at[j]++; }
+        }
+        if (k) td_depth_update(&r->depth, k, m);
+        /* emit t_0..t_m (t_j for j < m are accepted drafts) */
+        int done = 0;
+        for (int j = 0; j <= m && !done; j++) done = emit(g, r, g->emitted[j], j < m);
+        if (done) continue;
+        /* target KV: keep pending + accepted drafts */
+        td_ctx_row_trim(g->ctx, r->kv_row, n_before + m);
+        live++;
+        if (r->dr >= 0) {
+            g->commits[r->dr] = (td_draft_commit){.old_pending = old_pending, .accepted = r->hist + n_before,
+                                                  .n_accepted = m, .new_pending = g->emitted[m], .taps = NULL};
+        }
+    }
+    if (g->dr.vt && g->dr.n_rows > 0) {
+        /* rows that finished this round still receive a commit; they leave next */
+        for (int v = 0; v < nb; v++) {
+            sp_row *r = &g->rows[g->vslot[v]];
+            if (r->dr >= 0 && r->state != ROW_LIVE)
+                g->commits[r->dr] = (td_draft_commit){.old_pending = r->hist[r->n_prompt > 0 ? r->n_prompt - 1 : 0],
+                                                      .accepted = NULL, .n_accepted = 0, .new_pending = 0};
+        }
+        if ((rc = td_draft_rows_commit(&g->dr, g->commits, err)) != 0) return rc;
+    }
+    g->total.t_accept += td_now() - t0;
+    compact_drafter(g);
+    for (int i = 0; i < g->max_rows; i++) live += g->rows[i].state == ROW_NEW;
+    return live;
+}
+
+int td_spec_take(td_spec *g, int id, int32_t *ids, uint8_t *prov, int cap,
+                 char *text, size_t tcap, size_t *n_text, int *done) {
+    if (!g || id < 0 || id >= g->max_rows || g->rows[id].state == ROW_FREE) return TD_EINVAL;
+    sp_row *r = &g->rows[id];
+    int n = 0;
+    while (n < cap && r->n_taken < r->n_emitted) {
+        if (ids) ids[n] = r->hist[r->n_prompt + r->n_taken];
+        if (prov) prov[n] = r->prov[r->n_prompt + r->n_taken];
+        n++;
+        r->n_taken++;
+    }
+    size_t nt = 0;
+    if (text && tcap) {
+        size_t avail = r->em.upto - r->em.sent;
+        nt = avail < tcap ? avail : tcap;
+        memcpy(text, r->em.buf + r->em.sent, nt);
+        r->em.sent += nt;
+    }
+    if (n_text) *n_text = nt;
+    if (done) *done = r->state == ROW_DONE && r->n_taken == r->n_emitted && r->em.sent == r->em.upto;
+    return n;
+}
+
+int td_spec_remove(td_spec *g, int id) {
+    if (!g || id < 0 || id >= g->max_rows || g->rows[id].state == ROW_FREE) return TD_EINVAL;
+    sp_row *r = &g->rows[id];
+    if (r->state != ROW_DONE) {
+        r->state = ROW_DONE; /* leaves the drafter group below */
+        if (r->kv_row >= 0) td_ctx_row_remove(g->ctx, r->kv_row);
+        r->kv_row = -1;
+    }
+    compact_drafter(g);
+    r->state = ROW_FREE;
+    r->dr = -1;
+    return 0;
+}
+
+int td_spec_stats_get(const td_spec *g, int id, td_spec_stats *st) {
+    if (!g || !st) return TD_EINVAL;
+    if (id == -1) {
+        *st = g->total;
+        return 0;
+    }
+    if (id < 0 || id >= g->max_rows || g->rows[id].state == ROW_FREE) return TD_EINVAL;
+    *st = g->rows[id].st;
+    st->t_draft = g->total.t_draft;
+    st->t_verify = g->total.t_verify;
+    st->t_accept = g->total.t_accept;
+    return 0;
+}
