@@ -94,6 +94,20 @@ static void test_greedy(void) {
         p.seed = pos * 31;
         T_CHECK(td_sampler_sample(s, &p, lg, NULL, 0, pos) == 5, "tie -> lowest id (pos %d)", (int)pos);
     }
+    /* a maximum in the last, partial 8-lane block */
+    {
+        enum { M = 1003 };
+        static float lt[M];
+        td_sampler *s3 = NULL;
+        T_REQUIRE(td_sampler_open(&s3, M) == TD_OK, "open %d", M);
+        for (int i = 0; i < M; i++) lt[i] = (float)tgauss();
+        lt[1001] = 50.0f;
+        td_sampling g = plain(0.0f);
+        T_CHECK(td_sampler_sample(s3, &g, lt, NULL, 0, 0) == 1001, "max in the tail");
+        lt[3] = 50.0f;
+        T_CHECK(td_sampler_sample(s3, &g, lt, NULL, 0, 0) == 3, "tie with the tail -> lowest id");
+        td_sampler_free(s3);
+    }
     p.temperature = 0.0f;
     int32_t t = td_sampler_sample_probs(s, &p, lg, NULL, 0, 3, pr);
     T_CHECK(t == 5, "probs variant argmax %d", t);
@@ -222,6 +236,32 @@ done:
     t_end();
 }
 
+static void test_expf(void) {
+    t_begin("sampler_expf_accuracy");
+    double maxrel = 0.0;
+    int above1 = 0, nonmono = 0;
+    float prev = td_sampler_expf(-86.0f);
+    for (int k = 0; k <= 2000000; k++) {
+        float x = -86.0f + 86.0f * (float)k / 2000000.0f;
+        float y = td_sampler_expf(x);
+        if (y > 1.0f) above1++;
+        if (x > -85.9f) {
+            double rel = fabs((double)y - exp((double)x)) / exp((double)x);
+            if (rel > maxrel) maxrel = rel;
+        }
+        if (y < prev) nonmono++;
+        prev = y;
+    }
+    printf("  max relative error %.3g, non-monotone steps %d\n", maxrel, nonmono);
+    T_CHECK(maxrel < 3.6e-7, "relative error %g (> 3 ulp)", maxrel);
+    T_CHECK(above1 == 0, "%d values above 1", above1);
+    T_CHECK(td_sampler_expf(0.0f) == 1.0f && td_sampler_expf(-0.0f) == 1.0f, "exp(0) == 1");
+    T_CHECK(td_sampler_expf(-86.0f) == 0.0f && td_sampler_expf(-1e30f) == 0.0f &&
+            td_sampler_expf(-INFINITY) == 0.0f && td_sampler_expf(NAN) == 0.0f, "flush to 0");
+    T_CHECK(td_sampler_expf(-85.9f) >= 1.17549435e-38f, "no subnormal results");
+    t_end();
+}
+
 static void test_softmax_freq(void) {
     t_begin("sample_frequencies_match_softmax");
     enum { N = 8, DRAWS = 200000 };
@@ -339,6 +379,16 @@ static void test_top_p(void) {
     p.top_p = 0.6f; /* 0.571 < 0.6 -> {1,3} */
     T_REQUIRE(td_sampler_sample_probs(s, &p, lg, NULL, 0, 0, pr) >= 0, "sample");
     T_CHECK(count_nonzero(pr, 4) == 2 && pr[3] > 0, "top-p 0.6 after top-k 2");
+    /* mass exactly at top_p: 4 equal tokens, top_p 0.5 -> cumulative 2/4 >= 0.5 keeps 2 */
+    const float eq[4] = {0.25f, 0.25f, 0.25f, 0.25f};
+    p.top_k = 0;
+    p.top_p = 0.5f;
+    T_REQUIRE(td_sampler_sample_probs(s, &p, eq, NULL, 0, 0, pr) >= 0, "sample");
+    T_CHECK(pr[0] == 0.5f && pr[1] == 0.5f && pr[2] == 0 && pr[3] == 0, "boundary mass: %f %f %f %f", pr[0],
+            pr[1], pr[2], pr[3]);
+    p.top_p = 0.75f; /* 3/4 */
+    T_REQUIRE(td_sampler_sample_probs(s, &p, eq, NULL, 0, 0, pr) >= 0, "sample");
+    T_CHECK(count_nonzero(pr, 4) == 3 && pr[3] == 0, "boundary mass 0.75 keeps 3");
     /* ties at the cut: {0.2, 0.4, 0.2, 0.2}, top_p 0.5 -> token 1, then the lowest-id tie (0) */
     const double T4[4] = {0.2, 0.4, 0.2, 0.2};
     set_log(lg, T4, 4);
@@ -370,6 +420,22 @@ static void test_min_p(void) {
     p.min_p = 1.0f;
     T_REQUIRE(td_sampler_sample_probs(s, &p, lg, NULL, 0, 0, pr) >= 0, "sample");
     T_CHECK(count_nonzero(pr, 4) == 1 && pr[1] == 1.0f, "1.0 keeps the top");
+    /* the comparison is >= on the weights: exactly at the threshold is kept */
+    {
+        const float lb[2] = {0.0f, -0.6931472f};
+        float pb[2];
+        float w1 = td_sampler_expf(lb[1]); /* the weight the sampler uses; the top one is 1 */
+        td_sampler *s2 = NULL;
+        T_REQUIRE(td_sampler_open(&s2, 2) == TD_OK, "open 2");
+        td_sampling b = plain(1.0f);
+        b.min_p = w1;
+        T_CHECK(td_sampler_sample_probs(s2, &b, lb, NULL, 0, 0, pb) >= 0 && pb[1] > 0.0f,
+                "min_p == ratio keeps the token");
+        b.min_p = nextafterf(w1, 1.0f);
+        T_CHECK(td_sampler_sample_probs(s2, &b, lb, NULL, 0, 0, pb) >= 0 && pb[1] == 0.0f && pb[0] == 1.0f,
+                "min_p just above the ratio drops it");
+        td_sampler_free(s2);
+    }
     /* min-p is relative to the temperature-scaled distribution: at T=2 the ratios are
      * square roots: p0/p1 = sqrt(0.3) = .548, p2/p1 = sqrt(0.2) = .447, p3/p1 = .707 */
     p.temperature = 2.0f;
@@ -391,7 +457,7 @@ static int cmp_rank(const void *a, const void *b) {
 
 static void test_reference(void) {
     t_begin("sample_truncation_matches_sorting_reference");
-    enum { N = 60000 };
+    enum { N = 60003 }; /* not a multiple of 8: exercises the vector tails */
     td_sampler *s = NULL;
     float *lg = malloc(N * sizeof *lg), *pr = malloc(N * sizeof *pr), *w = malloc(N * sizeof *w);
     int *ord = malloc(N * sizeof *ord), *rank = malloc(N * sizeof *rank);
@@ -419,8 +485,7 @@ static void test_reference(void) {
         float zmax = -INFINITY;
         for (int i = 0; i < N; i++) zmax = fmaxf(zmax, lg[i]);
         for (int i = 0; i < N; i++) {
-            float x = (lg[i] - zmax) / cfg[c].T;
-            w[i] = x > -87.0f ? expf(x) : 0.0f;
+            w[i] = td_sampler_expf((lg[i] - zmax) / cfg[c].T);
             ord[i] = i;
         }
         ref_w = w;
@@ -709,6 +774,7 @@ int main(void) {
     test_greedy();
     test_rng();
     test_pure();
+    test_expf();
     test_softmax_freq();
     test_top_k();
     test_top_p();

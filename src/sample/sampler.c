@@ -133,9 +133,112 @@ static inline uint32_t fbits(float f) {
     return u;
 }
 
-/* z = logits with NaN -> -inf, then penalties over the history window. */
+/* ---- 8-lane float helpers (GCC/Clang vector extensions) ----------------- */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f v8_splat(float a) { return (v8f){a, a, a, a, a, a, a, a}; }
+static inline v8f v8_load(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline v8f v8_sel(v8i m, v8f a, v8f b) { /* m ? a : b, lane-wise */
+    return (v8f)(((v8i)a & m) | ((v8i)b & ~m));
+}
+
+/* exp(x) for x <= 0, in float: Cody-Waite range reduction and the Cephes expf
+ * polynomial (about 1-2 ulp). Exactly 1 at x == 0, never above 1, 0 for
+ * x <= -86 and for NaN (so results are normal floats, never subnormal). */
+static inline v8f v8_exp_neg(v8f x) {
+    const v8i live = x > v8_splat(-86.0f);
+    x = v8_sel(live, x, v8_splat(-86.0f));
+    const v8f magic = v8_splat(12582912.0f); /* 1.5 * 2^23: round to nearest integer */
+    v8f n = (x * v8_splat(1.44269504088896341f) + magic) - magic;
+    v8f r = (x - n * v8_splat(0.693359375f)) - n * v8_splat(-2.12194440e-4f);
+    v8f q = v8_splat(1.9875691500e-4f);
+    q = q * r + v8_splat(1.3981999507e-3f);
+    q = q * r + v8_splat(8.3334519073e-3f);
+    q = q * r + v8_splat(4.1665795894e-2f);
+    q = q * r + v8_splat(1.6666665459e-1f);
+    q = q * r + v8_splat(5.0000001201e-1f);
+    v8f y = (q * r * r + r) + v8_splat(1.0f);
+    v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
+    y = y * (v8f)e;
+    y = v8_sel(y > v8_splat(1.0f), v8_splat(1.0f), y);
+    return (v8f)((v8i)y & live);
+}
+
+float td_sampler_expf(float x) {
+    v8f v = v8_splat(x);
+    return v8_exp_neg(v)[0];
+}
+
+/* w[i] = exp((z[i] - zmax) / T) over n entries, 8 lanes at a time; the tail goes
+ * through the same vector code so every token is computed identically. */
+static void weights(float *w, const float *z, int n, float zmax, float T) {
+    const v8f vm = v8_splat(zmax), vt = v8_splat(T);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) v8_store(w + i, v8_exp_neg((v8_load(z + i) - vm) / vt));
+    if (i < n) {
+        float buf[8] = {0};
+        memcpy(buf, z + i, (size_t)(n - i) * sizeof *buf);
+        v8_store(buf, v8_exp_neg((v8_load(buf) - vm) / vt));
+        memcpy(w + i, buf, (size_t)(n - i) * sizeof *buf);
+    }
+}
+
+/* z = logits with NaN -> -inf (vectorised copy); returns the max of z. */
+static float copy_max(float *z, const float *lg, int n) {
+    const v8f ninf = v8_splat(-INFINITY);
+    v8f m = ninf;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v = v8_load(lg + i);
+        v = v8_sel(v == v, v, ninf);
+        v8_store(z + i, v);
+        m = v8_sel(v > m, v, m);
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
+    for (; i < n; i++) {
+        float v = isnan(lg[i]) ? -INFINITY : lg[i];
+        z[i] = v;
+        mx = v > mx ? v : mx;
+    }
+    return mx;
+}
+
+static inline int v8_any(v8i m) {
+    return (m[0] | m[1] | m[2] | m[3] | m[4] | m[5] | m[6] | m[7]) != 0;
+}
+
+/* number of w[i] >= t */
+static int count_ge(const float *w, int n, float t) {
+    const v8f vt = v8_splat(t);
+    v8i acc = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc -= v8_load(w + i) >= vt;
+    int c = 0;
+    for (int j = 0; j < 8; j++) c += acc[j];
+    for (; i < n; i++) c += w[i] >= t;
+    return c;
+}
+
+static float max_of(const float *z, int n) {
+    v8f m = v8_splat(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v = v8_load(z + i);
+        m = v8_sel(v > m, v, m);
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
+    for (; i < n; i++) mx = z[i] > mx ? z[i] : mx;
+    return mx;
+}
+
+/* z = logits with NaN -> -inf, then penalties over the history window.
+ * *zmax gets the max of z. */
 static int prepare(td_sampler *s, const td_sampling *p, const float *logits,
-                   const int32_t *history, int n_history) {
+                   const int32_t *history, int n_history, float *zmax) {
     const int n = s->n;
     float *z = s->z;
     if (n_history < 0 || (n_history > 0 && !history)) return TD_EINVAL;
@@ -144,7 +247,7 @@ static int prepare(td_sampler *s, const td_sampling *p, const float *logits,
     for (int i = start; i < n_history; i++)
         if (history[i] < 0 || history[i] >= n) return TD_EINVAL;
 
-    for (int i = 0; i < n; i++) z[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    *zmax = copy_max(z, logits, n);
 
     const float rp = p->repeat_penalty, pp = p->presence_penalty, fp = p->frequency_penalty;
     if (n_history == 0 || (rp == 1.0f && pp == 0.0f && fp == 0.0f)) return TD_OK;
@@ -163,6 +266,7 @@ static int prepare(td_sampler *s, const td_sampling *p, const float *logits,
         z[t] = v;
         cnt[t] = 0; /* clear only what was touched */
     }
+    if (nt) *zmax = max_of(z, n);
     return TD_OK;
 }
 
@@ -173,7 +277,16 @@ static int collect_bucket(td_sampler *s, int b) {
     const float *w = s->w;
     int32_t *a = s->cand, *t = s->cand2;
     int m = 0;
-    for (int i = 0; i < s->n; i++)
+    const int32_t lo = (int32_t)((uint32_t)b << 16), hi = lo + 0x10000;
+    const v8i vlo = {lo, lo, lo, lo, lo, lo, lo, lo}, vhi = {hi, hi, hi, hi, hi, hi, hi, hi};
+    int i = 0;
+    for (; i + 8 <= s->n; i += 8) { /* w bits are < 2^31: signed lane compares are fine */
+        v8i bits = (v8i)v8_load(w + i);
+        if (!v8_any((bits >= vlo) & (bits < vhi))) continue;
+        for (int j = i; j < i + 8; j++)
+            if ((int)(fbits(w[j]) >> 16) == b) a[m++] = j;
+    }
+    for (; i < s->n; i++)
         if ((int)(fbits(w[i]) >> 16) == b) a[m++] = i;
     if (m > 1) {
         for (int shift = 0; shift < 16; shift += 8) {
@@ -259,18 +372,17 @@ static int32_t sample_core(td_sampler *s, const td_sampling *p, const float *log
                            const int32_t *history, int n_history, uint64_t pos, float *probs) {
     if (!s || !p || !logits) return TD_EINVAL;
     if (td_sampling_check(p, NULL) != TD_OK) return TD_EINVAL;
-    int rc = prepare(s, p, logits, history, n_history);
+    float zmax;
+    int rc = prepare(s, p, logits, history, n_history, &zmax);
     if (rc != TD_OK) return rc;
 
     const int n = s->n;
     const float *z = s->z;
     float *w = s->w;
 
-    int32_t am = 0;
-    float zmax = z[0];
-    for (int i = 1; i < n; i++)
-        if (z[i] > zmax) { zmax = z[i]; am = i; }
     if (zmax == -INFINITY) return TD_EINVAL; /* all -inf / NaN */
+    int32_t am = 0;
+    while (!(z[am] == zmax)) am++; /* the lowest id holding the max */
 
     if (!(p->temperature > 0.0f)) {
         if (probs) {
@@ -285,10 +397,7 @@ static int32_t sample_core(td_sampler *s, const td_sampling *p, const float *log
     if (isinf(zmax)) {
         for (int i = 0; i < n; i++) w[i] = z[i] == INFINITY ? 1.0f : 0.0f;
     } else {
-        for (int i = 0; i < n; i++) {
-            float x = (z[i] - zmax) / T;
-            w[i] = x > -87.0f ? expf(x) : 0.0f;
-        }
+        weights(w, z, n, zmax, T);
     }
 
     /* histogram over the high 16 bits of w, and the min-p count */
@@ -298,19 +407,23 @@ static int32_t sample_core(td_sampler *s, const td_sampling *p, const float *log
     memset(hmass, 0, NBUCKET * sizeof *hmass);
     s->cand_bucket = -1;
     const float minp = p->min_p; /* wmax == 1 */
-    int n_minp = 0;
     for (int i = 0; i < n; i++) {
         float v = w[i];
         uint32_t b = fbits(v) >> 16;
         hcnt[b]++;
         hmass[b] += v;
-        n_minp += v >= minp;
     }
+    const int n_minp = minp > 0.0f ? count_ge(w, n, minp) : n;
 
     int Lk = (p->top_k > 0 && p->top_k < n) ? p->top_k : n;
     int L = Lk < n_minp ? Lk : n_minp;
     if (p->top_p < 1.0f) {
-        double M = prefix_mass(s, Lk);
+        double M = 0.0;
+        if (Lk < n) {
+            M = prefix_mass(s, Lk);
+        } else {
+            for (int b = NBUCKET - 1; b >= 0; b--) M += hmass[b];
+        }
         int Lp = prefix_len_for_mass(s, (double)p->top_p * M);
         if (Lp < L) L = Lp;
     }
@@ -329,12 +442,20 @@ static int32_t sample_core(td_sampler *s, const td_sampling *p, const float *log
         uint32_t kb = UINT32_MAX;
         int32_t kid = -1;
         rank_element(s, L, &kb, &kid);
-        for (int i = 0; i < n; i++) {
-            uint32_t b = fbits(w[i]);
-            if (b > kb || (b == kb && i <= kid)) {
-                keep[nk++] = i;
-                tot += w[i];
+        const int32_t k32 = (int32_t)kb; /* kb <= 0x3F800000 */
+        const v8i vk = {k32, k32, k32, k32, k32, k32, k32, k32};
+        int i = 0;
+        for (;; i += 8) {
+            int end = i + 8 <= n ? i + 8 : n;
+            if (i + 8 <= n && !v8_any((v8i)v8_load(w + i) >= vk)) continue;
+            for (int j = i; j < end; j++) {
+                uint32_t b = fbits(w[j]);
+                if (b > kb || (b == kb && j <= kid)) {
+                    keep[nk++] = j;
+                    tot += w[j];
+                }
             }
+            if (end == n) break;
         }
     }
     TD_ASSERT(nk == L && tot > 0.0);

@@ -19,8 +19,8 @@
  *       z = z - (c * frequency_penalty + presence_penalty)      (float arithmetic)
  *  2. temperature <= 0 (negative included): greedy, argmax of z, ties to the lowest
  *     id; probs is one-hot. pos/seed are not used.
- *  3. Otherwise weights w_i = expf((z_i - zmax) / T) in float (max subtracted, so the
- *     top weight is exactly 1); w_i is flushed to 0 when the exponent is below -87.
+ *  3. Otherwise weights w_i = td_sampler_expf((z_i - zmax) / T) in float (max
+ *     subtracted, so the top weight is exactly 1; 0 when the exponent is <= -86).
  *     If some z is +inf, the +inf tokens get w = 1 and all others 0.
  *  4. Truncation. Order tokens by w descending, ties by id ascending ("rank order").
  *     Every truncation keeps a prefix of that order:
@@ -45,6 +45,11 @@
 
 /* Check sampling parameters; 0 or TD_EINVAL with a message in err (may be NULL). */
 int td_sampling_check(const td_sampling *p, td_err *err);
+
+/* The exp the sampler uses for weights, for x <= 0 (vectorised inside; this scalar
+ * entry gives bit-identical results): ~1-2 ulp, exactly 1 at 0, never above 1,
+ * 0 for x <= -86 or NaN. */
+float td_sampler_expf(float x);
 
 /* Draw from non-negative weights w[0..n) with a uniform u in [0,1) by the same rule
  * the sampler uses (walk in id order, double running sum, first to exceed u*total).
