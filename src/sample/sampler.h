@@ -31,11 +31,21 @@
  *     The kept set is the shortest of the three prefixes. Found without a full sort:
  *     a 16-bit histogram of the float bits of w locates the boundary bucket, only that
  *     bucket is ordered (stable radix sort on the low bits, so ties stay by id).
+ *     Prefix masses are sums of per-bucket masses (each summed in id order) taken
+ *     from the top bucket down, plus the ordered members of the boundary bucket.
  *  5. Draw: u = td_rng_uniform(seed, pos). Walk the kept tokens in id ascending
  *     order (the fixed order, always, whether or not anything was truncated),
  *     accumulating w in double; the token is the first whose running sum exceeds
  *     u * total, total = sum of kept w in the same order. probs[i] = w_i / total for
- *     kept tokens, 0 elsewhere: exactly the distribution the draw uses.
+ *     kept tokens, 0 elsewhere: exactly the distribution the draw uses (rounded to
+ *     float). A kept token of weight 0 has probability 0 and is never drawn.
+ *
+ * td_rng_uniform(seed, pos): k = mix(seed ^ C1); x = mix(pos * golden + k);
+ * x = mix(x ^ rot32(k)); u = (x >> 11) * 2^-53, with mix the SplitMix64 finalizer.
+ * A bijection of pos for each seed; a pure function.
+ *
+ * td_sampling_default(): T 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off
+ * (repeat 1, presence 0, frequency 0), penalty_last_n 64, seed 0.
  */
 #ifndef TD_SAMPLE_SAMPLER_H
 #define TD_SAMPLE_SAMPLER_H
