@@ -223,6 +223,7 @@ typedef struct td_sampling {
     uint64_t seed;
 } td_sampling;
 
+/* Greedy, every filter and penalty off, penalty window 64, seed 0. */
 td_sampling td_sampling_default(void);
 
 /* The uniform draw in [0,1) for output position `pos` under `seed`: a pure

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /* test_forward — batch invariance, KV rollback and forward input checks on
  * random-weight models written by tmodel.h (shapes chosen so that no dimension
  * is a multiple of the vector width, to exercise every tail path). */

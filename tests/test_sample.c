@@ -191,6 +191,7 @@ static void test_pure(void) {
     for (int i = 0; i < 40; i++) hist[i] = (int32_t)(trng() % 50);
     memcpy(keep, lg, N * sizeof *lg);
     td_sampling p = td_sampling_default();
+    p.temperature = 0.8f;
     p.top_k = 200;
     p.top_p = 0.9f;
     p.min_p = 0.01f;
@@ -742,7 +743,7 @@ static void test_speed(void) {
     struct { const char *name; float sd, T, tp, mp; int k; } cfg[] = {
         {"T=0.8 top_p=0.95, logits N(0,3)", 3.0f, 0.8f, 0.95f, 0.0f, 0},
         {"T=0.8 top_p=0.95, flat logits N(0,1)", 1.0f, 0.8f, 0.95f, 0.0f, 0},
-        {"defaults (k=40 p=0.95 min_p=0.05), N(0,3)", 3.0f, 0.8f, 0.95f, 0.05f, 40},
+        {"llama.cpp-like (k=40 p=0.95 min_p=0.05), N(0,3)", 3.0f, 0.8f, 0.95f, 0.05f, 40},
         {"T=0.8 no truncation, N(0,3)", 3.0f, 0.8f, 1.0f, 0.0f, 0},
         {"greedy", 3.0f, 0.0f, 1.0f, 0.0f, 0},
     };

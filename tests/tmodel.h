@@ -31,7 +31,7 @@ typedef struct { char name[96]; int nd; long shape[2]; int norm; } tm_t;
 
 static int tm_tensors(const tm_shape *s, tm_t *t) {
     int n = 0;
-#define ADD(nm, d0, d1, isnorm) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].nd = (d1) ? 2 : 1; \
+#define ADD(nm, d0, d1, isnorm) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].nd = ((d1) != 0) ? 2 : 1; \
     t[n].shape[0] = d0; t[n].shape[1] = d1; t[n].norm = isnorm; n++; } while (0)
     char nm[96];
     ADD("model.embed_tokens.weight", s->vocab, s->hidden, 0);

@@ -13,10 +13,10 @@
 td_sampling td_sampling_default(void) {
     td_sampling p;
     memset(&p, 0, sizeof p);
-    p.temperature = 0.8f;
-    p.top_k = 40;
-    p.top_p = 0.95f;
-    p.min_p = 0.05f;
+    p.temperature = 0.0f; /* greedy; every filter off: callers opt in */
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
     p.repeat_penalty = 1.0f;
     p.presence_penalty = 0.0f;
     p.frequency_penalty = 0.0f;

@@ -1,8 +1,8 @@
 /* group — the speculative group: the one served lane.
  *
  * Every request is a row. Each td_spec_step runs one round for all live rows:
- *   0. prefill rows added since the last step (target forward over the prompt,
- *      sample output position 0 = the row's first pending token), and append
+ *   0. prefill rows added since the last step (target forward over the prompt
+ *      but its last token, which becomes the row's pending token), and append
  *      drafting rows to the drafter's row group;
  *   1. choose each row's depth (depth controller, or fixed), draft for all
  *      drafting rows in one drafter call;
@@ -204,7 +204,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         td_spec_free(g);
         return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
     }
-    for (int i = 0; i < R; i++) g->rows[i].kv_row = -1;
+    for (int i = 0; i < R; i++) { g->rows[i].kv_row = -1; g->rows[i].dr = -1; }
     int rc;
     if (drafter && (rc = drafter->vt->open_rows(drafter->self, R, g->max_ctx, D, &g->dr, err)) != 0) {
         td_spec_free(g);
@@ -292,24 +292,25 @@ static int emit(td_spec *g, sp_row *r, int32_t t, int from_draft) {
     return 0;
 }
 
+/* Prefill all prompt tokens but the last, which becomes the row's pending
+ * token: every output token then comes out of a verify round (output position
+ * 0 too), and the drafter's committed stream is prompt[0..n-1). */
 static int prefill(td_spec *g, sp_row *r, td_err *err) {
     int chunk = td_ctx_get_params(g->ctx).max_tokens, rc;
     double t0 = td_now();
-    for (int done = 0; done < r->n_prompt;) {
-        int n = r->n_prompt - done < chunk ? r->n_prompt - done : chunk;
+    for (int done = 0; done < r->n_prompt - 1;) {
+        int n = r->n_prompt - 1 - done < chunk ? r->n_prompt - 1 - done : chunk;
         td_batch b = {.n_rows = 1, .rows = &r->kv_row, .n_tokens = &n, .tokens = r->hist + done};
         if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) return rc;
         done += n;
     }
-    r->st.t_prefill += td_now() - t0;
-    g->total.t_prefill += td_now() - t0;
+    double dt = td_now() - t0;
+    r->st.t_prefill += dt;
+    g->total.t_prefill += dt;
     r->state = ROW_LIVE;
     if (r->gp->max_tokens == 0) { finish(g, r, TD_STOP_LENGTH); return 0; }
-    int32_t t = td_sampler_sample(g->smp, &r->gp->sampling, g->logits, r->hist, r->n_prompt, 0);
-    if (t < 0) return td_seterr(err, t, "sampling failed");
-    if (emit(g, r, t, 0)) return 0;
     if (r->drafting) {
-        if ((rc = td_draft_rows_append(&g->dr, r->hist, r->n_prompt, NULL, NULL, err)) != 0) return rc;
+        if ((rc = td_draft_rows_append(&g->dr, r->hist, r->n_prompt - 1, NULL, NULL, err)) != 0) return rc;
         r->dr = g->dr.n_rows - 1;
     }
     return 0;
@@ -321,7 +322,7 @@ static void compact_drafter(td_spec *g) {
     int n = g->dr.n_rows, nk = 0;
     for (int i = 0; i < g->max_rows; i++) {
         sp_row *r = &g->rows[i];
-        if (r->dr >= 0) g->dr_slot[r->dr] = i;
+        if (r->state != ROW_FREE && r->dr >= 0) g->dr_slot[r->dr] = i;
     }
     int changed = 0;
     for (int d = 0; d < n; d++) {

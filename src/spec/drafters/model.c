@@ -179,7 +179,8 @@ static int dm_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *er
         int old = r->len;
         if (r->len + 1 + cm[i].n_accepted > r->cap) return td_seterr(err, TD_EFULL, "draft model: row %d stream is full", i);
         r->stream[r->len++] = cm[i].old_pending;
-        memcpy(r->stream + r->len, cm[i].accepted, sizeof(int32_t) * (size_t)cm[i].n_accepted);
+        if (cm[i].n_accepted > 0)
+            memcpy(r->stream + r->len, cm[i].accepted, sizeof(int32_t) * (size_t)cm[i].n_accepted);
         r->len += cm[i].n_accepted;
         /* the KV agrees with the stream up to their first difference */
         int keep = old < r->kv_len ? old : r->kv_len;

@@ -1,0 +1,385 @@
+#define _GNU_SOURCE
+/* test_spec — the speculative group's non-negotiable property: its token stream
+ * equals plain decoding's (td_generate) for every drafter, greedy and seeded
+ * sampling, batch 1/3/8 with ragged prompts, rows joining and leaving mid-run;
+ * plus KV rollback, the rejection rule's distribution (chi-square), and bad
+ * input. Models are random-weight (tmodel.h); a draft model that is a copy of
+ * the target makes long accepted runs, a different one makes rejections. */
+#include "tandem.h"
+#include "t.h"
+#include "tmodel.h"
+
+#include <math.h>
+#include <unistd.h>
+
+#define NTOK 40
+static char g_dir[256];
+static td_model *g_target, *g_target_small_vocab;
+
+static td_model *open_dir(const char *name, const tm_shape *s) {
+    char d[512];
+    snprintf(d, sizeof d, "%s/%s", g_dir, name);
+    if (tm_write(d, s) != 0) return NULL;
+    td_model *m = NULL;
+    td_err err = {0};
+    if (td_model_open(&m, d, &err) != 0) printf("  open %s: %s\n", d, err.msg);
+    return m;
+}
+
+static void make_prompt(int i, int32_t *p, int *n, int V) {
+    uint64_t st = 1000 + (uint64_t)i;
+    int len = 3 + (i * 7) % 29;
+    int per = 2 + i % 4;
+    int32_t pat[8];
+    for (int k = 0; k < per; k++) pat[k] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    for (int k = 0; k < len; k++) p[k] = (tm_rng(&st) % 5 == 0) ? (int32_t)(tm_rng(&st) % (uint64_t)V) : pat[k % per];
+    *n = len;
+}
+
+static td_ctx *ctx_for(td_model *m, int rows, int depth) {
+    td_ctx_params p = td_ctx_default_params();
+    p.max_rows = rows + 1; /* +1: the group measures verify cost on a spare row */
+    p.max_ctx = 128;
+    p.max_tokens = (rows + 1) * (depth + 1) > 64 ? (rows + 1) * (depth + 1) : 64;
+    p.max_logits = p.max_tokens;
+    p.n_threads = 2;
+    td_ctx *c = NULL;
+    td_err err = {0};
+    if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);
+    return c;
+}
+
+/* Plain reference for prompt i. */
+static int plain(td_model *m, int i, const td_gen_params *gp, int32_t *out) {
+    td_ctx *c = ctx_for(m, 1, 0);
+    int32_t pr[64];
+    int n;
+    make_prompt(i, pr, &n, m ? td_tokenizer_n_vocab(NULL) * 0 + 301 : 301);
+    td_gen_stats st;
+    td_err err = {0};
+    int rc = td_generate(c, m, pr, n, gp, NULL, NULL, out, NTOK, &st, &err);
+    td_ctx_free(c);
+    if (rc) { printf("  plain: %s\n", err.msg); return -1; }
+    return st.n_gen;
+}
+
+static void run_exact(const char *drafter_spec, const char *label, int temp, int B, int depth) {
+    char name[160];
+    snprintf(name, sizeof name, "exact_%s_%s_b%d", label, temp ? "temp0.8" : "greedy", B);
+    t_begin(name);
+    td_drafter *d = NULL;
+    td_ctx *c = NULL;
+    td_spec *g = NULL;
+    td_err err = {0};
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = NTOK};
+    if (temp) { gp.sampling.temperature = 0.8f; gp.sampling.top_p = 0.95f; }
+    int32_t ref[8][NTOK], got[8][NTOK];
+    int nref[8], ngot[8] = {0}, ids[8], added[8] = {0}, removed[8] = {0}, fin[8] = {0};
+    for (int i = 0; i < B; i++) {
+        td_gen_params gpi = gp;
+        gpi.sampling.seed = 77 + (uint64_t)i;
+        nref[i] = plain(g_target, i, &gpi, ref[i]);
+        T_REQUIRE(nref[i] > 0, "plain reference");
+    }
+    T_REQUIRE(td_drafter_open(&d, drafter_spec, g_target, &err) == 0, "drafter %s: %s", drafter_spec, err.msg);
+    c = ctx_for(g_target, B, depth);
+    T_REQUIRE(c != NULL, "ctx");
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = depth;
+    sp.fixed_depth = 1; /* these tiny drafters cost as much as the target: force drafting */
+    T_REQUIRE(td_spec_open(&g, c, g_target, d, &sp, &err) == 0, "spec open: %s", err.msg);
+    td_gen_params gps[8];
+    int32_t pr[8][64];
+    int np[8];
+    for (int i = 0; i < B; i++) {
+        gps[i] = gp;
+        gps[i].sampling.seed = 77 + (uint64_t)i;
+        make_prompt(i, pr[i], &np[i], 301);
+    }
+    /* half the rows join at the start, the rest after two rounds; with B >= 3,
+       row 2 leaves after five rounds */
+    int first = B > 1 ? B / 2 : 1;
+    for (int i = 0; i < first; i++) {
+        T_REQUIRE(td_spec_add(g, pr[i], np[i], &gps[i], 1, &ids[i], &err) == 0, "add: %s", err.msg);
+        added[i] = 1;
+    }
+    for (int round = 0; round < 400; round++) {
+        if (round == 2)
+            for (int i = first; i < B; i++) {
+                T_REQUIRE(td_spec_add(g, pr[i], np[i], &gps[i], 1, &ids[i], &err) == 0, "late add: %s", err.msg);
+                added[i] = 1;
+            }
+        int live = td_spec_step(g, &err);
+        T_REQUIRE(live >= 0, "step: %s", err.msg);
+        for (int i = 0; i < B; i++) {
+            if (!added[i] || removed[i] || fin[i]) continue;
+            int done = 0;
+            int n = td_spec_take(g, ids[i], got[i] + ngot[i], NULL, NTOK - ngot[i], NULL, 0, NULL, &done);
+            T_REQUIRE(n >= 0, "take");
+            ngot[i] += n;
+            if (done) { fin[i] = 1; td_spec_remove(g, ids[i]); }
+        }
+        if (B >= 3 && round == 5 && !fin[2]) { td_spec_remove(g, ids[2]); removed[2] = 1; }
+        int all = 1;
+        for (int i = 0; i < B; i++) all &= (fin[i] || removed[i]) && added[i];
+        if (all) break;
+    }
+    for (int i = 0; i < B; i++) {
+        if (removed[i]) {
+            T_CHECK(ngot[i] <= nref[i] && memcmp(got[i], ref[i], sizeof(int32_t) * (size_t)ngot[i]) == 0,
+                    "row %d (left early) is not a prefix of plain", i);
+            continue;
+        }
+        T_CHECK(fin[i], "row %d did not finish", i);
+        int same = ngot[i] == nref[i] && memcmp(got[i], ref[i], sizeof(int32_t) * (size_t)nref[i]) == 0;
+        if (!same) {
+            int j = 0;
+            while (j < ngot[i] && j < nref[i] && got[i][j] == ref[i][j]) j++;
+            T_CHECK(same, "row %d differs from plain at token %d (spec %d tokens, plain %d)", i, j, ngot[i], nref[i]);
+        }
+    }
+    td_spec_stats st;
+    td_spec_stats_get(g, -1, &st);
+    printf("  %s: rounds %ld drafted %ld accepted %ld mean %.2f\n", name, st.rounds, st.drafted, st.accepted,
+           td_spec_stats_mean_accepted(&st));
+    if (!strcmp(label, "model_same") && !temp) T_CHECK(st.accepted > 0 && st.accepted * 10 >= st.drafted * 9,
+                                                        "a copy of the target must be accepted (%ld of %ld)", st.accepted, st.drafted);
+done:
+    td_spec_free(g);
+    td_ctx_free(c);
+    td_drafter_free(d);
+    t_end();
+}
+
+/* After rounds with rejections, the target KV of a row must hold exactly what
+ * plain decoding of the emitted stream holds: continuing from it gives the
+ * same logits as a fresh row fed the whole stream. */
+static void test_rollback(void) {
+    t_begin("rollback_kv_equals_plain");
+    td_drafter *d = NULL;
+    td_ctx *c = NULL, *c2 = NULL;
+    td_spec *g = NULL;
+    td_err err = {0};
+    float *l1 = NULL, *l2 = NULL;
+    char spec[600];
+    snprintf(spec, sizeof spec, "model:%s/draft_other", g_dir);
+    T_REQUIRE(td_drafter_open(&d, spec, g_target, &err) == 0, "drafter: %s", err.msg);
+    c = ctx_for(g_target, 1, 4);
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = 4;
+    sp.fixed_depth = 1;
+    T_REQUIRE(td_spec_open(&g, c, g_target, d, &sp, &err) == 0, "open: %s", err.msg);
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 30};
+    int32_t pr[64];
+    int np, id;
+    make_prompt(3, pr, &np, 301);
+    T_REQUIRE(td_spec_add(g, pr, np, &gp, 1, &id, &err) == 0, "add");
+    int32_t out[64];
+    int n = 0, done = 0;
+    for (int r = 0; r < 6; r++) {
+        td_spec_step(g, &err);
+        n += td_spec_take(g, id, out + n, NULL, 64 - n, NULL, 0, NULL, &done);
+    }
+    td_spec_stats st;
+    td_spec_stats_get(g, id, &st);
+    T_CHECK(st.drafted > st.accepted, "the test needs rejections (drafted %ld accepted %ld)", st.drafted, st.accepted);
+    T_REQUIRE(!done && n > 1, "row still live");
+    /* the group's row 0 KV holds prompt + out[0..n-1) (the last is pending);
+       feeding out[n-1] must give what a fresh row fed everything gives */
+    l1 = malloc(sizeof(float) * 301 * 128);
+    l2 = malloc(sizeof(float) * 301 * 128);
+    c2 = ctx_for(g_target, 1, 0);
+    int r2;
+    td_ctx_row_add(c2, &r2);
+    int32_t all[128];
+    memcpy(all, pr, sizeof(int32_t) * (size_t)np);
+    memcpy(all + np, out, sizeof(int32_t) * (size_t)n);
+    int tot = np + n;
+    td_batch b2 = {.n_rows = 1, .rows = &r2, .n_tokens = &tot, .tokens = all};
+    T_REQUIRE(td_ctx_forward(c2, &b2, l2, NULL, &err) == 0, "fresh: %s", err.msg);
+    /* find the group's KV row: the only live row other than the spare one */
+    int kv = -1;
+    for (int r = 0; r < 2; r++) if (td_ctx_row_len(c, r) == tot - 1) kv = r;
+    T_REQUIRE(kv >= 0, "group row KV length is prompt + emitted - 1");
+    int one = 1;
+    td_batch b1 = {.n_rows = 1, .rows = &kv, .n_tokens = &one, .tokens = &out[n - 1]};
+    T_REQUIRE(td_ctx_forward(c, &b1, l1, NULL, &err) == 0, "continue: %s", err.msg);
+    T_CHECK(memcmp(l1, l2, sizeof(float) * 301) == 0, "KV after speculative rounds differs from plain");
+done:
+    free(l1); free(l2);
+    td_spec_free(g);
+    td_ctx_free(c); td_ctx_free(c2);
+    td_drafter_free(d);
+    t_end();
+}
+
+/* Rejection sampling keeps the target distribution: chi-square of the first two
+ * tokens over many seeds against the exact plain distribution. */
+static void test_rejection_distribution(void) {
+    t_begin("rejection_preserves_distribution");
+    enum { V = 6, TRIALS = 6000, B = 8 };
+    td_drafter *d = NULL;
+    td_ctx *c = NULL, *c2 = NULL;
+    td_spec *g = NULL;
+    td_err err = {0};
+    char spec[600];
+    snprintf(spec, sizeof spec, "model:%s/draft_v6", g_dir);
+    T_REQUIRE(td_drafter_open(&d, spec, g_target_small_vocab, &err) == 0, "drafter: %s", err.msg);
+    int32_t pr[4] = {1, 2, 3, 4};
+    /* exact joint distribution of (t0, t1) under plain sampling at T = 1 */
+    double P[V][V];
+    {
+        c2 = ctx_for(g_target_small_vocab, 1, 0);
+        int r;
+        td_ctx_row_add(c2, &r);
+        float lg[V];
+        int n = 4;
+        td_batch b = {.n_rows = 1, .rows = &r, .n_tokens = &n, .tokens = pr};
+        T_REQUIRE(td_ctx_forward(c2, &b, lg, NULL, &err) == 0, "fwd");
+        double p0[V], mx = -1e30, s = 0;
+        for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+        for (int v = 0; v < V; v++) s += p0[v] = exp(lg[v] - mx);
+        for (int a = 0; a < V; a++) {
+            td_ctx_row_trim(c2, r, 4);
+            int one = 1;
+            int32_t t = a;
+            td_batch b1 = {.n_rows = 1, .rows = &r, .n_tokens = &one, .tokens = &t};
+            td_ctx_forward(c2, &b1, lg, NULL, &err);
+            double mx1 = -1e30, s1 = 0, p1[V];
+            for (int v = 0; v < V; v++) mx1 = lg[v] > mx1 ? lg[v] : mx1;
+            for (int v = 0; v < V; v++) s1 += p1[v] = exp(lg[v] - mx1);
+            for (int v = 0; v < V; v++) P[a][v] = p0[a] / s * p1[v] / s1;
+        }
+    }
+    c = ctx_for(g_target_small_vocab, B, 2);
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = 2;
+    sp.fixed_depth = 1;
+    sp.accept = TD_ACCEPT_REJECTION;
+    T_REQUIRE(td_spec_open(&g, c, g_target_small_vocab, d, &sp, &err) == 0, "open: %s", err.msg);
+    static td_gen_params gps[B];
+    long cnt[V][V];
+    memset(cnt, 0, sizeof cnt);
+    long accepted = 0, drafted = 0;
+    for (int t0 = 0; t0 < TRIALS; t0 += B) {
+        int ids[B];
+        for (int i = 0; i < B; i++) {
+            gps[i] = (td_gen_params){.sampling = td_sampling_default(), .max_tokens = 2, .ignore_eos = 1};
+            gps[i].sampling.temperature = 1.0f;
+            gps[i].sampling.seed = 5000 + (uint64_t)(t0 + i);
+            T_REQUIRE(td_spec_add(g, pr, 4, &gps[i], 1, &ids[i], &err) == 0, "add: %s", err.msg);
+        }
+        for (int r = 0; r < 4; r++) td_spec_step(g, &err);
+        for (int i = 0; i < B; i++) {
+            int32_t o[4];
+            int done;
+            int n = td_spec_take(g, ids[i], o, NULL, 4, NULL, 0, NULL, &done);
+            T_REQUIRE(n == 2 && done, "two tokens");
+            cnt[o[0]][o[1]]++;
+            td_spec_stats st;
+            td_spec_stats_get(g, ids[i], &st);
+            accepted += st.accepted; drafted += st.drafted;
+            td_spec_remove(g, ids[i]);
+        }
+    }
+    double chi = 0;
+    int cells = 0;
+    for (int a = 0; a < V; a++)
+        for (int b = 0; b < V; b++) {
+            double e = P[a][b] * TRIALS;
+            if (e < 1e-9) continue;
+            chi += (cnt[a][b] - e) * (cnt[a][b] - e) / e;
+            cells++;
+        }
+    /* 35 degrees of freedom: the 0.001 critical value is 66.6 */
+    printf("  chi-square %.1f over %d cells (drafted %ld, accepted %ld)\n", chi, cells, drafted, accepted);
+    T_CHECK(chi < 66.6, "chi-square %.1f: rejection sampling changed the distribution", chi);
+    T_CHECK(accepted > 0 && accepted < drafted, "the test needs both acceptances and rejections");
+done:
+    td_spec_free(g);
+    td_ctx_free(c); td_ctx_free(c2);
+    td_drafter_free(d);
+    t_end();
+}
+
+static void test_bad_input(void) {
+    t_begin("spec_bad_input");
+    td_err err = {0};
+    td_drafter *d = NULL;
+    td_spec *g = NULL;
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = 3; cp.max_ctx = 128; cp.max_tokens = 40; cp.max_logits = 40; cp.n_threads = 1;
+    td_ctx *c = NULL;
+    T_REQUIRE(td_ctx_open(&c, g_target, &cp, &err) == 0, "ctx");
+    td_spec_params sp = td_spec_default_params();
+    T_REQUIRE(td_drafter_open(&d, "ngram", g_target, &err) == 0, "ngram");
+    sp.max_depth = TD_SPEC_MAX_DEPTH + 1;
+    T_CHECK(td_spec_open(&g, c, g_target, d, &sp, &err) == TD_EINVAL && g == NULL && strstr(err.msg, "depth"),
+            "depth beyond the maximum: %s", err.msg);
+    sp.max_depth = 16; /* needs 3 rows x 17 logits > 40 */
+    T_CHECK(td_spec_open(&g, c, g_target, d, &sp, &err) == TD_EINVAL && strstr(err.msg, "context too small"), "depth beyond the context's capacity: %s", err.msg);
+    sp.max_depth = 0; /* depth 0 is plain decoding */
+    T_REQUIRE(td_spec_open(&g, c, g_target, d, &sp, &err) == 0, "depth 0: %s", err.msg);
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 5};
+    int id;
+    int32_t one = 1, big[200] = {0};
+    T_CHECK(td_spec_add(g, &one, 0, &gp, 1, &id, &err) == TD_EINVAL && strstr(err.msg, "empty prompt"), "empty prompt: %s", err.msg);
+    T_CHECK(td_spec_add(g, big, 200, &gp, 1, &id, &err) == TD_ERANGE && strstr(err.msg, "does not fit"), "prompt past the context: %s", err.msg);
+    int32_t badtok = 100000;
+    T_CHECK(td_spec_add(g, &badtok, 1, &gp, 1, &id, &err) == TD_ERANGE, "token outside vocabulary");
+    td_drafter *d2 = NULL;
+    char spec[600];
+    snprintf(spec, sizeof spec, "model:%s/draft_v6", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "logits"),
+            "draft model with another vocabulary: %s", err.msg);
+    T_CHECK(td_drafter_open(&d2, "telepathy", g_target, &err) == TD_EINVAL && strstr(err.msg, "unknown drafter"), "unknown drafter");
+    T_CHECK(td_drafter_open(&d2, "ngram:5-2", g_target, &err) == TD_EINVAL, "bad ngram sizes");
+    T_CHECK(td_drafter_open(&d2, "model:/nonexistent/dir", g_target, &err) != 0 && d2 == NULL, "missing draft model dir");
+done:
+    td_spec_free(g);
+    td_ctx_free(c);
+    td_drafter_free(d);
+    t_end();
+}
+
+int main(void) {
+    char tmpl[] = "/tmp/td_spec_XXXXXX";
+    if (!mkdtemp(tmpl)) return 1;
+    snprintf(g_dir, sizeof g_dir, "%s", tmpl);
+    tm_shape tgt = {.llama = 0, .vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16,
+                    .ffn = 96, .ctx = 256, .tied = 1, .bf16 = 1, .seed = 11};
+    tm_shape other = tgt;
+    other.layers = 1; other.hidden = 48; other.ffn = 64; other.heads = 3; other.kv_heads = 1; other.seed = 12;
+    tm_shape small = tgt;
+    small.vocab = 6; small.seed = 21;
+    tm_shape small_d = small;
+    small_d.seed = 22; small_d.layers = 1;
+    g_target = open_dir("target", &tgt);
+    open_dir("draft_same", &tgt) ? (void)0 : (void)0;
+    char d1[512];
+    snprintf(d1, sizeof d1, "%s/draft_other", g_dir);
+    tm_write(d1, &other);
+    g_target_small_vocab = open_dir("target_v6", &small);
+    snprintf(d1, sizeof d1, "%s/draft_v6", g_dir);
+    tm_write(d1, &small_d);
+    if (!g_target || !g_target_small_vocab) return 1;
+    char same[600], oth[600];
+    snprintf(same, sizeof same, "model:%s/draft_same", g_dir);
+    snprintf(oth, sizeof oth, "model:%s/draft_other", g_dir);
+    int Bs[3] = {1, 3, 8};
+    for (int temp = 0; temp <= 1; temp++)
+        for (int bi = 0; bi < 3; bi++) {
+            run_exact("ngram", "ngram", temp, Bs[bi], 5);
+            run_exact(same, "model_same", temp, Bs[bi], 4);
+            run_exact(oth, "model_other", temp, Bs[bi], 3);
+        }
+    test_rollback();
+    test_rejection_distribution();
+    test_bad_input();
+    td_model_free(g_target);
+    td_model_free(g_target_small_vocab);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) return 1;
+    return t_exit();
+}
