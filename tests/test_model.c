@@ -980,6 +980,67 @@ done:
     t_end();
 }
 
+/* The bf16/f16 fixtures hold the f32 fixture's weights rounded: every bound tensor of
+ * each must match the sharded f32 one within the format's rounding. */
+static int cmp_tensor(const td_tensor *a, const td_tensor *b, double rel, const char *what) {
+    if (!a->data && !b->data) return 0;
+    if (!a->data || !b->data || a->n_dims != b->n_dims || a->shape[0] != b->shape[0] ||
+        (a->n_dims == 2 && a->shape[1] != b->shape[1])) {
+        printf("  %s: views differ\n", what);
+        return 1;
+    }
+    size_t n = (size_t)a->shape[0] * (size_t)(a->n_dims == 2 ? a->shape[1] : 1);
+    for (size_t j = 0; j < n; j++) {
+        float x = read_val(a, j), y = read_val(b, j);
+        double tol = rel * (x < 0 ? -x : x) + 1e-7;
+        if ((x - y > tol) || (y - x > tol)) {
+            printf("  %s[%zu]: %g vs %g\n", what, j, x, y);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void test_fixture_rounding(void) {
+    static const char *ref = "tests/fixtures/qwen3-rand";
+    static const char *other[2] = {"tests/fixtures/qwen3-rand-bf16", "tests/fixtures/qwen3-rand-f16"};
+    static const double rel[2] = {1.0 / 256, 1.0 / 2048};
+    struct stat sb;
+    if (stat(ref, &sb) != 0 || stat(other[0], &sb) != 0 || stat(other[1], &sb) != 0) {
+        t_begin("model: fixture bf16/f16 weights equal rounded f32 weights (skipped: directory absent)");
+        t_end();
+        return;
+    }
+    t_begin("model: fixture bf16/f16 weights equal rounded f32 weights (sharded vs single-file views)");
+    td_model *a = NULL, *b = NULL;
+    td_err err = {0};
+    T_REQUIRE(td_model_open(&a, ref, &err) == 0, "%s", err.msg);
+    for (int k = 0; k < 2; k++) {
+        T_REQUIRE(td_model_open(&b, other[k], &err) == 0, "%s", err.msg);
+        int bad = 0;
+        bad += cmp_tensor(&a->w.tok_embd, &b->w.tok_embd, rel[k], "tok_embd");
+        bad += cmp_tensor(&a->w.out_norm, &b->w.out_norm, rel[k], "out_norm");
+        bad += cmp_tensor(&a->w.lm_head, &b->w.lm_head, rel[k], "lm_head");
+        for (int i = 0; i < a->cfg.n_layer && i < b->cfg.n_layer; i++) {
+            const td_layer_w *la = &a->w.layers[i], *lb = &b->w.layers[i];
+            const td_tensor *pa[] = {&la->attn_norm, &la->wq, &la->wk, &la->wv, &la->wo, &la->bq, &la->bk,
+                                     &la->bv, &la->bo, &la->q_norm, &la->k_norm, &la->ffn_norm, &la->w_gate,
+                                     &la->w_up, &la->w_down};
+            const td_tensor *pb[] = {&lb->attn_norm, &lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->bq, &lb->bk,
+                                     &lb->bv, &lb->bo, &lb->q_norm, &lb->k_norm, &lb->ffn_norm, &lb->w_gate,
+                                     &lb->w_up, &lb->w_down};
+            for (size_t j = 0; j < sizeof pa / sizeof pa[0]; j++) bad += cmp_tensor(pa[j], pb[j], rel[k], other[k]);
+        }
+        T_CHECK(bad == 0, "%s: %d tensors differ from %s", other[k], bad, ref);
+        td_model_free(b);
+        b = NULL;
+    }
+done:
+    td_model_free(a);
+    td_model_free(b);
+    t_end();
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "%s/td_model_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_root)) {
@@ -1004,6 +1065,7 @@ int main(void) {
         {"tests/fixtures/llama-rand", TD_ARCH_LLAMA, 160, 0, TD_DTYPE_F32, 1},
     };
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) test_fixture(&fx[i]);
+    test_fixture_rounding();
     rm_tree(g_root);
     return t_exit();
 }
