@@ -183,13 +183,29 @@ void td_tokenizer_free(td_tokenizer *t) {
     free(t);
 }
 
+/* Does the JSON text end inside an open string, object or array? */
+static int td_json_truncated(const char *s, size_t n) {
+    long depth = 0;
+    int in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+        } else if (c == '"') in_str = 1;
+        else if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+    }
+    return in_str || depth > 0;
+}
+
 static cJSON *td_json_parse(const char *json, size_t len, const char *what, td_err *err, int *rc) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!root) {
         size_t off = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
-        *rc = td_seterr(err, TD_EFORMAT, "%s: malformed JSON near byte %zu%s", what, off,
-                        off >= len ? " (truncated?)" : "");
+        *rc = td_seterr(err, TD_EFORMAT, "%s: malformed JSON near byte %zu of %zu%s", what, off, len,
+                        len == 0 ? " (empty)" : td_json_truncated(json, len) ? " (truncated: input ends inside a value)" : "");
     }
     return root;
 }
@@ -746,9 +762,9 @@ static void td_pretok(td_enc *e, int k, const unsigned char *p, size_t n) {
     pcre2_code *re = e->t->pre[k];
     size_t at = 0, last = 0;
     while (at <= n) {
-        int rc = pcre2_match(re, p, n, at, 0, e->md, NULL);
+        int rc = pcre2_match(re, p, n, at, PCRE2_NO_UTF_CHECK, e->md, NULL); /* validated */
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-            rc = pcre2_match(re, p, n, at, PCRE2_NO_JIT, e->md, NULL);
+            rc = pcre2_match(re, p, n, at, PCRE2_NO_JIT | PCRE2_NO_UTF_CHECK, e->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) { e->err = TD_ERANGE; return; }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
