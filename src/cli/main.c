@@ -1,157 +1,99 @@
-/* tandem CLI — `tandem run`, `tandem inspect`. Uses only include/tandem.h.
- * Each command parses its own options, prints --help, reports errors on stderr
- * and exits non-zero; text streams to stdout, timings go to stderr. */
+/* tandem CLI — `tandem run`, `tandem inspect`, `tandem bench`. Uses only
+ * include/tandem.h. Each command parses its own options, prints --help,
+ * reports errors on stderr and exits non-zero; generated text streams to
+ * stdout, timings and statistics go to stderr. `run` decodes through the
+ * speculative group (with drafter "none" it is plain decoding). */
 #define _GNU_SOURCE
-#include "tandem.h"
+#include "cli/cli.h"
 
 #include <errno.h>
-#include <libgen.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-static const char *default_model_dir(void) {
-    static char path[PATH_MAX];
-    const char *env = getenv("TANDEM_MODEL");
-    if (env && *env) return env;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *d = dirname(exe); /* .../build or .../build/san */
-        for (int up = 0; up < 3; up++) {
-            snprintf(path, sizeof path, "%s/models/tiny-code/target", d);
-            if (access(path, R_OK) == 0) return path;
-            d = dirname(d);
-        }
-    }
-    return "models/tiny-code/target";
-}
-
-static int die(const char *what, const td_err *e) {
-    fprintf(stderr, "tandem: %s: %s\n", what, e && e->msg[0] ? e->msg : "failed");
-    return 1;
-}
-
-/* ---- option parsing helpers ---- */
-static int need_arg(int i, int argc, const char *opt) {
-    if (i + 1 >= argc) { fprintf(stderr, "tandem: option %s needs a value\n", opt); return 0; }
-    return 1;
-}
-static int parse_int(const char *s, const char *opt, long lo, long hi, long *out) {
-    char *end; errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "tandem: %s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
-        return 0;
-    }
-    *out = v; return 1;
-}
-static int parse_float(const char *s, const char *opt, double lo, double hi, double *out) {
-    char *end; errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "tandem: %s: '%s' is not a number in [%g, %g]\n", opt, s, lo, hi);
-        return 0;
-    }
-    *out = v; return 1;
-}
 
 static void run_help(void) {
     printf("usage: tandem run [-m DIR] (-p TEXT | -f FILE) [options]\n"
-           "Generate text with a model, streaming it to stdout; timings go to stderr.\n\n"
-           "  -m, --model DIR        model directory (Hugging Face layout); default: the bundled model\n"
+           "Generate text with a model, streaming it to stdout; timings and speculative\n"
+           "statistics go to stderr.\n\n"
            "  -p, --prompt TEXT      prompt text\n"
            "  -f, --file FILE        read the prompt from FILE\n"
-           "  -n, --n-predict N      new tokens at most (default 128)\n"
            "      --chat             wrap the prompt as a user message in the model's chat template\n"
            "      --system TEXT      system message for --chat\n"
-           "      --temp T           temperature (default 0 = greedy)\n"
-           "      --seed S           seed of the counter-based sampler (default 0)\n"
-           "      --top-k K          keep the K most likely tokens (0 = off)\n"
-           "      --top-p P          nucleus sampling (1 = off)\n"
-           "      --min-p P          min-p filter (0 = off)\n"
-           "      --repeat-penalty R CTRL repetition penalty (1 = off)\n"
-           "      --presence-penalty P, --frequency-penalty F   OpenAI-style penalties\n"
-           "      --stop STR         stop at STR (repeatable)\n"
-           "      --ignore-eos       keep going past end-of-sequence tokens\n"
-           "      --ctx N            KV positions (default: the model's, at most 4096)\n"
-           "  -t, --threads N        threads (default: all online CPUs)\n"
            "      --ids              also print the generated token ids to stderr\n"
            "  -h, --help             this help\n");
+    cli_gen_opts_help();
 }
 
-static int print_cb(const char *text, size_t len, void *user) {
-    (void)user;
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
-    return 0;
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "tandem: %s: %s\n", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (len + 1 == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (!buf) { fprintf(stderr, "tandem: out of memory reading %s\n", path); return NULL; }
+    buf[len] = 0;
+    return buf;
+}
+
+static void print_stats(const char *drafter, const td_spec_stats *st) {
+    fprintf(stderr, "speculative: drafter %s, rounds %ld, drafted %ld, accepted %ld (%.1f%%), mean accepted %.2f, tokens/round %.2f\n",
+            drafter, st->rounds, st->drafted, st->accepted, st->drafted ? 100.0 * st->accepted / st->drafted : 0.0,
+            td_spec_stats_mean_accepted(st), st->rounds ? (double)st->emitted / st->rounds : 0.0);
+    if (st->drafted) {
+        fprintf(stderr, "acceptance by position:");
+        for (int j = 0; j < TD_SPEC_MAX_DEPTH && st->drafted_at[j]; j++)
+            fprintf(stderr, " %d:%.2f", j + 1, (double)st->accepted_at[j] / st->drafted_at[j]);
+        fprintf(stderr, "\n");
+    }
+    fprintf(stderr, "time: draft %.3f s, verify %.3f s, accept %.3f s, prefill %.3f s\n",
+            st->t_draft, st->t_verify, st->t_accept, st->t_prefill);
 }
 
 static int cmd_run(int argc, char **argv) {
-    const char *model_dir = NULL, *prompt = NULL, *file = NULL, *system_msg = NULL;
-    const char *stops[16];
-    int n_stop = 0, chat = 0, print_ids = 0;
-    long n_predict = 128, ctx_n = 0, threads = 0;
-    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 128};
+    const char *prompt = NULL, *file = NULL, *system_msg = NULL;
+    int chat = 0, print_ids = 0;
+    cli_gen_opts o;
+    cli_gen_opts_init(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        long lv; double dv;
+        int r = cli_gen_opt(&o, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_help(); return 0; }
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!need_arg(i, argc, a)) return 2; model_dir = argv[++i]; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!need_arg(i, argc, a)) return 2; prompt = argv[++i]; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { if (!need_arg(i, argc, a)) return 2; file = argv[++i]; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (!need_arg(i, argc, a) || !parse_int(argv[++i], a, 0, 1 << 24, &n_predict)) return 2; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!cli_need_arg(i, argc, a)) return 2; prompt = argv[++i]; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { if (!cli_need_arg(i, argc, a)) return 2; file = argv[++i]; }
         else if (!strcmp(a, "--chat")) chat = 1;
-        else if (!strcmp(a, "--system")) { if (!need_arg(i, argc, a)) return 2; system_msg = argv[++i]; }
-        else if (!strcmp(a, "--temp")) { if (!need_arg(i, argc, a) || !parse_float(argv[++i], a, 0, 100, &dv)) return 2; gp.sampling.temperature = (float)dv; }
-        else if (!strcmp(a, "--seed")) { if (!need_arg(i, argc, a)) return 2; char *e; errno = 0; unsigned long long s = strtoull(argv[++i], &e, 10); if (errno || *e) { fprintf(stderr, "tandem: --seed: '%s' is not an unsigned integer\n", argv[i]); return 2; } gp.sampling.seed = s; }
-        else if (!strcmp(a, "--top-k")) { if (!need_arg(i, argc, a) || !parse_int(argv[++i], a, 0, 1 << 24, &lv)) return 2; gp.sampling.top_k = (int)lv; }
-        else if (!strcmp(a, "--top-p")) { if (!need_arg(i, argc, a) || !parse_float(argv[++i], a, 1e-6, 1, &dv)) return 2; gp.sampling.top_p = (float)dv; }
-        else if (!strcmp(a, "--min-p")) { if (!need_arg(i, argc, a) || !parse_float(argv[++i], a, 0, 1, &dv)) return 2; gp.sampling.min_p = (float)dv; }
-        else if (!strcmp(a, "--repeat-penalty")) { if (!need_arg(i, argc, a) || !parse_float(argv[++i], a, 0.01, 100, &dv)) return 2; gp.sampling.repeat_penalty = (float)dv; }
-        else if (!strcmp(a, "--presence-penalty")) { if (!need_arg(i, argc, a) || !parse_float(argv[++i], a, -2, 2, &dv)) return 2; gp.sampling.presence_penalty = (float)dv; }
-        else if (!strcmp(a, "--frequency-penalty")) { if (!need_arg(i, argc, a) || !parse_float(argv[++i], a, -2, 2, &dv)) return 2; gp.sampling.frequency_penalty = (float)dv; }
-        else if (!strcmp(a, "--stop")) { if (!need_arg(i, argc, a)) return 2; if (n_stop == 16) { fprintf(stderr, "tandem: at most 16 --stop strings\n"); return 2; } stops[n_stop++] = argv[++i]; }
-        else if (!strcmp(a, "--ignore-eos")) gp.ignore_eos = 1;
+        else if (!strcmp(a, "--system")) { if (!cli_need_arg(i, argc, a)) return 2; system_msg = argv[++i]; }
         else if (!strcmp(a, "--ids")) print_ids = 1;
-        else if (!strcmp(a, "--ctx")) { if (!need_arg(i, argc, a) || !parse_int(argv[++i], a, 1, 1 << 22, &ctx_n)) return 2; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!need_arg(i, argc, a) || !parse_int(argv[++i], a, 1, 256, &threads)) return 2; }
         else { fprintf(stderr, "tandem run: unknown option '%s' (see --help)\n", a); return 2; }
     }
     if (!prompt && !file) { fprintf(stderr, "tandem run: give a prompt with -p TEXT or -f FILE (see --help)\n"); return 2; }
-    gp.max_tokens = (int)n_predict;
-    gp.stop = stops;
-    gp.n_stop = n_stop;
-    if (!model_dir) model_dir = default_model_dir();
+    int bundled = o.model_dir == NULL;
+    if (!o.model_dir) o.model_dir = cli_default_model_dir();
+    if (!o.draft) o.draft = bundled ? cli_default_drafter(o.model_dir) : "none";
 
     td_err err = {0};
     char *file_text = NULL;
-    if (file) {
-        FILE *f = fopen(file, "rb");
-        if (!f) { fprintf(stderr, "tandem: %s: %s\n", file, strerror(errno)); return 1; }
-        size_t cap = 1 << 16, len = 0;
-        file_text = malloc(cap);
-        size_t got;
-        while (file_text && (got = fread(file_text + len, 1, cap - len - 1, f)) > 0) {
-            len += got;
-            if (len + 1 == cap) { char *nb = realloc(file_text, cap * 2); if (!nb) { free(file_text); file_text = NULL; break; } file_text = nb; cap *= 2; }
-        }
-        fclose(f);
-        if (!file_text) { fprintf(stderr, "tandem: out of memory reading %s\n", file); return 1; }
-        file_text[len] = 0;
-        prompt = file_text;
-    }
+    if (file && !(prompt = file_text = read_text_file(file))) return 1;
     td_model *m = NULL;
-    if (td_model_open(&m, model_dir, &err) != 0) { free(file_text); return die(model_dir, &err); }
+    if (td_model_open(&m, o.model_dir, &err) != 0) { free(file_text); return cli_die(o.model_dir, &err); }
     const td_tokenizer *tok = td_model_tokenizer(m);
     int rc = 1;
     td_ctx *c = NULL;
-    int32_t *ids = NULL;
+    td_drafter *d = NULL;
+    td_spec *g = NULL;
+    int32_t *ids = NULL, *out_ids = NULL;
     char *rendered = NULL;
-    if (!tok) { fprintf(stderr, "tandem: %s has no tokenizer.json\n", model_dir); goto out; }
+    if (!tok) { fprintf(stderr, "tandem: %s has no tokenizer.json\n", o.model_dir); goto out; }
     const char *text = prompt;
     int flags = 0;
     if (chat) {
@@ -170,43 +112,68 @@ static int cmd_run(int argc, char **argv) {
     int n = td_tokenize(tok, text, strlen(text), flags, NULL, 0);
     if (n < 0) { fprintf(stderr, "tandem: tokenizing the prompt failed: %s\n", td_strerror(n)); goto out; }
     if (n == 0) { fprintf(stderr, "tandem: the prompt is empty: give at least one token of text\n"); goto out; }
-    ids = malloc(sizeof(int32_t) * (size_t)n);
-    if (!ids) goto out;
+    if (!(ids = malloc(sizeof(int32_t) * (size_t)n))) goto out;
     td_tokenize(tok, text, strlen(text), flags, ids, n);
+
+    if (td_drafter_open(&d, o.draft, m, &err) != 0) { cli_die("--draft", &err); goto out; }
     td_ctx_params cp = td_ctx_default_params();
-    cp.max_ctx = (int)ctx_n;
-    cp.n_threads = (int)threads;
-    if (td_ctx_open(&c, m, &cp, &err) != 0) { die("context", &err); goto out; }
+    cp.max_rows = 2; /* the row, and a spare for measuring verify cost */
+    cp.max_ctx = (int)o.ctx;
+    cp.n_threads = (int)o.threads;
+    if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
     cp = td_ctx_get_params(c);
-    if (n + gp.max_tokens > cp.max_ctx) {
-        if (n >= cp.max_ctx) { fprintf(stderr, "tandem: prompt of %d tokens does not fit the context of %d\n", n, cp.max_ctx); goto out; }
-        gp.max_tokens = cp.max_ctx - n;
-    }
-    int32_t *out_ids = malloc(sizeof(int32_t) * (size_t)(gp.max_tokens + 1));
-    if (!out_ids) goto out;
+    if (n >= cp.max_ctx) { fprintf(stderr, "tandem: prompt of %d tokens does not fit the context of %d\n", n, cp.max_ctx); goto out; }
+    if (n + o.gp.max_tokens > cp.max_ctx) o.gp.max_tokens = cp.max_ctx - n;
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = d ? o.depth : 0;
+    sp.fixed_depth = o.fixed_depth;
+    sp.accept = o.accept;
+    if (td_spec_open(&g, c, m, d, &sp, &err) != 0) { cli_die("speculative group", &err); goto out; }
+    int id;
+    if (td_spec_add(g, ids, n, &o.gp, 1, &id, &err) != 0) { cli_die("prompt", &err); goto out; }
+    if (!(out_ids = malloc(sizeof(int32_t) * (size_t)(o.gp.max_tokens + 1)))) goto out;
     if (!chat) { fputs(prompt, stdout); fflush(stdout); }
-    td_gen_stats st;
-    if (td_generate(c, m, ids, n, &gp, print_cb, NULL, out_ids, gp.max_tokens, &st, &err) != 0) {
-        free(out_ids);
-        die("generation", &err);
-        goto out;
+    int n_out = 0, done = 0;
+    char buf[4096];
+    double t0 = 0, t_first = 0;
+    t0 = cli_now();
+    while (!done) {
+        int live = td_spec_step(g, &err);
+        if (live < 0) { cli_die("generation", &err); goto out; }
+        if (!t_first) t_first = cli_now();
+        for (;;) {
+            size_t nt = 0;
+            int k = td_spec_take(g, id, out_ids + n_out, NULL, o.gp.max_tokens + 1 - n_out, buf, sizeof buf, &nt, &done);
+            if (k < 0) goto out;
+            n_out += k;
+            fwrite(buf, 1, nt, stdout);
+            if (nt < sizeof buf) break;
+        }
+        fflush(stdout);
     }
+    double t_end = cli_now();
     printf("\n");
+    fflush(stdout);
     if (print_ids) {
         fprintf(stderr, "ids:");
-        for (int i = 0; i < st.n_gen; i++) fprintf(stderr, " %d", out_ids[i]);
+        for (int i = 0; i < n_out; i++) fprintf(stderr, " %d", out_ids[i]);
         fprintf(stderr, "\n");
     }
-    free(out_ids);
+    td_spec_stats st;
+    td_spec_stats_get(g, -1, &st);
+    double dec = t_end - t0 - st.t_prefill;
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s)\n",
-            st.n_prompt, st.prefill_s, st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0,
-            st.n_gen, st.decode_s, st.decode_s > 0 ? st.n_gen / st.decode_s : 0.0);
+            n, st.t_prefill, st.t_prefill > 0 ? n / st.t_prefill : 0.0, n_out, dec, dec > 0 ? n_out / dec : 0.0);
+    if (d) print_stats(td_drafter_id(d), &st);
     rc = 0;
 out:
     free(rendered);
     free(ids);
+    free(out_ids);
     free(file_text);
+    td_spec_free(g);
     td_ctx_free(c);
+    td_drafter_free(d);
     td_model_free(m);
     return rc;
 }
@@ -223,10 +190,10 @@ static int cmd_inspect(int argc, char **argv) {
         if (dir) { fprintf(stderr, "tandem inspect: one directory at a time\n"); return 2; }
         dir = argv[i];
     }
-    if (!dir) dir = default_model_dir();
+    if (!dir) dir = cli_default_model_dir();
     td_err err = {0};
     td_model *m = NULL;
-    if (td_model_open(&m, dir, &err) != 0) return die(dir, &err);
+    if (td_model_open(&m, dir, &err) != 0) return cli_die(dir, &err);
     td_model_describe(m, stdout);
     td_model_free(m);
     return 0;
@@ -237,7 +204,8 @@ static void main_help(void) {
            "usage: tandem COMMAND [options]   (tandem COMMAND --help for each)\n\n"
            "commands:\n"
            "  run       generate text from a prompt\n"
-           "  inspect   describe a model directory\n");
+           "  inspect   describe a model directory\n"
+           "  bench     benchmarks (bench spec: plain vs speculative decoding)\n");
 }
 
 int main(int argc, char **argv) {
@@ -247,6 +215,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "tandem: unknown command '%s' (see tandem --help)\n", argv[1]);
     return 2;
 }

@@ -1,0 +1,246 @@
+/* bench — `tandem bench spec`: plain and speculative decoding of the same
+ * prompts in one process, with continuous batching up to --batch rows, so the
+ * two are measured on the same machine state. Prints a table, or with --json
+ * one JSON object: plain_tps, spec_tps, speedup, mean_accepted, exact (the
+ * speculative tokens equal the plain tokens for every prompt), and more. */
+#define _GNU_SOURCE
+#include "cli/cli.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int32_t *ids;   /* prompt */
+    int n;
+    int32_t *out;   /* generated, [max_tokens] */
+    int n_out;
+} bench_prompt;
+
+typedef struct {
+    double wall_s, prefill_s;
+    long tokens;
+    td_spec_stats st;
+} bench_result;
+
+static void bench_help(void) {
+    printf("usage: tandem bench spec [-m DIR] (--prompts FILE | --random K) [options]\n"
+           "Run plain and speculative decoding over the same prompts in one process.\n\n"
+           "      --prompts FILE     JSONL with a \"prompt\" string per line (e.g. bench/prompts/code.jsonl)\n"
+           "      --random K         K prompts of 64 random tokens instead (nothing to predict)\n"
+           "      --limit K          use the first K prompts\n"
+           "      --max-prompt N     keep the first N tokens of each prompt (default 256)\n"
+           "      --batch B          rows decoded together, refilled as they finish (default 1)\n"
+           "      --json             print one JSON object\n"
+           "  -h, --help             this help\n");
+    cli_gen_opts_help();
+}
+
+static int load_prompts(const char *path, const td_tokenizer *tok, int limit, int max_prompt,
+                        bench_prompt **out, int *n_out) {
+    FILE *f = fopen(path, "r");
+    if (!f) { fprintf(stderr, "tandem bench: %s: %s\n", path, strerror(errno)); return 1; }
+    bench_prompt *ps = NULL;
+    int n = 0, cap = 0, lineno = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    while (getline(&line, &lcap, f) > 0 && (limit <= 0 || n < limit)) {
+        lineno++;
+        if (line[0] == '\n' || line[0] == 0) continue;
+        cJSON *j = cJSON_Parse(line);
+        cJSON *p = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
+        if (!cJSON_IsString(p)) {
+            fprintf(stderr, "tandem bench: %s:%d: not a JSON object with a \"prompt\" string\n", path, lineno);
+            cJSON_Delete(j);
+            free(line); fclose(f);
+            return 1;
+        }
+        const char *s = p->valuestring;
+        int k = td_tokenize(tok, s, strlen(s), 0, NULL, 0);
+        if (k > 0) {
+            if (n == cap) { cap = cap ? cap * 2 : 64; ps = realloc(ps, sizeof *ps * (size_t)cap); }
+            int keep = k < max_prompt ? k : max_prompt;
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)k);
+            td_tokenize(tok, s, strlen(s), 0, ids, k);
+            ps[n] = (bench_prompt){.ids = ids, .n = keep};
+            n++;
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(f);
+    *out = ps;
+    *n_out = n;
+    return 0;
+}
+
+/* Decode every prompt with up to B rows at once; rows are refilled as they finish. */
+static int run_all(td_ctx *c, const td_model *m, td_drafter *d, const cli_gen_opts *o, int B,
+                   bench_prompt *ps, int np, bench_result *res) {
+    td_err err = {0};
+    td_spec *g = NULL;
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = d ? o->depth : 0;
+    sp.fixed_depth = o->fixed_depth;
+    sp.accept = o->accept;
+    if (td_spec_open(&g, c, m, d, &sp, &err) != 0) return cli_die("speculative group", &err);
+    int *row_of = malloc(sizeof(int) * (size_t)B), *prompt_of = malloc(sizeof(int) * (size_t)B);
+    for (int i = 0; i < B; i++) row_of[i] = -1;
+    int next = 0, live = 0, rc = 0;
+    double t0 = cli_now();
+    for (;;) {
+        for (int i = 0; i < B && next < np; i++)
+            if (row_of[i] < 0) {
+                if (td_spec_add(g, ps[next].ids, ps[next].n, &o->gp, 1, &row_of[i], &err) != 0) { rc = cli_die("add", &err); goto out; }
+                prompt_of[i] = next++;
+                ps[prompt_of[i]].n_out = 0;
+                live++;
+            }
+        if (!live) break;
+        if (td_spec_step(g, &err) < 0) { rc = cli_die("step", &err); goto out; }
+        for (int i = 0; i < B; i++) {
+            if (row_of[i] < 0) continue;
+            bench_prompt *p = &ps[prompt_of[i]];
+            int done = 0;
+            int k = td_spec_take(g, row_of[i], p->out + p->n_out, NULL, o->gp.max_tokens - p->n_out, NULL, 0, NULL, &done);
+            if (k > 0) p->n_out += k;
+            if (done) { td_spec_remove(g, row_of[i]); row_of[i] = -1; live--; }
+        }
+    }
+    res->wall_s = cli_now() - t0;
+    td_spec_stats_get(g, -1, &res->st);
+    res->prefill_s = res->st.t_prefill;
+    res->tokens = res->st.emitted;
+out:
+    free(row_of);
+    free(prompt_of);
+    td_spec_free(g);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (argc < 2 || (strcmp(argv[1], "spec") && strcmp(argv[1], "-h") && strcmp(argv[1], "--help"))) {
+        fprintf(stderr, "usage: tandem bench spec [options]  (see tandem bench spec --help)\n");
+        return 2;
+    }
+    if (strcmp(argv[1], "spec")) { bench_help(); return 0; }
+    cli_gen_opts o;
+    cli_gen_opts_init(&o);
+    const char *prompts = NULL;
+    long limit = 0, max_prompt = 256, batch = 1, random_k = 0;
+    int json = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_gen_opt(&o, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_help(); return 0; }
+        else if (!strcmp(a, "--prompts")) { if (!cli_need_arg(i, argc, a)) return 2; prompts = argv[++i]; }
+        else if (!strcmp(a, "--random")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 100000, &random_k)) return 2; }
+        else if (!strcmp(a, "--limit")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 1000000, &limit)) return 2; }
+        else if (!strcmp(a, "--max-prompt")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 1 << 20, &max_prompt)) return 2; }
+        else if (!strcmp(a, "--batch")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 256, &batch)) return 2; }
+        else if (!strcmp(a, "--json")) json = 1;
+        else { fprintf(stderr, "tandem bench spec: unknown option '%s' (see --help)\n", a); return 2; }
+    }
+    if (!prompts && !random_k) { fprintf(stderr, "tandem bench spec: give --prompts FILE or --random K\n"); return 2; }
+    int bundled = o.model_dir == NULL;
+    if (!o.model_dir) o.model_dir = cli_default_model_dir();
+    if (!o.draft) o.draft = bundled ? cli_default_drafter(o.model_dir) : "ngram";
+    td_err err = {0};
+    td_model *m = NULL;
+    if (td_model_open(&m, o.model_dir, &err) != 0) return cli_die(o.model_dir, &err);
+    int rc = 1, np = 0;
+    bench_prompt *ps = NULL;
+    td_drafter *d = NULL;
+    td_ctx *c = NULL;
+    const td_tokenizer *tok = td_model_tokenizer(m);
+    if (random_k) {
+        td_model_info info;
+        td_model_get_info(m, &info);
+        ps = calloc((size_t)random_k, sizeof *ps);
+        np = (int)random_k;
+        uint64_t s = 12345;
+        for (int i = 0; i < np; i++) {
+            ps[i].n = 64;
+            ps[i].ids = malloc(sizeof(int32_t) * 64);
+            for (int k = 0; k < 64; k++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                ps[i].ids[k] = (int32_t)((s >> 33) % (uint64_t)info.n_vocab);
+            }
+        }
+    } else {
+        if (!tok) { fprintf(stderr, "tandem bench: %s has no tokenizer.json\n", o.model_dir); goto out; }
+        if (load_prompts(prompts, tok, (int)limit, (int)max_prompt, &ps, &np) != 0) goto out;
+    }
+    if (np == 0) { fprintf(stderr, "tandem bench: no prompts\n"); goto out; }
+    for (int i = 0; i < np; i++) {
+        ps[i].out = malloc(sizeof(int32_t) * (size_t)(o.gp.max_tokens + 1));
+        if (!ps[i].out) goto out;
+    }
+    if (td_drafter_open(&d, o.draft, m, &err) != 0) { cli_die("--draft", &err); goto out; }
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = (int)batch + 1;
+    cp.max_ctx = o.ctx ? (int)o.ctx : (int)max_prompt + o.gp.max_tokens + TD_SPEC_MAX_DEPTH + 2;
+    cp.max_tokens = cp.max_rows * (TD_SPEC_MAX_DEPTH + 1) > 512 ? cp.max_rows * (TD_SPEC_MAX_DEPTH + 1) : 512;
+    cp.max_logits = cp.max_rows * (TD_SPEC_MAX_DEPTH + 1);
+    cp.n_threads = (int)o.threads;
+    if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
+    /* plain first, keeping its tokens as the reference */
+    bench_result rp = {0}, rs = {0};
+    if (run_all(c, m, NULL, &o, (int)batch, ps, np, &rp) != 0) goto out;
+    int32_t **ref = malloc(sizeof(int32_t *) * (size_t)np);
+    int *nref = malloc(sizeof(int) * (size_t)np);
+    for (int i = 0; i < np; i++) {
+        ref[i] = malloc(sizeof(int32_t) * (size_t)(ps[i].n_out + 1));
+        memcpy(ref[i], ps[i].out, sizeof(int32_t) * (size_t)ps[i].n_out);
+        nref[i] = ps[i].n_out;
+    }
+    if (run_all(c, m, d, &o, (int)batch, ps, np, &rs) != 0) goto out;
+    int exact = 1, first_diff = -1;
+    for (int i = 0; i < np; i++)
+        if (nref[i] != ps[i].n_out || memcmp(ref[i], ps[i].out, sizeof(int32_t) * (size_t)nref[i]) != 0) {
+            exact = 0;
+            if (first_diff < 0) first_diff = i;
+        }
+    double dp = rp.wall_s - rp.prefill_s, ds = rs.wall_s - rs.prefill_s;
+    double plain_tps = dp > 0 ? rp.tokens / dp : 0, spec_tps = ds > 0 ? rs.tokens / ds : 0;
+    double mean_acc = td_spec_stats_mean_accepted(&rs.st);
+    if (json) {
+        printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"prompts\": %d, \"batch\": %ld, \"max_tokens\": %d, "
+               "\"temperature\": %g, \"accept\": \"%s\", \"max_depth\": %d, \"fixed_depth\": %s, "
+               "\"plain_tokens\": %ld, \"spec_tokens\": %ld, \"plain_s\": %.4f, \"spec_s\": %.4f, "
+               "\"plain_tps\": %.2f, \"spec_tps\": %.2f, \"speedup\": %.4f, \"mean_accepted\": %.4f, "
+               "\"rounds\": %ld, \"drafted\": %ld, \"accepted\": %ld, \"acceptance_by_position\": [",
+               o.model_dir, td_drafter_id(d), np, batch, o.gp.max_tokens, o.gp.sampling.temperature,
+               o.accept == TD_ACCEPT_MATCH ? "match" : "rejection", d ? o.depth : 0, o.fixed_depth ? "true" : "false",
+               rp.tokens, rs.tokens, dp, ds, plain_tps, spec_tps, plain_tps > 0 ? spec_tps / plain_tps : 0, mean_acc,
+               rs.st.rounds, rs.st.drafted, rs.st.accepted);
+        for (int j = 0; j < TD_SPEC_MAX_DEPTH && rs.st.drafted_at[j]; j++)
+            printf("%s%.4f", j ? ", " : "", (double)rs.st.accepted_at[j] / rs.st.drafted_at[j]);
+        printf("], \"t_draft\": %.4f, \"t_verify\": %.4f, \"exact\": %s}\n", rs.st.t_draft, rs.st.t_verify, exact ? "true" : "false");
+    } else {
+        printf("prompts %d, batch %ld, drafter %s, depth %d%s, accept %s, temperature %g\n", np, batch, td_drafter_id(d),
+               d ? o.depth : 0, o.fixed_depth ? " (fixed)" : "", o.accept == TD_ACCEPT_MATCH ? "match" : "rejection",
+               o.gp.sampling.temperature);
+        printf("plain:       %ld tokens in %.3f s = %.1f tok/s\n", rp.tokens, dp, plain_tps);
+        printf("speculative: %ld tokens in %.3f s = %.1f tok/s (speedup %.2fx), mean accepted %.2f, tokens/round %.2f\n",
+               rs.tokens, ds, spec_tps, plain_tps > 0 ? spec_tps / plain_tps : 0, mean_acc,
+               rs.st.rounds ? (double)rs.st.emitted / rs.st.rounds : 0);
+        printf("exact: %s\n", exact ? "yes" : "NO");
+    }
+    if (!exact) fprintf(stderr, "tandem bench: speculative output differs from plain (first at prompt %d)\n", first_diff);
+    for (int i = 0; i < np; i++) free(ref[i]);
+    free(ref);
+    free(nref);
+    rc = 0;
+out:
+    for (int i = 0; ps && i < np; i++) { free(ps[i].ids); free(ps[i].out); }
+    free(ps);
+    td_ctx_free(c);
+    td_drafter_free(d);
+    td_model_free(m);
+    return rc;
+}

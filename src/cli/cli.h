@@ -1,0 +1,43 @@
+/* cli — helpers shared by the tandem subcommands: option parsing with clear
+ * messages, the bundled model's location, and the options every generating
+ * command accepts (sampling, drafter, depth). Uses only include/tandem.h. */
+#ifndef TD_CLI_H
+#define TD_CLI_H
+
+#include "tandem.h"
+
+/* The bundled default model directory (TANDEM_MODEL overrides), and its
+ * default drafter spec ("model:<family>/draft" when present, else "none"). */
+const char *cli_default_model_dir(void);
+const char *cli_default_drafter(const char *model_dir);
+
+/* Monotonic seconds. */
+double cli_now(void);
+
+int cli_die(const char *what, const td_err *e);
+int cli_need_arg(int i, int argc, const char *opt);
+int cli_parse_int(const char *s, const char *opt, long lo, long hi, long *out);
+int cli_parse_float(const char *s, const char *opt, double lo, double hi, double *out);
+
+/* Options shared by run, bench and serve. */
+typedef struct cli_gen_opts {
+    const char *model_dir;
+    const char *draft;        /* drafter spec, NULL = default */
+    int depth;                /* max draft depth */
+    int fixed_depth;          /* 1 = no depth controller */
+    td_accept_rule accept;
+    long threads, ctx;
+    td_gen_params gp;
+    const char *stops[16];
+} cli_gen_opts;
+
+void cli_gen_opts_init(cli_gen_opts *o);
+/* Try to consume argv[*i] (and its value) as a shared option. Returns 1 when
+ * consumed, 0 when not a shared option, -1 on a bad value (message printed). */
+int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i);
+/* Help text for the shared options. */
+void cli_gen_opts_help(void);
+
+int cmd_bench(int argc, char **argv);
+
+#endif

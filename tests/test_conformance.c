@@ -1,0 +1,115 @@
+#define _GNU_SOURCE
+/* test_conformance — tandem's forward against Hugging Face transformers.
+ * Fixtures (tests/fixtures/<model>/ref.json + logits.f32) were computed by
+ * tools/train/ on the GPU machine with transformers in float32 on the CPU:
+ * logits at every position of a few prompts, and a 32-token greedy
+ * continuation of each. Logits must match within 1e-4 relative (max abs error
+ * over a row / max abs value of the reference row); greedy ids must be equal. */
+#include "tandem.h"
+#include "t.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    fclose(f);
+    if (b) b[n] = 0;
+    if (len) *len = (size_t)n;
+    return b;
+}
+
+static void check_fixture(const char *name) {
+    char tname[128], dir[256], path[512];
+    snprintf(tname, sizeof tname, "hf_conformance_%s", name);
+    t_begin(tname);
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+    td_model *m = NULL;
+    td_ctx *c = NULL;
+    cJSON *ref = NULL;
+    float *want = NULL, *got = NULL;
+    td_err err = {0};
+    snprintf(path, sizeof path, "%s/ref.json", dir);
+    char *txt = slurp(path, NULL);
+    T_REQUIRE(txt != NULL, "missing %s", path);
+    ref = cJSON_Parse(txt);
+    free(txt);
+    T_REQUIRE(ref != NULL, "ref.json is not JSON");
+    T_REQUIRE(td_model_open(&m, dir, &err) == 0, "open: %s", err.msg);
+    td_model_info info;
+    td_model_get_info(m, &info);
+    int V = info.n_vocab;
+    size_t lbytes;
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    want = (float *)slurp(path, &lbytes);
+    T_REQUIRE(want != NULL, "missing logits.f32");
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_ctx = 256;
+    cp.max_tokens = 128;
+    cp.max_logits = 128;
+    T_REQUIRE(td_ctx_open(&c, m, &cp, &err) == 0, "ctx: %s", err.msg);
+    got = malloc(sizeof(float) * 128 * (size_t)V);
+    cJSON *prompts = cJSON_GetObjectItem(ref, "prompts");
+    cJSON *greedy = cJSON_GetObjectItem(cJSON_GetObjectItem(ref, "greedy"), "continuations");
+    int pi = 0;
+    double worst = 0;
+    cJSON *p;
+    cJSON_ArrayForEach(p, prompts) {
+        cJSON *ids = cJSON_GetObjectItem(p, "token_ids");
+        int n = cJSON_GetArraySize(ids), off = cJSON_GetObjectItem(p, "logits_row_offset")->valueint;
+        T_REQUIRE((size_t)(off + n) * V * sizeof(float) <= lbytes, "logits file too short");
+        int32_t toks[128];
+        uint8_t wantm[128];
+        for (int i = 0; i < n; i++) { toks[i] = cJSON_GetArrayItem(ids, i)->valueint; wantm[i] = 1; }
+        int row;
+        td_ctx_row_add(c, &row);
+        td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks, .want = wantm};
+        T_REQUIRE(td_ctx_forward(c, &b, got, NULL, &err) == 0, "forward: %s", err.msg);
+        td_ctx_row_remove(c, row);
+        for (int r = 0; r < n; r++) {
+            const float *w = want + (size_t)(off + r) * V, *g = got + (size_t)r * V;
+            double mx = 0, md = 0;
+            for (int v = 0; v < V; v++) {
+                if (fabs(w[v]) > mx) mx = fabs(w[v]);
+                if (fabs(w[v] - g[v]) > md) md = fabs(w[v] - g[v]);
+            }
+            double rel = md / (mx > 0 ? mx : 1);
+            if (rel > worst) worst = rel;
+        }
+        /* greedy continuation */
+        cJSON *cont = cJSON_GetObjectItem(cJSON_GetArrayItem(greedy, pi), "new_tokens");
+        int nn = cJSON_GetArraySize(cont);
+        td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = nn, .ignore_eos = 1};
+        int32_t out[64];
+        td_gen_stats st;
+        T_REQUIRE(td_generate(c, m, toks, n, &gp, NULL, NULL, out, 64, &st, &err) == 0, "generate: %s", err.msg);
+        int same = st.n_gen == nn;
+        for (int i = 0; same && i < nn; i++) same = out[i] == cJSON_GetArrayItem(cont, i)->valueint;
+        T_CHECK(same, "prompt %d: greedy continuation differs from transformers", pi);
+        pi++;
+    }
+    printf("  %s: %d prompts, worst relative logit error %.2e\n", name, pi, worst);
+    T_CHECK(pi >= 3, "fixture has %d prompts", pi);
+    T_CHECK(worst <= 1e-4, "relative logit error %.2e > 1e-4", worst);
+done:
+    free(want);
+    free(got);
+    cJSON_Delete(ref);
+    td_ctx_free(c);
+    td_model_free(m);
+    t_end();
+}
+
+int main(void) {
+    check_fixture("qwen3-rand");
+    check_fixture("qwen3-rand-bf16");
+    check_fixture("qwen3-rand-f16");
+    check_fixture("llama-rand");
+    return t_exit();
+}
