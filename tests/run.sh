@@ -21,6 +21,8 @@ run_one() {
   [ "$f" -gt 0 ] && failed_names+=("$name")
   rm -f "$log"
 }
+# npm packages some tests use as oracles (pinned, into .cache/npm)
+if ! bash scripts/test-deps; then echo "FAIL test-deps (npm install of the test oracles failed)"; fail=$((fail + 1)); fi
 for t in "$BUILD"/tests/*; do
   [ -x "$t" ] || continue
   echo "== $(basename "$t")"
