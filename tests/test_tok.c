@@ -204,6 +204,18 @@ static void test_variants(void) {
         T_CHECK(ids && ids_eq(ids, k, want, 3), "gpt2: %d ids", k);
         free(ids);
     }
+    td_tokenizer_free(t); t = NULL;
+    /* an added token that is also in the vocab (and made by a merge) */
+    const char *dual = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"abb\": 3},"
+                       " \"merges\": [\"a b\", \"ab b\"]}, \"added_tokens\": [{\"id\": 2, \"content\": \"ab\", \"special\": false}]}";
+    rc = td_tokenizer_open_mem(&t, dual, strlen(dual), NULL, 0, &err);
+    T_CHECK(rc == 0, "added token in vocab: %s", err.msg);
+    if (!rc) {
+        int k; int32_t *ids = enc(t, "abbab", 5, 0, &k);
+        int32_t want[] = { 2, 1, 2 }; /* the added "ab" is split off first, as in HF */
+        T_CHECK(ids && ids_eq(ids, k, want, 3), "dual: %d ids", k);
+        free(ids);
+    }
 done:
     td_tokenizer_free(t);
     t_end();

@@ -426,10 +426,11 @@ static int td_load(td_tokenizer *t, const cJSON *root, td_err *err) {
         n_a++;
     }
     if (n_v == 0) return td_seterr(err, TD_EFORMAT, "tokenizer.json: model.vocab is empty");
+    if (total > (1u << 30)) return td_seterr(err, TD_ERANGE, "tokenizer.json: %zu bytes of token strings is too many", total);
     t->n_vocab = max_id + 1;
     t->tok_off = calloc((size_t)t->n_vocab + 1, sizeof *t->tok_off);
     t->is_special = calloc((size_t)t->n_vocab, 1);
-    t->bytes = malloc(total + 1);
+    t->bytes = malloc(2 * total + 1); /* decode table, then keys of added ids also in vocab */
     t->vmap_cap = td_pow2_at_least((size_t)n_v * 2);
     t->vmap = malloc(t->vmap_cap * sizeof *t->vmap);
     t->added = calloc((size_t)n_a + 1, sizeof *t->added);
@@ -485,20 +486,16 @@ static int td_load(td_tokenizer *t, const cJSON *root, td_err *err) {
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
     cJSON_ArrayForEach(it, vocab) {
         int id = it->valueint;
-        if (from_added[id]) continue;
-        /* only tokens made of byte-level characters take part in BPE */
-        char tmp[8];
-        size_t n = strlen(it->string);
-        if (n < 8 && td_byte_level_decode(byte_of_cp, it->string, n, tmp) < 0) continue;
-        if (n >= 8) {
-            char *buf = malloc(n);
-            int k = buf ? td_byte_level_decode(byte_of_cp, it->string, n, buf) : -1;
-            free(buf);
-            if (k < 0) continue;
-        }
-        uint32_t len = t->tok_off[id + 1] - t->tok_off[id];
-        td_vmap_put(t, t->tok_off[id], len, id);
-        if (len == 1) t->byte_id[(unsigned char)t->bytes[t->tok_off[id]]] = id;
+        /* only tokens made of byte-level characters take part in BPE. The key is
+           the decoded vocab string; for an id that is also an added token (whose
+           decode is its content) it is kept past the decode table. */
+        size_t xoff = off;
+        int k = td_byte_level_decode(byte_of_cp, it->string, strlen(it->string), t->bytes + xoff);
+        if (k < 0) continue;
+        uint32_t koff = from_added[id] ? (uint32_t)xoff : t->tok_off[id];
+        if (from_added[id]) off += (size_t)k;
+        td_vmap_put(t, koff, (uint32_t)k, id);
+        if (k == 1) t->byte_id[(unsigned char)t->bytes[koff]] = id;
     }
     free(from_added);
 
