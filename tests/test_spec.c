@@ -355,8 +355,9 @@ int main(void) {
     tm_shape small_d = small;
     small_d.seed = 22; small_d.layers = 1;
     g_target = open_dir("target", &tgt);
-    open_dir("draft_same", &tgt) ? (void)0 : (void)0;
     char d1[512];
+    snprintf(d1, sizeof d1, "%s/draft_same", g_dir);
+    tm_write(d1, &tgt);
     snprintf(d1, sizeof d1, "%s/draft_other", g_dir);
     tm_write(d1, &other);
     g_target_small_vocab = open_dir("target_v6", &small);
