@@ -120,7 +120,9 @@ out:
     return rc;
 }
 
+int cmd_bench_forward(int argc, char **argv); /* bench_forward.c */
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "forward")) return cmd_bench_forward(argc - 1, argv + 1);
     if (argc < 2 || (strcmp(argv[1], "spec") && strcmp(argv[1], "-h") && strcmp(argv[1], "--help"))) {
         fprintf(stderr, "usage: tandem bench spec [options]  (see tandem bench spec --help)\n");
         return 2;

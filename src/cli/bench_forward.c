@@ -1,0 +1,293 @@
+/* bench forward — `tandem bench forward`: how close the forward pass runs to the
+ * machine's memory-bandwidth floor, in one process:
+ *   1. read bandwidth: a STREAM-like sum over a 1 GiB buffer with the same
+ *      number of threads as the forward (best of several passes);
+ *   2. prefill tokens/s: one 512-token prompt in one forward (median of 3);
+ *   3. decode tokens/s at batch 1: 128 tokens (greedy) after a 16-token prompt;
+ *   4. the verify cost curve: the time of one forward of T = 1, 2, 4, 8, 16 new
+ *      tokens (all wanting logits) on a row holding 512 positions, rolled back
+ *      after each (median of several).
+ * floor_fraction = (weight_bytes / bandwidth) / (decode time per token).
+ * Uses only include/tandem.h (and the CLI helpers). */
+#define _GNU_SOURCE
+#include "cli/cli.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+static void bf_help(void) {
+    printf("usage: tandem bench forward [-m DIR] [-t N] [--json]\n"
+           "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
+           "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
+           "  -m, --model DIR        model directory (default: the bundled target)\n"
+           "  -t, --threads N        threads (default: online CPUs)\n"
+           "      --bw-mib N         bandwidth buffer size in MiB (default 1024)\n"
+           "      --json             print one JSON object\n"
+           "  -h, --help             this help\n");
+}
+
+/* ---- read bandwidth ------------------------------------------------------ */
+
+typedef struct {
+    const uint64_t *p;
+    size_t n;       /* uint64 words */
+    uint64_t sum;
+    int touch;      /* 1 = first-touch initialise instead of summing */
+} bw_job;
+
+static void *bw_thread(void *arg) {
+    bw_job *j = arg;
+    if (j->touch) {
+        uint64_t *w = (uint64_t *)j->p;
+        for (size_t i = 0; i < j->n; i++) w[i] = i * 0x9E3779B97F4A7C15ull;
+        return NULL;
+    }
+    const uint64_t *p = j->p;
+    size_t n = j->n, i = 0;
+    uint64_t s = 0;
+#if defined(__AVX512F__)
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 8)));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 16)));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 24)));
+    }
+    s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+#elif defined(__AVX2__)
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 4)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 8)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 12)));
+    }
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    s = t[0] + t[1] + t[2] + t[3];
+#else
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (; i + 4 <= n; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; }
+    s = s0 + s1 + s2 + s3;
+#endif
+    for (; i < n; i++) s += p[i];
+    j->sum = s;
+    return NULL;
+}
+
+static int bw_pass(uint64_t *buf, size_t words, int nth, int touch, uint64_t *sum) {
+    pthread_t th[256];
+    bw_job jobs[256];
+    size_t per = (words / (size_t)nth) & ~(size_t)63;
+    for (int i = 0; i < nth; i++) {
+        size_t a = per * (size_t)i, b = i == nth - 1 ? words : per * (size_t)(i + 1);
+        jobs[i] = (bw_job){buf + a, b - a, 0, touch};
+    }
+    for (int i = 1; i < nth; i++)
+        if (pthread_create(&th[i], NULL, bw_thread, &jobs[i]) != 0) return -1;
+    bw_thread(&jobs[0]);
+    for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
+    uint64_t s = 0;
+    for (int i = 0; i < nth; i++) s += jobs[i].sum;
+    if (sum) *sum = s;
+    return 0;
+}
+
+/* Best GB/s of `reps` read passes over `bytes`, or < 0 on failure. */
+static double measure_bandwidth(size_t bytes, int nth, int reps) {
+    uint64_t *buf = NULL;
+    if (posix_memalign((void **)&buf, 4096, bytes) != 0) return -1;
+    size_t words = bytes / 8;
+    if (bw_pass(buf, words, nth, 1, NULL) != 0) { free(buf); return -1; }
+    double best = 0;
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t s;
+        double t0 = cli_now();
+        if (bw_pass(buf, words, nth, 0, &s) != 0) { free(buf); return -1; }
+        double dt = cli_now() - t0;
+        sink += s;
+        double gbs = (double)bytes / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}
+
+/* ---- forward timings ----------------------------------------------------- */
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* One forward of n tokens on `row`; want = all positions (want_all) or the last. */
+static int fwd(td_ctx *c, int row, const int32_t *toks, int n, int want_all, float *logits, td_err *err) {
+    uint8_t want[512];
+    for (int i = 0; i < n; i++) want[i] = want_all || i == n - 1;
+    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks, .want = want};
+    return td_ctx_forward(c, &b, logits, NULL, err);
+}
+
+/* The 1-minute load average (other processes share the cores: a high value marks a noisy run). */
+static double loadavg(void) {
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) { if (fscanf(f, "%lf", &l) != 1) l = -1; fclose(f); }
+    return l;
+}
+
+static int32_t argmax(const float *v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+int cmd_bench_forward(int argc, char **argv);
+int cmd_bench_forward(int argc, char **argv) {
+    const char *model_dir = NULL;
+    long threads = 0, bw_mib = 1024;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bf_help(); return 0; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!cli_need_arg(i, argc, a)) return 2; model_dir = argv[++i]; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 256, &threads)) return 2; }
+        else if (!strcmp(a, "--bw-mib")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 16, 1 << 20, &bw_mib)) return 2; }
+        else if (!strcmp(a, "--json")) json = 1;
+        else { fprintf(stderr, "tandem bench forward: unknown option '%s' (see --help)\n", a); return 2; }
+    }
+    if (!model_dir) model_dir = cli_default_model_dir();
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (n > 256 ? 256 : n) : 1;
+    }
+    td_err err = {0};
+    td_model *m = NULL;
+    if (td_model_open(&m, model_dir, &err) != 0) return cli_die(model_dir, &err);
+    td_model_info info;
+    td_model_get_info(m, &info);
+
+    enum { CTX = 512, PREFILL = 512, DEC_PROMPT = 16, DEC_N = 128, MAXT = 16 };
+    static const int TS[] = {1, 2, 4, 8, 16};
+    enum { NT = sizeof TS / sizeof TS[0] };
+    td_ctx *c = NULL;
+    float *logits = NULL;
+    int32_t *toks = NULL;
+    int rc = 1, row = -1;
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = 1;
+    cp.max_ctx = CTX + DEC_N + MAXT + 8 > PREFILL ? CTX + DEC_N + MAXT + 8 : PREFILL;
+    cp.max_tokens = PREFILL;
+    cp.max_logits = MAXT;
+    cp.n_threads = (int)threads;
+    if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
+    logits = malloc(sizeof(float) * (size_t)info.n_vocab * MAXT);
+    toks = malloc(sizeof(int32_t) * (PREFILL + DEC_N + MAXT));
+    if (!logits || !toks) { fprintf(stderr, "tandem bench forward: out of memory\n"); goto out; }
+    uint64_t seed = 12345;
+    for (int i = 0; i < PREFILL + DEC_N + MAXT; i++) toks[i] = (int32_t)(lcg(&seed) % (uint64_t)info.n_vocab);
+
+    /* 1. bandwidth (before the model's pages are hot: it does not matter, the buffer is 1 GiB) */
+    double load0 = loadavg();
+    double bw = measure_bandwidth((size_t)bw_mib << 20, (int)threads, 5);
+    if (bw <= 0) { fprintf(stderr, "tandem bench forward: bandwidth measurement failed\n"); goto out; }
+
+    if (td_ctx_row_add(c, &row) != 0) { fprintf(stderr, "tandem bench forward: no row\n"); goto out; }
+    /* warm-up: touch every weight page once */
+    if (fwd(c, row, toks, 8, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+    td_ctx_row_trim(c, row, 0);
+
+    /* 2. prefill: 512 tokens in one forward, median of 3 */
+    double pre[3];
+    for (int r = 0; r < 3; r++) {
+        td_ctx_row_trim(c, row, 0);
+        double t0 = cli_now();
+        if (fwd(c, row, toks, PREFILL, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+        pre[r] = cli_now() - t0;
+    }
+    double prefill_s = median(pre, 3);
+
+    /* 4. verify curve at context 512 (the row holds the 512-token prefill) */
+    double verify_ms[NT];
+    for (int ti = 0; ti < NT; ti++) {
+        enum { REPS = 9 };
+        double v[REPS];
+        for (int r = 0; r < REPS; r++) {
+            td_ctx_row_trim(c, row, CTX);
+            double t0 = cli_now();
+            if (fwd(c, row, toks + PREFILL, TS[ti], 1, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+            v[r] = cli_now() - t0;
+        }
+        verify_ms[ti] = median(v, REPS) * 1e3;
+    }
+
+    /* 3. decode at batch 1: a short prompt, then 128 greedy tokens */
+    td_ctx_row_trim(c, row, 0);
+    if (fwd(c, row, toks, DEC_PROMPT, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+    int32_t t = argmax(logits, info.n_vocab);
+    double per[DEC_N];
+    double t0 = cli_now();
+    for (int i = 0; i < DEC_N; i++) {
+        double t1 = cli_now();
+        if (fwd(c, row, &t, 1, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+        per[i] = cli_now() - t1;
+        t = argmax(logits, info.n_vocab);
+    }
+    double decode_s = cli_now() - t0;
+    double decode_med_ms = median(per, DEC_N) * 1e3;
+    double load = loadavg();
+
+    double prefill_tps = PREFILL / prefill_s;
+    double decode_tps = DEC_N / decode_s;
+    double floor_s = (double)info.weight_bytes / (bw * 1e9);
+    double floor_fraction = floor_s / (decode_s / DEC_N);
+    if (json) {
+        printf("{\"model\": \"%s\", \"threads\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
+               "\"bandwidth_gbs\": %.3f, \"floor_ms\": %.4f, \"prefill_tokens\": %d, \"prefill_tps\": %.2f, "
+               "\"decode_tokens\": %d, \"decode_tps\": %.2f, \"decode_ms\": %.4f, \"decode_median_ms\": %.4f, \"floor_fraction\": %.4f, "
+               "\"loadavg_before\": %.2f, \"loadavg_after\": %.2f, "
+               "\"verify_ctx\": %d, \"verify_ms\": {",
+               model_dir, threads, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
+               DEC_N, decode_tps, decode_s / DEC_N * 1e3, decode_med_ms, floor_fraction, load0, load, CTX);
+        for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_ms[i]);
+        printf("}, \"verify_ratio_8_1\": %.4f}\n", verify_ms[3] / verify_ms[0]);
+    } else {
+        printf("model %s: %.1f M params, %.1f MB of weights, %ld threads\n", model_dir, info.n_params / 1e6,
+               info.weight_bytes / 1e6, threads);
+        printf("read bandwidth   %8.2f GB/s  (floor %.3f ms/token = %.1f tok/s)\n", bw, floor_s * 1e3, 1.0 / floor_s);
+        printf("prefill          %8.1f tok/s (%d tokens in %.3f s)\n", prefill_tps, PREFILL, prefill_s);
+        printf("decode (batch 1) %8.1f tok/s (%.3f ms/token, median %.3f ms, %.1f%% of the floor)\n", decode_tps,
+               decode_s / DEC_N * 1e3, decode_med_ms, 100 * floor_fraction);
+        printf("verify at context %d:", CTX);
+        for (int i = 0; i < NT; i++) printf("  T=%d %.3f ms", TS[i], verify_ms[i]);
+        printf("\n                      T=8 / T=1 = %.2fx\n", verify_ms[3] / verify_ms[0]);
+        printf("load average %.2f before, %.2f after (other processes on these cores make the numbers noisy)\n", load0, load);
+    }
+    rc = 0;
+out:
+    free(logits);
+    free(toks);
+    td_ctx_free(c);
+    td_model_free(m);
+    return rc;
+}
