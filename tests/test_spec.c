@@ -8,6 +8,7 @@
 #include "tandem.h"
 #include "t.h"
 #include "tmodel.h"
+#include "spec/depth.h"
 
 #include <math.h>
 #include <unistd.h>
@@ -63,6 +64,7 @@ static int plain(td_model *m, int i, const td_gen_params *gp, int32_t *out) {
     return st.n_gen;
 }
 
+static int g_fixed = 1;
 static void run_exact(const char *drafter_spec, const char *label, int temp, int B, int depth) {
     char name[160];
     snprintf(name, sizeof name, "exact_%s_%s_b%d", label, temp ? "temp0.8" : "greedy", B);
@@ -86,7 +88,7 @@ static void run_exact(const char *drafter_spec, const char *label, int temp, int
     T_REQUIRE(c != NULL, "ctx");
     td_spec_params sp = td_spec_default_params();
     sp.max_depth = depth;
-    sp.fixed_depth = 1; /* these tiny drafters cost as much as the target: force drafting */
+    sp.fixed_depth = g_fixed; /* these tiny drafters cost as much as the target: force drafting */
     T_REQUIRE(td_spec_open(&g, c, g_target, d, &sp, &err) == 0, "spec open: %s", err.msg);
     td_gen_params gps[8];
     int32_t pr[8][64];
@@ -149,6 +151,14 @@ done:
     td_ctx_free(c);
     td_drafter_free(d);
     t_end();
+}
+
+/* The same with the depth planner choosing depths (it may draft less). */
+static void run_exact_controlled(void) {
+    g_fixed = 0;
+    run_exact("ngram", "ngram_planned", 0, 3, 6);
+    run_exact("ngram", "ngram_planned", 1, 8, 6);
+    g_fixed = 1;
 }
 
 /* After rounds with rejections, the target KV of a row must hold exactly what
@@ -302,6 +312,36 @@ done:
     t_end();
 }
 
+/* The depth planner: deepens only where it pays, turns speculation off when
+ * it does not, probes again later, and shares a batch's verify cost. */
+static void test_depth_plan(void) {
+    t_begin("depth_planner");
+    td_cost_curve flat = {.n = 2, .T = {1, 64}, .s = {1.0, 1.05}};   /* verify nearly free per token */
+    td_cost_curve linear = {.n = 2, .T = {1, 64}, .s = {1.0, 64.0}}; /* each token costs a full forward */
+    td_depth_ctl good, poor;
+    td_depth_init(&good, 0.9);
+    td_depth_init(&poor, 0.2);
+    td_depth_ctl *ctl[2] = {&good, &poor};
+    int maxk[2] = {8, 8}, k[2];
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, k);
+    T_CHECK(k[0] == 8 && k[1] >= 1, "cheap verify: deep drafts (got %d, %d)", k[0], k[1]);
+    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, k);
+    T_CHECK(k[0] == 0 && k[1] == 0, "verify as costly as decoding: no drafting (got %d, %d)", k[0], k[1]);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, k);
+    T_CHECK(k[0] <= 3 && k[1] == 0, "costly drafter: shallow for the good row, none for the poor (got %d, %d)", k[0], k[1]);
+    int probes = 0;
+    td_depth_init(&poor, 0.2);
+    td_depth_ctl *one[1] = {&poor};
+    for (int r = 0; r < 4 * TD_DEPTH_PROBE; r++) { td_depth_plan(one, maxk, 1, 0, &linear, 0.0, k); probes += k[0]; }
+    T_CHECK(probes == 4, "a row at depth 0 probes once every %d rounds (probed %d times)", TD_DEPTH_PROBE, probes);
+    for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
+    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, k);
+    T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);
+    for (int r = 0; r < 40; r++) td_depth_update(&good, 4, 0);
+    T_CHECK(good.a[0] < 0.05 && good.a[1] > 0.85, "rejections lower only positions that were reached (%.2f, %.2f)", good.a[0], good.a[1]);
+    t_end();
+}
+
 static void test_bad_input(void) {
     t_begin("spec_bad_input");
     td_err err = {0};
@@ -374,7 +414,9 @@ int main(void) {
             run_exact(same, "model_same", temp, Bs[bi], 4);
             run_exact(oth, "model_other", temp, Bs[bi], 3);
         }
+    run_exact_controlled();
     test_rollback();
+    test_depth_plan();
     test_rejection_distribution();
     test_bad_input();
     td_model_free(g_target);

@@ -8,22 +8,51 @@ void td_depth_init(td_depth_ctl *c, double prior) {
     c->since_probe = 0;
 }
 
-int td_depth_choose(td_depth_ctl *c, const double *verify_s, double draft_s, int max_depth) {
-    if (max_depth <= 0) return 0;
-    double best_rate = 1.0 / verify_s[1], reach = 1.0, expect = 1.0;
-    int best = 0;
-    for (int k = 1; k <= max_depth; k++) {
-        reach *= c->a[k - 1];
-        expect += reach;
-        double rate = expect / (verify_s[k + 1] + draft_s * k);
-        if (rate > best_rate * 1.0001) { best_rate = rate; best = k; }
+double td_cost_at(const td_cost_curve *c, int T) {
+    if (c->n == 0) return (double)T;
+    if (T <= c->T[0]) return c->s[0] * T / c->T[0];
+    for (int i = 1; i < c->n; i++)
+        if (T <= c->T[i]) {
+            double f = (double)(T - c->T[i - 1]) / (c->T[i] - c->T[i - 1]);
+            return c->s[i - 1] + f * (c->s[i] - c->s[i - 1]);
+        }
+    /* beyond the last point: extend the last slope */
+    int l = c->n - 1;
+    double slope = l > 0 ? (c->s[l] - c->s[l - 1]) / (c->T[l] - c->T[l - 1]) : c->s[l] / c->T[l];
+    return c->s[l] + slope * (T - c->T[l]);
+}
+
+void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
+                   const td_cost_curve *cv, double draft_s, int *k) {
+    double E = n + n_other;        /* tokens emitted this round */
+    int T = n + n_other, K = 0;    /* verified tokens, draft tokens */
+    for (int i = 0; i < n; i++) k[i] = 0;
+    double rate = E / (td_cost_at(cv, T) + draft_s * K);
+    for (;;) {
+        int best = -1;
+        double best_rate = rate * 1.0001, best_gain = 0;
+        double cost = td_cost_at(cv, T + 1) + draft_s * (K + 1);
+        for (int i = 0; i < n; i++) {
+            if (k[i] >= maxk[i]) continue;
+            double p = 1.0; /* probability the next position is reached and accepted */
+            for (int j = 0; j <= k[i]; j++) p *= ctl[i]->a[j];
+            double r = (E + p) / cost;
+            if (r > best_rate) { best_rate = r; best = i; best_gain = p; }
+        }
+        if (best < 0) break;
+        k[best]++;
+        E += best_gain;
+        T++;
+        K++;
+        rate = best_rate;
     }
-    if (best == 0) {
-        if (++c->since_probe >= TD_DEPTH_PROBE) { c->since_probe = 0; return 1; }
-    } else {
-        c->since_probe = 0;
+    for (int i = 0; i < n; i++) {
+        if (k[i] == 0 && maxk[i] > 0) {
+            if (++ctl[i]->since_probe >= TD_DEPTH_PROBE) { ctl[i]->since_probe = 0; k[i] = 1; }
+        } else {
+            ctl[i]->since_probe = 0;
+        }
     }
-    return best;
 }
 
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {

@@ -1,28 +1,45 @@
-/* depth — per-row choice of the draft depth that maximises expected tokens/s.
+/* depth — choosing each row's draft depth so that the group emits the most
+ * tokens per second.
  *
  * Model: a row keeps a running estimate a_j of P(draft j accepted | drafts
  * 1..j-1 accepted) (exponential moving average over rounds that reached j).
- * A round at depth k emits E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens and
- * costs verify(k+1) + k * draft_per_token, where verify(T) is the target
- * forward time of T new tokens measured when the group opened and the draft
- * cost is measured as rounds run. The controller picks the k maximising
- * E(k)/cost(k); k = 0 is plain decoding. A row at depth 0 probes depth 1 every
- * TD_DEPTH_PROBE rounds so that a drafter that starts paying is noticed. */
+ * At depth k a row emits E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens per
+ * round. A round verifies T = sum over live rows of (1 + k_r) tokens in one
+ * target forward, costing verify(T) from a curve measured when the group
+ * opened (interpolated), plus draft_s per draft token (measured as rounds run).
+ * The planner starts every row at depth 0 and repeatedly deepens the row whose
+ * next draft position raises (sum E) / cost the most, stopping when no step
+ * helps: k = 0 everywhere is plain decoding, so speculation that does not pay
+ * turns itself down. A row held at depth 0 probes depth 1 every TD_DEPTH_PROBE
+ * rounds so that a drafter that starts paying is noticed. */
 #ifndef TD_DEPTH_H
 #define TD_DEPTH_H
 
 #include "tandem.h"
 
 #define TD_DEPTH_PROBE 16
+#define TD_COST_POINTS 16
 
 typedef struct td_depth_ctl {
     double a[TD_SPEC_MAX_DEPTH];  /* acceptance estimate by position */
     int since_probe;              /* rounds at depth 0 since the last probe */
 } td_depth_ctl;
 
+/* Verify cost: seconds of one target forward of T new tokens (piecewise linear). */
+typedef struct td_cost_curve {
+    int n;
+    int T[TD_COST_POINTS];
+    double s[TD_COST_POINTS];
+} td_cost_curve;
+
+double td_cost_at(const td_cost_curve *c, int T);
+
 void td_depth_init(td_depth_ctl *c, double prior);
-/* verify_s[T] for T = 1..max_depth+1 (index 0 unused); draft_s: seconds per draft token. */
-int td_depth_choose(td_depth_ctl *c, const double *verify_s, double draft_s, int max_depth);
+/* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
+ * draft; n_other: tokens other live rows add to the forward (1 each). Writes
+ * k[i]. draft_s: seconds per draft token. */
+void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
+                   const td_cost_curve *cv, double draft_s, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);
 

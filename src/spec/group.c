@@ -71,7 +71,9 @@ struct td_spec {
     uint8_t *want;             /* [max_rows*(max_depth+1)] all ones */
     int have_q;                /* the drafter returned q this round */
     int32_t *emitted;          /* [max_depth+1] */
-    double verify_s[TD_SPEC_MAX_DEPTH + 2]; /* forward seconds by T */
+    td_cost_curve cv;          /* verify forward seconds by tokens */
+    td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
+    int *maxk;                 /* [max_rows] by drafter row */
     double draft_s;            /* seconds per draft token (running) */
     td_spec_stats total;
 };
@@ -91,38 +93,41 @@ static int is_eos(const td_model *m, int32_t t) {
     return 0;
 }
 
-/* Time target forwards of T = 1..max_depth+1 new tokens at a short context, so
- * the depth controller can weigh a deeper draft against its verify cost. */
-static int measure_verify(td_spec *g, td_err *err) {
-    int row;
-    int D = g->p.max_depth;
-    for (int T = 1; T <= D + 1; T++) g->verify_s[T] = (double)T; /* fallback: linear */
-    if (D == 0) return 0;
-    if (td_ctx_row_add(g->ctx, &row) != 0) return 0; /* no spare row: keep the fallback */
-    int32_t toks[TD_SPEC_MAX_DEPTH + 1 + 64];
-    for (int i = 0; i < (int)(sizeof toks / sizeof *toks); i++) toks[i] = i % g->n_vocab;
-    int n = 64 < g->max_ctx / 2 ? 64 : g->max_ctx / 2;
-    int rc = 0;
-    if (n < 1 || n + D + 1 > g->max_ctx) goto out;
-    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks};
-    if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) goto out;
-    for (int T = 1; T <= D + 1; T++) {
+/* Time target forwards of T new tokens at a short context, for T from 1 up to
+ * what a full round can verify, so the depth planner can weigh deeper drafts
+ * (and more rows) against their verify cost. */
+static int measure_verify(td_spec *g, int t_max, td_err *err) {
+    static const int pts[TD_COST_POINTS] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+    g->cv.n = 0;
+    if (g->p.max_depth == 0) return 0;
+    int row, rc = 0;
+    if (td_ctx_row_add(g->ctx, &row) != 0) return 0; /* no spare row: linear fallback */
+    int ctx_n = 64 < g->max_ctx / 4 ? 64 : g->max_ctx / 4;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(ctx_n + t_max + 1));
+    if (!toks) { td_ctx_row_remove(g->ctx, row); return td_seterr(err, TD_ENOMEM, "out of memory"); }
+    for (int i = 0; i < ctx_n + t_max + 1; i++) toks[i] = (i * 7 + 3) % g->n_vocab;
+    if (ctx_n >= 1) {
+        td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &ctx_n, .tokens = toks};
+        if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) goto out;
+    }
+    for (int p = 0; p < TD_COST_POINTS && pts[p] <= t_max && ctx_n + pts[p] <= g->max_ctx; p++) {
+        int T = pts[p];
         double best = 1e30;
         for (int rep = 0; rep < 3; rep++) {
-            td_ctx_row_trim(g->ctx, row, n);
-            int t = T;
-            td_batch bt = {.n_rows = 1, .rows = &row, .n_tokens = &t, .tokens = toks + n};
+            td_ctx_row_trim(g->ctx, row, ctx_n);
+            td_batch bt = {.n_rows = 1, .rows = &row, .n_tokens = &T, .tokens = toks + ctx_n};
             double t0 = td_now();
             if ((rc = td_ctx_forward(g->ctx, &bt, g->logits, NULL, err)) != 0) goto out;
             double dt = td_now() - t0;
             if (dt < best) best = dt;
         }
-        g->verify_s[T] = best;
+        if (g->cv.n > 0 && best < g->cv.s[g->cv.n - 1]) best = g->cv.s[g->cv.n - 1]; /* never cheaper with more tokens */
+        g->cv.T[g->cv.n] = T;
+        g->cv.s[g->cv.n] = best;
+        g->cv.n++;
     }
-    /* costs never decrease with T */
-    for (int T = 2; T <= D + 1; T++)
-        if (g->verify_s[T] < g->verify_s[T - 1]) g->verify_s[T] = g->verify_s[T - 1];
 out:
+    free(toks);
     td_ctx_row_remove(g->ctx, row);
     return rc;
 }
@@ -143,6 +148,8 @@ void td_spec_free(td_spec *g) {
     free(g->keep); free(g->commits); free(g->vtok); free(g->vrows); free(g->vn); free(g->vslot);
     free(g->emitted);
     free(g->want);
+    free(g->ctl);
+    free(g->maxk);
     free(g);
 }
 
@@ -195,11 +202,13 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     g->vn = malloc(sizeof(int) * (size_t)R);
     g->vslot = malloc(sizeof(int) * (size_t)R);
     g->emitted = malloc(sizeof(int32_t) * W);
+    g->ctl = malloc(sizeof(*g->ctl) * (size_t)R);
+    g->maxk = malloc(sizeof(int) * (size_t)R);
     g->want = malloc((size_t)R * W);
     if (g->want) memset(g->want, 1, (size_t)R * W);
     if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
         !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
-        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want ||
+        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk ||
         td_sampler_open(&g->smp, g->n_vocab) != 0) {
         td_spec_free(g);
         return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
@@ -210,7 +219,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         td_spec_free(g);
         return rc;
     }
-    if ((rc = measure_verify(g, err)) != 0) {
+    if ((rc = measure_verify(g, R * (D + 1), err)) != 0) {
         td_spec_free(g);
         return rc;
     }
@@ -341,24 +350,30 @@ int td_spec_step(td_spec *g, td_err *err) {
     compact_drafter(g);
     int D = g->p.max_depth, V = g->n_vocab;
     /* 1. depth and draft */
-    int n_dr = g->dr.vt ? g->dr.n_rows : 0;
+    int n_dr = g->dr.vt ? g->dr.n_rows : 0, n_other = 0;
     g->have_q = 0;
     for (int i = 0; i < g->max_rows; i++) {
         sp_row *r = &g->rows[i];
         r->k = r->n_draft = 0;
-        if (r->state != ROW_LIVE || r->dr < 0) continue;
+        if (r->state != ROW_LIVE) continue;
+        if (r->dr < 0) { n_other++; continue; }
         int room = g->max_ctx - (r->n_prompt + r->n_emitted) - 1;
         int left = r->gp->max_tokens - r->n_emitted - 1;
-        int k = g->p.fixed_depth ? D : td_depth_choose(&r->depth, g->verify_s, g->draft_s, D);
+        int k = D;
         if (k > room) k = room;
         if (k > left) k = left;
         if (k < 0) k = 0;
-        r->k = k;
         g->dr_slot[r->dr] = i;
+        g->maxk[r->dr] = k;
+        g->ctl[r->dr] = &r->depth;
         g->pending[r->dr] = r->hist[r->n_prompt + r->n_emitted - 1];
-        g->depth[r->dr] = k;
         g->samp[r->dr] = &r->gp->sampling;
         g->out_pos[r->dr] = (uint64_t)r->n_emitted;
+    }
+    if (n_dr > 0) {
+        if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
+        else td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->depth);
+        for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
     }
     if (n_dr > 0) {
         int any = 0;
