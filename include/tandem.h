@@ -201,10 +201,14 @@ typedef struct td_batch {
                                   stream after that many layers (0 = embeddings),
                                   before the final norm; may be NULL */
     int n_taps;
+    const float *embd;         /* [sum n_tokens][n_embd] input vectors used instead of
+                                  the token embeddings (tokens may then be NULL) */
+    int skip_logits;           /* 1 = only taps are wanted; logits may be NULL */
 } td_batch;
 
 /* Run the batch. logits: [n_out][n_vocab] float, one row per wanted position in
- * batch order (borrowed, caller-allocated). taps: [n_out][n_taps][n_embd] or NULL.
+ * batch order (borrowed, caller-allocated; NULL with skip_logits).
+ * taps: [n_out][n_taps][n_embd] or NULL.
  * A position's logits are bitwise identical whatever else shares the call.
  * On error no row's length changes. */
 int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_err *err);

@@ -339,10 +339,10 @@ static void rmsnorm_rows(td_ctx *c, float *dst, const float *src, int T, const t
 /* ---- forward ----------------------------------------------------------- */
 
 int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_err *err) {
-    if (!c || !b || !logits) return td_seterr(err, TD_EINVAL, "td_ctx_forward: NULL argument");
+    if (!c || !b || (!logits && !b->skip_logits)) return td_seterr(err, TD_EINVAL, "td_ctx_forward: NULL argument");
     const td_config *cfg = &c->m->cfg;
     const td_weights *W = &c->m->w;
-    if (b->n_rows < 1 || b->n_rows > c->p.max_rows || !b->rows || !b->n_tokens || !b->tokens)
+    if (b->n_rows < 1 || b->n_rows > c->p.max_rows || !b->rows || !b->n_tokens || (!b->tokens && !b->embd))
         return td_seterr(err, TD_EINVAL, "batch: n_rows %d out of range [1, %d] or missing arrays", b->n_rows, c->p.max_rows);
     if (b->n_taps < 0 || (b->n_taps > 0 && (!b->taps || !taps)))
         return td_seterr(err, TD_EINVAL, "batch: taps requested without tap layers or output buffer");
@@ -369,7 +369,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         T += n;
     }
     int n_out = 0;
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < T && !b->embd; t++) {
         int32_t id = b->tokens[t];
         if (id < 0 || id >= cfg->n_vocab)
             return td_seterr(err, TD_ERANGE, "batch: token id %d out of range [0, %d)", (int)id, cfg->n_vocab);
@@ -391,9 +391,12 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
     int D = cfg->n_embd, F = cfg->n_ff;
     /* embeddings */
     size_t esz = W->tok_embd.dtype == TD_DTYPE_F32 ? 4 : 2;
-    for (int t = 0; t < T; t++)
-        td_to_f32(c->x + (size_t)t * D, (const char *)W->tok_embd.data + (size_t)b->tokens[t] * D * esz,
-                  W->tok_embd.dtype, (size_t)D);
+    if (b->embd)
+        memcpy(c->x, b->embd, sizeof(float) * (size_t)T * D);
+    else
+        for (int t = 0; t < T; t++)
+            td_to_f32(c->x + (size_t)t * D, (const char *)W->tok_embd.data + (size_t)b->tokens[t] * D * esz,
+                      W->tok_embd.dtype, (size_t)D);
     for (int ti = 0; ti < b->n_taps; ti++)
         if (b->taps[ti] == 0)
             for (int o = 0; o < n_out; o++)
@@ -428,9 +431,9 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
                 for (int o = 0; o < n_out; o++)
                     memcpy(taps + ((size_t)o * b->n_taps + ti) * D, c->x + (size_t)c->out_tok[o] * D, sizeof(float) * D);
     }
-    for (int o = 0; o < n_out; o++)
+    for (int o = 0; o < n_out && !b->skip_logits; o++)
         td_rmsnorm(c->xo + (size_t)o * D, c->x + (size_t)c->out_tok[o] * D, W->out_norm.data, W->out_norm.dtype, D, cfg->rms_eps);
-    matmul(c, logits, cfg->n_vocab, c->xo, n_out, &W->lm_head, D, cfg->n_vocab);
+    if (!b->skip_logits) matmul(c, logits, cfg->n_vocab, c->xo, n_out, &W->lm_head, D, cfg->n_vocab);
     for (int i = 0; i < b->n_rows; i++) c->row_len[b->rows[i]] += b->n_tokens[i];
     return 0;
 }
