@@ -527,7 +527,7 @@ static int td_load(td_tokenizer *t, const cJSON *root, td_err *err) {
             rc = td_seterr(err, TD_EFORMAT, "tokenizer.json: model.merges[%d] is neither \"a b\" nor [a, b]", rank);
             break;
         }
-        if (la + lb > total) { rc = td_seterr(err, TD_EFORMAT, "tokenizer.json: model.merges[%d] names an unknown token", rank); break; }
+        if (la + lb > total) { rc = td_seterr(err, TD_EFORMAT, "tokenizer.json: model.merges[%d] \"%.40s\" names an unknown token", rank, a); break; }
         int ka = td_byte_level_decode(byte_of_cp, a, la, scratch);
         int kb = ka < 0 ? -1 : td_byte_level_decode(byte_of_cp, b, lb, scratch + ka);
         int32_t ia = ka < 0 ? -1 : td_vmap_get(t, scratch, (size_t)ka);
@@ -588,11 +588,13 @@ int td_tokenizer_open(td_tokenizer **out, const char *json_path, const char *con
     if (!rc && config_path) rc = td_read_file(config_path, &c, &cl, err);
     if (!rc) rc = td_tokenizer_open_mem(out, j, jl, c, cl, err);
     if (rc && err && rc != TD_EIO && rc != TD_ENOMEM) {
-        /* prefix the message with the file it is about */
+        /* name the file: replace the message's generic file name with its path */
         char tmp[sizeof err->msg];
         snprintf(tmp, sizeof tmp, "%s", err->msg);
-        const char *path = strncmp(tmp, "tokenizer_config.json", 21) == 0 ? config_path : json_path;
-        snprintf(err->msg, sizeof err->msg, "%.200s: %.300s", path, tmp);
+        const char *path = json_path, *rest = tmp;
+        if (!strncmp(tmp, "tokenizer_config.json: ", 23)) { path = config_path; rest = tmp + 23; }
+        else if (!strncmp(tmp, "tokenizer.json: ", 16)) rest = tmp + 16;
+        snprintf(err->msg, sizeof err->msg, "%.200s: %.300s", path, rest);
     }
     free(j); free(c);
     return rc;
@@ -734,8 +736,7 @@ static void td_bpe(td_enc *e, const unsigned char *p, size_t n) {
     s[m - 1].next = -1;
     size_t hn = 0;
     for (int i = 0; i + 1 < m; i++) td_try_cand(e, &hn, i);
-    /* each merge removes a symbol, so at most m-1 merges and the heap never exceeds
-       m-1 + 2*(m-1) entries... bound it by growing on demand */
+    /* each merge pops one candidate and pushes at most two: grow on demand */
     while (hn > 0) {
         td_cand c = td_heap_pop(e, &hn);
         int nx = s[c.pos].next;
