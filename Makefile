@@ -9,7 +9,7 @@ OPT     ?= -O2
 SAN     ?= 0
 BUILD   ?= build
 CFLAGS_BASE = -std=c11 -Wall -Wextra -Werror=implicit-function-declaration -g $(ARCH) -Iinclude -Isrc -pthread
-LDLIBS  = -lpcre2-8 -lutf8proc -lcjson -lm -pthread
+LDLIBS  = -lpcre2-8 -lutf8proc -lcjson -lmicrohttpd -lm -pthread
 
 ifeq ($(SAN),1)
 BUILD   = build/san

@@ -5,6 +5,7 @@
  * speculative group (with drafter "none" it is plain decoding). */
 #define _GNU_SOURCE
 #include "cli/cli.h"
+#include "server/server.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -205,7 +206,8 @@ static void main_help(void) {
            "commands:\n"
            "  run       generate text from a prompt\n"
            "  inspect   describe a model directory\n"
-           "  bench     benchmarks (bench spec: plain vs speculative decoding)\n");
+           "  bench     benchmarks (bench spec: plain vs speculative decoding)\n"
+           "  serve     OpenAI-compatible HTTP server (continuous batching, speculation per request)\n");
 }
 
 int main(int argc, char **argv) {
@@ -216,6 +218,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve")) return td_serve_main(argc - 1, argv + 1);
     fprintf(stderr, "tandem: unknown command '%s' (see tandem --help)\n", argv[1]);
     return 2;
 }
