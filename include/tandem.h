@@ -289,7 +289,8 @@ typedef struct td_drafter td_drafter;
 
 /* spec: "none" (no drafter: *out = NULL, returns 0), "ngram" or
  * "ngram:MIN-MAX" (prompt lookup, n-gram sizes MIN..MAX, default 1-4),
- * "model:DIR" (a separate draft model; its tokenizer must be the target's).
+ * "model:DIR" (a separate draft model; its tokenizer must be the target's),
+ * "mtp:DIR" (a multi-token-prediction head over the target's last hidden state).
  * target is borrowed and must outlive the drafter. */
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 void td_drafter_free(td_drafter *d);

@@ -375,6 +375,12 @@ static void test_bad_input(void) {
     T_CHECK(td_drafter_open(&d2, "telepathy", g_target, &err) == TD_EINVAL && strstr(err.msg, "unknown drafter"), "unknown drafter");
     T_CHECK(td_drafter_open(&d2, "ngram:5-2", g_target, &err) == TD_EINVAL, "bad ngram sizes");
     T_CHECK(td_drafter_open(&d2, "model:/nonexistent/dir", g_target, &err) != 0 && d2 == NULL, "missing draft model dir");
+    snprintf(spec, sizeof spec, "mtp:%s/mtp_wrong", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "trained for a target"),
+            "an MTP head trained for another target: %s", err.msg);
+    snprintf(spec, sizeof spec, "mtp:%s/target", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) != 0 && d2 == NULL && strstr(err.msg, "TandemMTP"),
+            "a plain model is not an MTP head: %s", err.msg);
 done:
     td_spec_free(g);
     td_ctx_free(c);
@@ -403,8 +409,13 @@ int main(void) {
     g_target_small_vocab = open_dir("target_v6", &small);
     snprintf(d1, sizeof d1, "%s/draft_v6", g_dir);
     tm_write(d1, &small_d);
+    snprintf(d1, sizeof d1, "%s/mtp", g_dir);
+    tm_write_mtp(d1, &tgt, tgt.layers, 31);
+    snprintf(d1, sizeof d1, "%s/mtp_wrong", g_dir);
+    tm_write_mtp(d1, &tgt, tgt.layers + 1, 32);
     if (!g_target || !g_target_small_vocab) return 1;
-    char same[600], oth[600];
+    char same[600], oth[600], mtp[600];
+    snprintf(mtp, sizeof mtp, "mtp:%s/mtp", g_dir);
     snprintf(same, sizeof same, "model:%s/draft_same", g_dir);
     snprintf(oth, sizeof oth, "model:%s/draft_other", g_dir);
     int Bs[3] = {1, 3, 8};
@@ -413,6 +424,7 @@ int main(void) {
             run_exact("ngram", "ngram", temp, Bs[bi], 5);
             run_exact(same, "model_same", temp, Bs[bi], 4);
             run_exact(oth, "model_other", temp, Bs[bi], 3);
+            run_exact(mtp, "mtp_random", temp, Bs[bi], 3);
         }
     run_exact_controlled();
     test_rollback();

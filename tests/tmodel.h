@@ -58,6 +58,50 @@ static int tm_tensors(const tm_shape *s, tm_t *t) {
     return n;
 }
 
+/* Write tensors t[0..n) with deterministic random values to path. */
+static int tm_write_tensors(const char *path, const tm_t *t, int n, int bf16, uint64_t seed) {
+    size_t esz = bf16 ? 2 : 4;
+    char *hdr = malloc(64 * 1024 + 256 * (size_t)n);
+    size_t hl = 0, off = 0;
+    hl += sprintf(hdr + hl, "{");
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)t[i].shape[0] * (t[i].nd == 2 ? (size_t)t[i].shape[1] : 1);
+        if (t[i].nd == 2)
+            hl += sprintf(hdr + hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%ld,%ld],\"data_offsets\":[%zu,%zu]}", i ? "," : "",
+                          t[i].name, bf16 ? "BF16" : "F32", t[i].shape[0], t[i].shape[1], off, off + cnt * esz);
+        else
+            hl += sprintf(hdr + hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%ld],\"data_offsets\":[%zu,%zu]}", i ? "," : "",
+                          t[i].name, bf16 ? "BF16" : "F32", t[i].shape[0], off, off + cnt * esz);
+        off += cnt * esz;
+    }
+    hl += sprintf(hdr + hl, "}");
+    while (hl % 8) hdr[hl++] = ' ';
+    FILE *f = fopen(path, "wb");
+    if (!f) { free(hdr); return -1; }
+    uint64_t hl64 = hl;
+    fwrite(&hl64, 8, 1, f);
+    fwrite(hdr, 1, hl, f);
+    uint64_t st = seed;
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)t[i].shape[0] * (t[i].nd == 2 ? (size_t)t[i].shape[1] : 1);
+        float scale = t[i].norm ? 0.2f : 1.0f / sqrtf((float)(t[i].nd == 2 ? t[i].shape[1] : 1));
+        for (size_t k = 0; k < cnt; k++) {
+            float u = (float)((tm_rng(&st) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+            float v = t[i].norm ? 1.0f + u * scale : u * scale * 1.7f;
+            if (bf16) {
+                union { float f; uint32_t u; } c = {v};
+                uint16_t h = (uint16_t)(c.u >> 16);
+                fwrite(&h, 2, 1, f);
+            } else {
+                fwrite(&v, 4, 1, f);
+            }
+        }
+    }
+    fclose(f);
+    free(hdr);
+    return 0;
+}
+
 /* Write dir/config.json and dir/model.safetensors. Returns 0 on success. */
 static int tm_write(const char *dir, const tm_shape *s) {
     mkdir(dir, 0755);
@@ -75,47 +119,49 @@ static int tm_write(const char *dir, const tm_shape *s) {
     fclose(f);
     tm_t *t = calloc(16 + 16 * (size_t)s->layers, sizeof *t);
     int n = tm_tensors(s, t);
-    size_t esz = s->bf16 ? 2 : 4;
-    char *hdr = malloc(64 * 1024 + 256 * (size_t)n);
-    size_t hl = 0, off = 0;
-    hl += sprintf(hdr + hl, "{");
-    for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)t[i].shape[0] * (t[i].nd == 2 ? (size_t)t[i].shape[1] : 1);
-        if (t[i].nd == 2)
-            hl += sprintf(hdr + hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%ld,%ld],\"data_offsets\":[%zu,%zu]}", i ? "," : "",
-                          t[i].name, s->bf16 ? "BF16" : "F32", t[i].shape[0], t[i].shape[1], off, off + cnt * esz);
-        else
-            hl += sprintf(hdr + hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%ld],\"data_offsets\":[%zu,%zu]}", i ? "," : "",
-                          t[i].name, s->bf16 ? "BF16" : "F32", t[i].shape[0], off, off + cnt * esz);
-        off += cnt * esz;
-    }
-    hl += sprintf(hdr + hl, "}");
-    while (hl % 8) hdr[hl++] = ' ';
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    f = fopen(path, "wb");
-    if (!f) { free(hdr); free(t); return -1; }
-    uint64_t hl64 = hl;
-    fwrite(&hl64, 8, 1, f);
-    fwrite(hdr, 1, hl, f);
-    uint64_t st = s->seed;
-    for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)t[i].shape[0] * (t[i].nd == 2 ? (size_t)t[i].shape[1] : 1);
-        float scale = t[i].norm ? 0.2f : 1.0f / sqrtf((float)(t[i].nd == 2 ? t[i].shape[1] : 1));
-        for (size_t k = 0; k < cnt; k++) {
-            float u = (float)((tm_rng(&st) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-            float v = t[i].norm ? 1.0f + u * scale : u * scale * 1.7f;
-            if (s->bf16) {
-                union { float f; uint32_t u; } c = {v};
-                uint16_t h = (uint16_t)(c.u >> 16);
-                fwrite(&h, 2, 1, f);
-            } else {
-                fwrite(&v, 4, 1, f);
-            }
-        }
-    }
-    fclose(f);
-    free(hdr);
+    int rc = tm_write_tensors(path, t, n, s->bf16, s->seed);
     free(t);
-    return 0;
+    return rc;
+}
+
+/* An MTP head (TandemMTP) for a target of shape s; layers_claim is written as
+ * target_num_hidden_layers (pass s->layers, or another value to make a head
+ * "trained for another target"). */
+static int tm_write_mtp(const char *dir, const tm_shape *s, int layers_claim, uint64_t seed) {
+    mkdir(dir, 0755);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "{\"architectures\": [\"TandemMTP\"], \"target_hidden_size\": %d, \"target_num_hidden_layers\": %d, "
+               "\"target_vocab_size\": %d, \"num_mtp_layers\": 1, \"tap_layer\": %d}\n",
+            s->hidden, layers_claim, s->vocab, layers_claim);
+    fclose(f);
+    tm_t t[16];
+    int n = 0;
+    char nm[96];
+#define ADD(NM_, d0, d1, isnorm) do { snprintf(t[n].name, sizeof t[n].name, "%s", NM_); t[n].nd = ((d1) != 0) ? 2 : 1; \
+    t[n].shape[0] = d0; t[n].shape[1] = d1; t[n].norm = isnorm; n++; } while (0)
+    ADD("mtp.fc.weight", s->hidden, 2 * s->hidden, 0);
+    ADD("mtp.pre_fc_norm_embedding.weight", s->hidden, 0, 1);
+    ADD("mtp.pre_fc_norm_hidden.weight", s->hidden, 0, 1);
+    ADD("mtp.norm.weight", s->hidden, 0, 1);
+#define L(suffix, d0, d1, isnorm) do { snprintf(nm, sizeof nm, "mtp.layers.0.%s", suffix); ADD(nm, d0, d1, isnorm); } while (0)
+    L("input_layernorm.weight", s->hidden, 0, 1);
+    L("self_attn.q_proj.weight", s->heads * s->head_dim, s->hidden, 0);
+    L("self_attn.k_proj.weight", s->kv_heads * s->head_dim, s->hidden, 0);
+    L("self_attn.v_proj.weight", s->kv_heads * s->head_dim, s->hidden, 0);
+    L("self_attn.o_proj.weight", s->hidden, s->heads * s->head_dim, 0);
+    L("self_attn.q_norm.weight", s->head_dim, 0, 1);
+    L("self_attn.k_norm.weight", s->head_dim, 0, 1);
+    L("post_attention_layernorm.weight", s->hidden, 0, 1);
+    L("mlp.gate_proj.weight", s->ffn, s->hidden, 0);
+    L("mlp.up_proj.weight", s->ffn, s->hidden, 0);
+    L("mlp.down_proj.weight", s->hidden, s->ffn, 0);
+#undef L
+#undef ADD
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    return tm_write_tensors(path, t, n, s->bf16, seed);
 }
 #endif

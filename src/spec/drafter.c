@@ -1,5 +1,5 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR". Each kind lives in spec/drafters/. */
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR" | "mtp:DIR". Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "util/util.h"
 
@@ -13,7 +13,8 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
     if (!strcmp(spec, "ngram")) return td_drafter_ngram_open(out, NULL, target, err);
     if (!strncmp(spec, "ngram:", 6)) return td_drafter_ngram_open(out, spec + 6, target, err);
     if (!strncmp(spec, "model:", 6)) return td_drafter_model_open(out, spec + 6, target, err);
-    return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX] or model:DIR)", spec);
+    if (!strncmp(spec, "mtp:", 4)) return td_drafter_mtp_open(out, spec + 4, target, err);
+    return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR or mtp:DIR)", spec);
 }
 
 void td_drafter_free(td_drafter *d) {

@@ -69,6 +69,10 @@ struct td_spec {
     int32_t *vtok;             /* [max_rows*(max_depth+1)] verify tokens */
     int *vrows, *vn, *vslot;   /* [max_rows] */
     uint8_t *want;             /* [max_rows*(max_depth+1)] all ones */
+    const int *taps;           /* [n_taps] target layers the drafter taps (borrowed) */
+    int n_taps;
+    float *vtaps;              /* [max_rows*(max_depth+1)][n_taps][n_embd] verify taps */
+    float *ptaps;              /* [max_ctx][n_taps][n_embd] prefill taps of one row */
     int have_q;                /* the drafter returned q this round */
     int32_t *emitted;          /* [max_depth+1] */
     td_cost_curve cv;          /* verify forward seconds by tokens */
@@ -149,6 +153,8 @@ void td_spec_free(td_spec *g) {
     free(g->emitted);
     free(g->want);
     free(g->ctl);
+    free(g->vtaps);
+    free(g->ptaps);
     free(g->maxk);
     free(g);
 }
@@ -164,9 +170,11 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         return td_seterr(err, TD_EINVAL, "unknown acceptance rule %d", (int)p.accept);
     if (!drafter) p.max_depth = 0;
     td_ctx_params cp = td_ctx_get_params(ctx);
-    const int *taps;
-    if (drafter && td_drafter_taps(drafter, &taps) > 0)
-        return td_seterr(err, TD_EUNSUPPORTED, "drafter %s taps target layers, which this group does not feed yet", drafter->id);
+    const int *taps = NULL;
+    int n_taps = drafter ? td_drafter_taps(drafter, &taps) : 0;
+    for (int i = 0; i < n_taps; i++)
+        if (taps[i] < 0 || taps[i] > m->cfg.n_layer)
+            return td_seterr(err, TD_EINVAL, "drafter %s taps layer %d; the target has %d layers", drafter->id, taps[i], m->cfg.n_layer);
     int D = p.max_depth, R = cp.max_rows;
     if (cp.max_logits < R * (D + 1) || cp.max_tokens < R * (D + 1))
         return td_seterr(err, TD_EINVAL,
@@ -203,12 +211,19 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     g->vslot = malloc(sizeof(int) * (size_t)R);
     g->emitted = malloc(sizeof(int32_t) * W);
     g->ctl = malloc(sizeof(*g->ctl) * (size_t)R);
+    g->taps = taps;
+    g->n_taps = n_taps;
+    size_t tap_row = (size_t)n_taps * (size_t)m->cfg.n_embd;
+    if (n_taps) {
+        g->vtaps = malloc(sizeof(float) * (size_t)R * W * tap_row);
+        g->ptaps = malloc(sizeof(float) * (size_t)g->max_ctx * tap_row);
+    }
     g->maxk = malloc(sizeof(int) * (size_t)R);
     g->want = malloc((size_t)R * W);
     if (g->want) memset(g->want, 1, (size_t)R * W);
     if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
         !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
-        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk ||
+        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || (n_taps && (!g->vtaps || !g->ptaps)) ||
         td_sampler_open(&g->smp, g->n_vocab) != 0) {
         td_spec_free(g);
         return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
@@ -305,12 +320,23 @@ static int emit(td_spec *g, sp_row *r, int32_t t, int from_draft) {
  * token: every output token then comes out of a verify round (output position
  * 0 too), and the drafter's committed stream is prompt[0..n-1). */
 static int prefill(td_spec *g, sp_row *r, td_err *err) {
-    int chunk = td_ctx_get_params(g->ctx).max_tokens, rc;
+    td_ctx_params cp = td_ctx_get_params(g->ctx);
+    int chunk = cp.max_tokens, rc;
+    int tapping = r->drafting && g->n_taps > 0;
+    if (tapping && cp.max_logits < chunk) chunk = cp.max_logits; /* taps of every position */
+    size_t tap_row = (size_t)g->n_taps * (size_t)g->m->cfg.n_embd;
     double t0 = td_now();
     for (int done = 0; done < r->n_prompt - 1;) {
         int n = r->n_prompt - 1 - done < chunk ? r->n_prompt - 1 - done : chunk;
         td_batch b = {.n_rows = 1, .rows = &r->kv_row, .n_tokens = &n, .tokens = r->hist + done};
-        if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) return rc;
+        if (tapping) {
+            b.want = g->want;
+            b.taps = g->taps;
+            b.n_taps = g->n_taps;
+            b.skip_logits = 1;
+        }
+        if ((rc = td_ctx_forward(g->ctx, &b, tapping ? NULL : g->logits, tapping ? g->ptaps + (size_t)done * tap_row : NULL, err)) != 0)
+            return rc;
         done += n;
     }
     double dt = td_now() - t0;
@@ -319,7 +345,7 @@ static int prefill(td_spec *g, sp_row *r, td_err *err) {
     r->state = ROW_LIVE;
     if (r->gp->max_tokens == 0) { finish(g, r, TD_STOP_LENGTH); return 0; }
     if (r->drafting) {
-        if ((rc = td_draft_rows_append(&g->dr, r->hist, r->n_prompt - 1, NULL, NULL, err)) != 0) return rc;
+        if ((rc = td_draft_rows_append(&g->dr, r->hist, r->n_prompt - 1, tapping ? g->ptaps : NULL, NULL, err)) != 0) return rc;
         r->dr = g->dr.n_rows - 1;
     }
     return 0;
@@ -416,10 +442,13 @@ int td_spec_step(td_spec *g, td_err *err) {
     double t0 = td_now();
     td_batch b = {.n_rows = nb, .rows = g->vrows, .n_tokens = g->vn, .tokens = g->vtok};
     b.want = g->want; /* every position of every window */
-    if ((rc = td_ctx_forward(g->ctx, &b, g->logits, NULL, err)) != 0) return rc;
+    b.taps = g->taps;
+    b.n_taps = g->n_taps;
+    if ((rc = td_ctx_forward(g->ctx, &b, g->logits, g->n_taps ? g->vtaps : NULL, err)) != 0) return rc;
     g->total.t_verify += td_now() - t0;
     /* 3. accept, emit, commit */
     t0 = td_now();
+    size_t V_embd = (size_t)g->m->cfg.n_embd;
     int off = 0, live = 0;
     for (int v = 0; v < nb; v++) {
         sp_row *r = &g->rows[g->vslot[v]];
@@ -456,7 +485,8 @@ int td_spec_step(td_spec *g, td_err *err) {
         live++;
         if (r->dr >= 0) {
             g->commits[r->dr] = (td_draft_commit){.old_pending = old_pending, .accepted = r->hist + n_before,
-                                                  .n_accepted = m, .new_pending = g->emitted[m], .taps = NULL};
+                                                  .n_accepted = m, .new_pending = g->emitted[m],
+                                                  .taps = g->n_taps ? g->vtaps + (size_t)(off - 1 - k) * g->n_taps * V_embd : NULL};
         }
     }
     if (g->dr.vt && g->dr.n_rows > 0) {

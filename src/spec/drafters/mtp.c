@@ -1,0 +1,389 @@
+/* mtp — a multi-token-prediction head over the target's own last hidden state
+ * (DeepSeek-V3 / Qwen3-Next style).
+ *
+ * For position p the head reads the target's residual stream after its last
+ * layer, h_p (a tap, before the final norm), and the embedding of the next
+ * token x_{p+1}:
+ *     u = fc([ norm_emb(E[x_{p+1}]) ; norm_hid(h_p) ])        (Qwen3-Next order)
+ *     y = one Qwen3 decoder layer over u (its own KV, RoPE at position p)
+ *     logits = lm_head(norm_out(y))                            (target's head)
+ * and predicts x_{p+2}. Deeper drafts recurse on (y, drafted token).
+ * The layer runs through the ordinary forward (td_ctx) of a one-layer model
+ * view that borrows the target's embeddings and LM head, fed input vectors.
+ *
+ * Row state: the committed stream S and the target's true h for every
+ * committed position. The head's KV is valid for positions built from true
+ * h; drafting first builds the backlog (positions kv_len..|S|-1, the last one
+ * pairing h_{|S|-1} with the pending token), then recurses; commit stores the
+ * accepted window's taps and trims the recursive entries away.
+ *
+ * Files: config.json ("architectures": ["TandemMTP"], target_* fields checked
+ * against the target) and model.safetensors with Qwen3-Next-style names
+ * (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*,
+ * mtp.norm). */
+#define _POSIX_C_SOURCE 200809L
+#include "spec/draft.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "nn/kernels.h"
+#include "util/util.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MTP_CHUNK 64
+
+typedef struct {
+    const td_model *target;   /* borrowed */
+    td_st_file *file;         /* owned mapping */
+    td_model head;            /* one-layer view; layers owned, rest borrowed */
+    td_tensor fc;             /* [D][2D] */
+    td_tensor norm_emb, norm_hid; /* [D] */
+    int tap;                  /* target layer tapped (= n_layer) */
+} mtp_provider;
+
+typedef struct {
+    int32_t *stream;          /* [cap] committed tokens */
+    float *h;                 /* [cap][D] true target taps by position */
+    int len, kv_len, cap;
+    int kv_row;
+} mtp_row;
+
+typedef struct {
+    const mtp_provider *p;
+    td_ctx *ctx;              /* owned: the head's KV */
+    td_sampler *smp;          /* owned */
+    mtp_row *rows;            /* [max_rows] */
+    int n_rows, max_rows, max_ctx, max_depth, D, V, max_tokens;
+    float *u;                 /* [max_tokens][D] head inputs */
+    float *cat;               /* [2D] scratch */
+    float *emb;               /* [D] scratch */
+    float *logits;            /* [max_rows][V] */
+    float *y;                 /* [max_rows][D] head outputs (tap) */
+    int *brow, *bn, *bidx;    /* [max_rows] */
+} mtp_group;
+
+/* u = fc([norm_emb(E[x]); norm_hid(h)]) for one position. */
+static void head_input(mtp_group *g, int32_t x, const float *h, float *u) {
+    const mtp_provider *p = g->p;
+    const td_tensor *E = &p->target->w.tok_embd;
+    size_t esz = E->dtype == TD_DTYPE_F32 ? 4 : 2;
+    int D = g->D;
+    td_to_f32(g->emb, (const char *)E->data + (size_t)x * D * esz, E->dtype, (size_t)D);
+    td_rmsnorm(g->cat, g->emb, p->norm_emb.data, p->norm_emb.dtype, D, p->head.cfg.rms_eps);
+    td_rmsnorm(g->cat + D, h, p->norm_hid.data, p->norm_hid.dtype, D, p->head.cfg.rms_eps);
+    td_matmul(u, D, g->cat, 2 * D, 1, p->fc.data, p->fc.dtype, 2 * D, 0, D, 0);
+}
+
+static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
+                      const td_draft_checkpoint *ck, td_err *err) {
+    mtp_group *g = gv;
+    if (ck) return td_seterr(err, TD_EUNSUPPORTED, "mtp: rows cannot be restored from checkpoints yet");
+    if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "mtp: row group is full (%d rows)", g->max_rows);
+    if (n > 0 && !taps) return td_seterr(err, TD_EINVAL, "mtp: a row needs the target's taps of its prompt");
+    if (n < 0 || n > g->max_ctx) return td_seterr(err, TD_ERANGE, "mtp: stream of %d tokens exceeds the context %d", n, g->max_ctx);
+    mtp_row *r = &g->rows[g->n_rows];
+    memset(r, 0, sizeof *r);
+    r->cap = g->max_ctx + g->max_depth + 2;
+    r->stream = malloc(sizeof(int32_t) * (size_t)r->cap);
+    r->h = malloc(sizeof(float) * (size_t)r->cap * (size_t)g->D);
+    if (!r->stream || !r->h || td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
+        free(r->stream); free(r->h);
+        return td_seterr(err, TD_ENOMEM, "mtp: no memory or KV row for a new row");
+    }
+    if (n) {
+        memcpy(r->stream, tokens, sizeof(int32_t) * (size_t)n);
+        memcpy(r->h, taps, sizeof(float) * (size_t)n * g->D);
+    }
+    r->len = n;
+    g->n_rows++;
+    return 0;
+}
+
+static int feed(mtp_group *g, int nb, td_err *err) {
+    for (int i = 0; i < nb; i++) g->brow[i] = g->rows[g->bidx[i]].kv_row;
+    int tap = 1;
+    td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .embd = g->u, .taps = &tap, .n_taps = 1};
+    return td_ctx_forward(g->ctx, &b, g->logits, g->y, err);
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
+    mtp_group *g = gv;
+    int D = g->D, rc;
+    if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "mtp: draft for %d rows, group has %d", q->n_rows, g->n_rows);
+    q->has_probs = q->probs != NULL;
+    int maxk = 0;
+    for (int i = 0; i < q->n_rows; i++) {
+        q->n_tokens[i] = 0;
+        if (q->depth[i] > maxk) maxk = q->depth[i];
+    }
+    if (!maxk) return 0;
+    /* 1. backlog: positions kv_len..len-2, whose next token is committed, in chunks */
+    for (;;) {
+        int nb = 0, nt = 0, last_round = 1;
+        for (int i = 0; i < q->n_rows; i++) {
+            mtp_row *r = &g->rows[i];
+            int back = r->len - 1 - r->kv_len;
+            if (q->depth[i] <= 0 || back <= 0) continue;
+            if (back > MTP_CHUNK) { back = MTP_CHUNK; last_round = 0; }
+            if (nt + back > g->max_tokens) { last_round = 0; break; }
+            for (int k = 0; k < back; k++) {
+                int pos = r->kv_len + k;
+                head_input(g, r->stream[pos + 1], r->h + (size_t)pos * D, g->u + (size_t)(nt + k) * D);
+            }
+            g->bidx[nb] = i; g->bn[nb] = back; nb++; nt += back;
+        }
+        if (!nb) break;
+        if ((rc = feed(g, nb, err)) != 0) return rc;
+        for (int b = 0; b < nb; b++) g->rows[g->bidx[b]].kv_len += g->bn[b];
+        if (last_round) break;
+    }
+    /* 2. position len-1 pairs h_{len-1} with the pending token: its output is
+     * d1; deeper drafts recurse on (y, d_j). A row with no committed token yet
+     * (a one-token prompt) has no hidden state to start from: it proposes
+     * nothing this round. */
+    for (int j = 0; j < maxk; j++) {
+        int nb = 0;
+        for (int i = 0; i < q->n_rows; i++) {
+            mtp_row *r = &g->rows[i];
+            if (q->depth[i] <= j || r->len == 0) continue;
+            float *u = g->u + (size_t)nb * D;
+            if (j == 0)
+                head_input(g, q->pending[i], r->h + (size_t)(r->len - 1) * D, u);
+            else
+                head_input(g, q->tokens[(size_t)i * q->max_depth + j - 1], g->y + (size_t)i * D, u);
+            g->bidx[nb] = i; g->bn[nb] = 1; nb++;
+        }
+        if (!nb) break;
+        if ((rc = feed(g, nb, err)) != 0) return rc;
+        for (int b = nb - 1; b >= 0; b--) {
+            int i = g->bidx[b];
+            mtp_row *r = &g->rows[i];
+            r->kv_len++;
+            const float *lg = g->logits + (size_t)b * g->V;
+            memmove(g->y + (size_t)i * D, g->y + (size_t)b * D, sizeof(float) * (size_t)D);
+            int32_t d;
+            if (q->probs) {
+                td_sampling sp = *q->sampling[i];
+                sp.seed ^= 0x6a09e667f3bcc908ull; /* the head's own draw stream */
+                float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->V;
+                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
+                if (d < 0) return td_seterr(err, d, "mtp: sampling failed");
+            } else {
+                d = argmax(lg, g->V);
+            }
+            q->tokens[(size_t)i * q->max_depth + j] = d;
+            q->n_tokens[i] = j + 1;
+        }
+    }
+    return 0;
+}
+
+static int mtp_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
+    mtp_group *g = gv;
+    int D = g->D;
+    for (int i = 0; i < n_rows; i++) {
+        mtp_row *r = &g->rows[i];
+        int n = r->len, m = cm[i].n_accepted;
+        if (n + 1 + m > r->cap) return td_seterr(err, TD_EFULL, "mtp: row %d stream is full", i);
+        r->stream[n] = cm[i].old_pending;
+        if (m > 0) memcpy(r->stream + n + 1, cm[i].accepted, sizeof(int32_t) * (size_t)m);
+        if (cm[i].taps) memcpy(r->h + (size_t)n * D, cm[i].taps, sizeof(float) * (size_t)(m + 1) * D);
+        else memset(r->h + (size_t)n * D, 0, sizeof(float) * (size_t)(m + 1) * D);
+        r->len = n + 1 + m;
+        /* only positions built from true taps stay: 0..n-1 */
+        int keep = r->kv_len < n ? r->kv_len : n;
+        if (keep < r->kv_len) { td_ctx_row_trim(g->ctx, r->kv_row, keep); r->kv_len = keep; }
+    }
+    return 0;
+}
+
+static void mtp_filter(void *gv, const int *keep, int n_keep) {
+    mtp_group *g = gv;
+    int k = 0;
+    for (int i = 0; i < g->n_rows; i++) {
+        if (k < n_keep && keep[k] == i) { g->rows[k++] = g->rows[i]; continue; }
+        td_ctx_row_remove(g->ctx, g->rows[i].kv_row);
+        free(g->rows[i].stream);
+        free(g->rows[i].h);
+    }
+    g->n_rows = n_keep;
+}
+
+static void mtp_free_group(void *gv) {
+    mtp_group *g = gv;
+    if (!g) return;
+    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].h); }
+    td_ctx_free(g->ctx);
+    td_sampler_free(g->smp);
+    free(g->rows); free(g->u); free(g->cat); free(g->emb); free(g->logits); free(g->y);
+    free(g->brow); free(g->bn); free(g->bidx);
+    free(g);
+}
+
+static const td_draft_rows_vt mtp_rows_vt = {
+    .append = mtp_append, .draft = mtp_draft, .commit = mtp_commit,
+    .filter = mtp_filter, .capture = NULL, .free = mtp_free_group,
+};
+
+static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err) {
+    mtp_provider *p = self;
+    mtp_group *g = calloc(1, sizeof *g);
+    if (!g) return td_seterr(err, TD_ENOMEM, "out of memory");
+    g->p = p;
+    g->max_rows = max_rows;
+    g->max_ctx = max_ctx;
+    g->max_depth = max_depth;
+    g->D = p->head.cfg.n_embd;
+    g->V = p->head.cfg.n_vocab;
+    g->max_tokens = max_rows * (MTP_CHUNK + 2);
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = max_rows;
+    cp.max_ctx = max_ctx + max_depth + 2;
+    cp.max_tokens = g->max_tokens;
+    cp.max_logits = g->max_tokens; /* the backlog feed asks for its last positions only */
+    int rc = td_ctx_open(&g->ctx, &p->head, &cp, err);
+    if (rc) { free(g); return rc; }
+    g->rows = calloc((size_t)max_rows, sizeof *g->rows);
+    g->u = malloc(sizeof(float) * (size_t)g->max_tokens * g->D);
+    g->cat = malloc(sizeof(float) * 2 * (size_t)g->D);
+    g->emb = malloc(sizeof(float) * (size_t)g->D);
+    g->logits = malloc(sizeof(float) * (size_t)max_rows * g->V);
+    g->y = malloc(sizeof(float) * (size_t)max_rows * g->D);
+    g->brow = malloc(sizeof(int) * (size_t)max_rows);
+    g->bn = malloc(sizeof(int) * (size_t)max_rows);
+    g->bidx = malloc(sizeof(int) * (size_t)max_rows);
+    if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->y || !g->brow || !g->bn || !g->bidx ||
+        td_sampler_open(&g->smp, g->V) != 0) {
+        mtp_free_group(g);
+        return td_seterr(err, TD_ENOMEM, "out of memory");
+    }
+    *out = (td_draft_rows){&mtp_rows_vt, g, 0};
+    return 0;
+}
+
+static int mtp_tap_layers(void *self, const int **layers) {
+    mtp_provider *p = self;
+    *layers = &p->tap;
+    return 1;
+}
+
+static void mtp_free(void *self) {
+    mtp_provider *p = self;
+    if (!p) return;
+    free(p->head.w.layers);
+    td_st_free(p->file);
+    free(p);
+}
+
+static const td_drafter_vt mtp_vt = {.open_rows = mtp_open_rows, .tap_layers = mtp_tap_layers, .free = mtp_free};
+
+/* Bind one tensor of the head file with an exact shape check. */
+static int bind(mtp_provider *p, td_tensor *t, const char *name, int64_t d0, int64_t d1, const char *path, td_err *err) {
+    const td_st_tensor *st = td_st_find(p->file, name);
+    if (!st) return td_seterr(err, TD_EFORMAT, "%s: tensor %s is missing", path, name);
+    if (st->dtype < 0) return td_seterr(err, TD_EUNSUPPORTED, "%s: tensor %s has dtype %s, which tandem cannot compute with", path, name, st->dtype_name);
+    int nd = d1 ? 2 : 1;
+    if (st->n_dims != nd || st->shape[0] != d0 || (nd == 2 && st->shape[1] != d1)) {
+        if (nd == 2)
+            return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld, %lld] (the head must be trained for this target)",
+                             path, name, (long long)d0, (long long)d1);
+        return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld] (the head must be trained for this target)",
+                         path, name, (long long)d0);
+    }
+    t->data = st->data;
+    t->dtype = st->dtype;
+    t->n_dims = nd;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    return 0;
+}
+
+static int cfg_int(const cJSON *j, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble) return 0;
+    *out = (int)v->valuedouble;
+    return 1;
+}
+
+int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *target, td_err *err) {
+    *out = NULL;
+    if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "mtp: give a directory, as mtp:DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *txt = NULL;
+    int rc = td_read_file(path, &txt, NULL, err);
+    if (rc) return rc;
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    if (!cJSON_IsObject(j)) { cJSON_Delete(j); return td_seterr(err, TD_EFORMAT, "%s: not a JSON object", path); }
+    const td_config *tc = &target->cfg;
+    int th = 0, tl = 0, tv = 0, nl = 0, tap = 0;
+    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
+    if (!cJSON_IsString(arch) || strcmp(arch->valuestring, "TandemMTP") != 0) {
+        rc = td_seterr(err, TD_EUNSUPPORTED, "%s: architectures[0] must be \"TandemMTP\"", path);
+    } else if (!cfg_int(j, "target_hidden_size", &th) || !cfg_int(j, "target_num_hidden_layers", &tl) ||
+               !cfg_int(j, "target_vocab_size", &tv) || !cfg_int(j, "num_mtp_layers", &nl) || !cfg_int(j, "tap_layer", &tap)) {
+        rc = td_seterr(err, TD_EFORMAT, "%s: needs integer target_hidden_size, target_num_hidden_layers, target_vocab_size, num_mtp_layers, tap_layer", path);
+    } else if (th != tc->n_embd || tl != tc->n_layer || tv != tc->n_vocab) {
+        rc = td_seterr(err, TD_EINVAL, "%s: this head was trained for a target with hidden size %d, %d layers, vocabulary %d; "
+                       "the target has %d, %d, %d", path, th, tl, tv, tc->n_embd, tc->n_layer, tc->n_vocab);
+    } else if (nl != 1) {
+        rc = td_seterr(err, TD_EUNSUPPORTED, "%s: num_mtp_layers %d (tandem supports 1)", path, nl);
+    } else if (tap != tc->n_layer) {
+        rc = td_seterr(err, TD_EUNSUPPORTED, "%s: tap_layer %d (the head reads the last layer, %d)", path, tap, tc->n_layer);
+    }
+    cJSON_Delete(j);
+    if (rc) return rc;
+    mtp_provider *p = calloc(1, sizeof *p);
+    td_drafter *d = calloc(1, sizeof *d);
+    if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
+    p->target = target;
+    p->tap = tc->n_layer;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
+    /* the one-layer view: the target's config with one layer; its head and embeddings */
+    td_model *h = &p->head;
+    h->cfg = *tc;
+    h->cfg.n_layer = 1;
+    h->cfg.qk_norm = 1;
+    h->cfg.attn_bias = 0;
+    h->w.tok_embd = target->w.tok_embd;
+    h->w.lm_head = target->w.lm_head;
+    h->w.layers = calloc(1, sizeof(td_layer_w));
+    int D = tc->n_embd, Q = tc->n_head * tc->head_dim, KV = tc->n_kv_head * tc->head_dim, F = tc->n_ff, hd = tc->head_dim;
+    td_layer_w *L = h->w.layers;
+    if (!L) rc = td_seterr(err, TD_ENOMEM, "out of memory");
+    if (!rc) rc = bind(p, &p->fc, "mtp.fc.weight", D, 2 * D, path, err);
+    if (!rc) rc = bind(p, &p->norm_emb, "mtp.pre_fc_norm_embedding.weight", D, 0, path, err);
+    if (!rc) rc = bind(p, &p->norm_hid, "mtp.pre_fc_norm_hidden.weight", D, 0, path, err);
+    if (!rc) rc = bind(p, &h->w.out_norm, "mtp.norm.weight", D, 0, path, err);
+    if (!rc) rc = bind(p, &L->attn_norm, "mtp.layers.0.input_layernorm.weight", D, 0, path, err);
+    if (!rc) rc = bind(p, &L->wq, "mtp.layers.0.self_attn.q_proj.weight", Q, D, path, err);
+    if (!rc) rc = bind(p, &L->wk, "mtp.layers.0.self_attn.k_proj.weight", KV, D, path, err);
+    if (!rc) rc = bind(p, &L->wv, "mtp.layers.0.self_attn.v_proj.weight", KV, D, path, err);
+    if (!rc) rc = bind(p, &L->wo, "mtp.layers.0.self_attn.o_proj.weight", D, Q, path, err);
+    if (!rc) rc = bind(p, &L->q_norm, "mtp.layers.0.self_attn.q_norm.weight", hd, 0, path, err);
+    if (!rc) rc = bind(p, &L->k_norm, "mtp.layers.0.self_attn.k_norm.weight", hd, 0, path, err);
+    if (!rc) rc = bind(p, &L->ffn_norm, "mtp.layers.0.post_attention_layernorm.weight", D, 0, path, err);
+    if (!rc) rc = bind(p, &L->w_gate, "mtp.layers.0.mlp.gate_proj.weight", F, D, path, err);
+    if (!rc) rc = bind(p, &L->w_up, "mtp.layers.0.mlp.up_proj.weight", F, D, path, err);
+    if (!rc) rc = bind(p, &L->w_down, "mtp.layers.0.mlp.down_proj.weight", D, F, path, err);
+    if (rc) { mtp_free(p); free(d); return rc; }
+    d->vt = &mtp_vt;
+    d->self = p;
+    d->target = target;
+    d->weight_bytes = p->file->map_len;
+    snprintf(d->id, sizeof d->id, "mtp:%s", dir);
+    snprintf(d->ns, sizeof d->ns, "mtp-v1");
+    *out = d;
+    return 0;
+}
