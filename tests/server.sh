@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# `tandem serve` end to end: starts the server on a free loopback port with the
+# bundled model (--draft ngram, so it does not depend on a draft model), waits
+# for /health, then: curl checks of every endpoint and of every bad input
+# (status + message), the node client checks in tests/server/client.mjs (the
+# official openai package, exactness against `tandem run`, disconnects, load),
+# admission (503 + Retry-After when the queue is full), and graceful shutdown
+# on SIGTERM/SIGINT (exit 0, in-flight request finished). Prints PASS/FAIL lines.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+T=$BUILD/tandem
+CTX=512
+ok() { echo "PASS $1"; }
+bad() { echo "FAIL $1: $2"; }
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+[ -x "$T" ] || { bad server_build "$T missing"; exit 1; }
+$T serve --help | grep -q 'usage: tandem serve' && ok server_help || bad server_help "no usage"
+out=$($T serve --port 99999 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q -- '--port' && ok server_bad_option || bad server_bad_option "rc=$rc $out"
+
+# start a server; sets PID and URL. args: name, extra options
+start() {
+  local log=$TMP/$1.log; shift
+  $T serve --port 0 --ctx $CTX -t 1 "$@" 2>"$log" &
+  PID=$!
+  PIDS+=("$PID")
+  URL=
+  for _ in $(seq 1 200); do
+    URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$log" | head -1)
+    [ -n "$URL" ] && curl -sf "$URL/health" >/dev/null && return 0
+    kill -0 $PID 2>/dev/null || break
+    sleep 0.05
+  done
+  echo "# server log:"; cat "$log"
+  return 1
+}
+
+start main --draft ngram --max-rows 8 --queue 64 || { bad server_start "server did not come up"; exit 1; }
+ok server_start
+MAIN_PID=$PID
+U=$URL
+
+# ---- endpoints ------------------------------------------------------------------
+# req NAME METHOD PATH BODY EXPECTED_STATUS GREP_PATTERN
+req() {
+  local name=$1 method=$2 path=$3 body=$4 want=$5 pat=$6
+  local code
+  if [ "$method" = GET ]; then code=$(curl -s -o "$TMP/body" -w '%{http_code}' "$U$path")
+  else code=$(curl -s -o "$TMP/body" -w '%{http_code}' -X "$method" -H 'content-type: application/json' --data-binary "$body" "$U$path"); fi
+  if [ "$code" = "$want" ] && grep -qE -- "$pat" "$TMP/body"; then ok "$name"
+  else bad "$name" "status $code (want $want), body: $(head -c 300 "$TMP/body")"; fi
+}
+req server_health GET /health '' 200 '"status":"ok"'
+req server_models GET /v1/models '' 200 '"id":"tiny-code".*"object":"model"'
+req server_model_one GET /v1/models/tiny-code '' 200 '"id":"tiny-code"'
+req server_metrics GET /metrics '' 200 'tandem:num_requests_running 0'
+req server_completion POST /v1/completions '{"model":"tiny-code","prompt":"def add(a, b):","max_tokens":8,"temperature":0}' 200 \
+  '"object":"text_completion".*"finish_reason":"length".*"usage":\{"prompt_tokens":[0-9]+,"completion_tokens":8,"total_tokens":[0-9]+,"speculative":\{"drafter":"ngram:1-4"'
+req server_completion_ids POST /v1/completions '{"prompt":[1264,912,11],"max_tokens":4,"temperature":0}' 200 '"completion_tokens":4'
+req server_completion_echo POST /v1/completions '{"prompt":"def add(a, b):","max_tokens":2,"echo":true,"temperature":0}' 200 '"text":"def add\(a, b\):'
+req server_chat POST /v1/chat/completions '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":6,"temperature":0}' 200 \
+  '"object":"chat.completion".*"message":\{"role":"assistant","content":'
+req server_spec_false POST /v1/completions '{"prompt":"x = 1","max_tokens":4,"speculative":false}' 200 '"drafter":"none","depth":0'
+req server_seed_sampling POST /v1/completions '{"prompt":"x = 1","max_tokens":4,"temperature":0.9,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":7,"presence_penalty":0.5,"frequency_penalty":0.5,"user":"u1","n":1,"stop":["\n\n"]}' 200 '"usage"'
+code=$(curl -sN -o "$TMP/sse" -w '%{http_code}' -H 'content-type: application/json' -d '{"prompt":"def f(x):","max_tokens":6,"stream":true,"temperature":0}' "$U/v1/completions")
+if [ "$code" = 200 ] && [ "$(grep -c '^data: {' "$TMP/sse")" -ge 2 ] && tail -n 2 "$TMP/sse" | grep -q '^data: \[DONE\]' && grep -q '"finish_reason":"length"' "$TMP/sse"; then ok server_stream_curl
+else bad server_stream_curl "status $code: $(head -c 300 "$TMP/sse")"; fi
+code=$(curl -sN -o "$TMP/sse" -w '%{http_code}' -H 'content-type: application/json' -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true,"temperature":0}' "$U/v1/chat/completions")
+if [ "$code" = 200 ] && head -n 1 "$TMP/sse" | grep -q '"delta":{"role":"assistant"' && grep -q '"object":"chat.completion.chunk"' "$TMP/sse" && grep -q '^data: \[DONE\]' "$TMP/sse"; then ok server_stream_chat_curl
+else bad server_stream_chat_curl "status $code: $(head -c 300 "$TMP/sse")"; fi
+
+# ---- bad input: status, OpenAI error shape, message -------------------------------
+E='"error":\{"message":"[^"]*'
+req server_err_json POST /v1/completions '{"prompt": "x",' 400 "$E"'not valid JSON.*"type":"invalid_request_error"'
+req server_err_not_object POST /v1/completions '[1,2]' 400 "$E"'must be a JSON object'
+req server_err_type_max_tokens POST /v1/completions '{"prompt":"x","max_tokens":"ten"}' 400 "$E"'max_tokens.*"param":"max_tokens"'
+req server_err_type_prompt POST /v1/completions '{"prompt":{"a":1}}' 400 "$E"'prompt.*must be'
+req server_err_type_temperature POST /v1/completions '{"prompt":"x","temperature":"hot"}' 400 "$E"'temperature'
+req server_err_range_temperature POST /v1/completions '{"prompt":"x","temperature":7}' 400 "$E"'temperature'
+req server_err_type_stop POST /v1/completions '{"prompt":"x","stop":[1]}' 400 "$E"'stop'
+req server_err_type_messages POST /v1/chat/completions '{"messages":"hi"}' 400 "$E"'messages'
+req server_err_missing_messages POST /v1/chat/completions '{"model":"tiny-code"}' 400 "$E"'messages.*required'
+req server_err_bad_role POST /v1/chat/completions '{"messages":[{"role":"wizard","content":"x"}]}' 400 "$E"'role'
+req server_err_missing_prompt POST /v1/completions '{"max_tokens":3}' 400 "$E"'prompt.*required'
+req server_err_empty_prompt POST /v1/completions '{"prompt":""}' 400 "$E"'empty'
+req server_err_token_range POST /v1/completions '{"prompt":[1,99999999]}' 400 "$E"'token id'
+req server_err_model POST /v1/completions '{"model":"gpt-5","prompt":"x"}' 404 "$E"'gpt-5.*does not exist.*"code":"model_not_found"'
+long=$(python3 -c "print('[' + ','.join(['11']*600) + ']')")
+req server_err_prompt_too_long POST /v1/completions "{\"prompt\":$long}" 400 "$E"'longer than the context.*context_length_exceeded'
+longtext=$(python3 -c "print('word ' * 3000)")
+req server_err_prompt_too_long_text POST /v1/completions "{\"prompt\":\"$longtext\"}" 400 "$E"'longer than the context'
+req server_err_max_tokens_zero POST /v1/completions '{"prompt":"x","max_tokens":0}' 400 "$E"'max_tokens must be at least 1'
+req server_err_max_tokens_neg POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":-3}' 400 "$E"'max_tokens must be at least 1'
+req server_err_drafter POST /v1/completions '{"prompt":"x","speculative":{"drafter":"telepathy"}}' 400 "$E"'unknown drafter.*"code":"unknown_drafter"'
+req server_err_drafter_path POST /v1/completions '{"prompt":"x","speculative":{"drafter":"model:/etc"}}' 400 "$E"'unknown drafter'
+req server_err_depth POST /v1/completions '{"prompt":"x","speculative":{"drafter":"ngram","depth":99}}' 400 "$E"'depth'
+req server_err_speculative_type POST /v1/completions '{"prompt":"x","speculative":"yes"}' 400 "$E"'speculative'
+req server_err_n POST /v1/completions '{"prompt":"x","n":3}' 400 "$E"'only n = 1'
+req server_err_logprobs POST /v1/completions '{"prompt":"x","logprobs":2}' 400 "$E"'logprobs are not supported'
+req server_err_top_logprobs POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3}' 400 "$E"'not supported'
+req server_err_user_type POST /v1/completions '{"prompt":"x","user":5}' 400 "$E"'user'
+req server_err_not_found GET /v2/nothing '' 404 "$E"'no endpoint'
+req server_err_method GET /v1/completions '' 405 "$E"'use POST'
+head -c $((2 * 1024 * 1024)) /dev/zero | tr '\0' ' ' > "$TMP/big"
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H 'content-type: application/json' --data-binary @"$TMP/big" "$U/v1/completions")
+[ "$code" = 413 ] && grep -q 'larger than the limit' "$TMP/body" && ok server_err_413 || bad server_err_413 "status $code $(head -c 200 "$TMP/body")"
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H 'content-type: application/json' -H 'Transfer-Encoding: chunked' --data-binary @"$TMP/big" "$U/v1/completions")
+[ "$code" = 413 ] && grep -q 'larger than the limit' "$TMP/body" && ok server_err_413_chunked || bad server_err_413_chunked "status $code $(head -c 200 "$TMP/body")"
+# garbage bytes do not crash it
+head -c 4096 /dev/urandom > "$TMP/rand"
+code=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @"$TMP/rand" "$U/v1/chat/completions")
+[ "$code" = 400 ] && curl -sf "$U/health" >/dev/null && ok server_err_garbage || bad server_err_garbage "status $code"
+
+# ---- the node client checks -----------------------------------------------------------
+if bash tests/server/install-deps.sh >"$TMP/npm.log" 2>&1; then
+  timeout 150 node tests/server/client.mjs "$U" "$T" $CTX; rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 1 ] || bad server_client "node client exited $rc"
+else
+  bad server_client_deps "cannot install the openai npm package: $(tail -3 "$TMP/npm.log")"
+fi
+curl -sf "$U/health" >/dev/null && ok server_alive_after_clients || bad server_alive_after_clients "server died"
+
+# ---- graceful shutdown: SIGTERM exits 0 ---------------------------------------------------
+kill -TERM $MAIN_PID
+wait $MAIN_PID; rc=$?
+[ $rc -eq 0 ] && grep -q 'stopped' "$TMP/main.log" && ok server_sigterm_exit0 || bad server_sigterm_exit0 "exit status $rc: $(tail -3 "$TMP/main.log")"
+
+# ---- admission: one row, no queue -> 503 + Retry-After; SIGINT lets the running request finish
+start small --draft ngram --max-rows 1 --queue 0 || { bad server_start_small "second server did not come up"; exit 1; }
+U=$URL
+curl -sN -o "$TMP/long" -H 'content-type: application/json' -d '{"prompt":"def main():","max_tokens":400,"stream":true,"temperature":0.8,"seed":1}' "$U/v1/completions" &
+CURL_PID=$!
+for _ in $(seq 1 100); do
+  curl -s "$U/metrics" | grep -q '^tandem:num_requests_running 1' && break; sleep 0.02
+done
+code=$(curl -s -D "$TMP/hdr" -o "$TMP/body" -w '%{http_code}' -H 'content-type: application/json' -d '{"prompt":"x","max_tokens":2}' "$U/v1/completions")
+[ "$code" = 503 ] && grep -qi '^retry-after:' "$TMP/hdr" && grep -q '"error"' "$TMP/body" && ok server_503_queue_full || bad server_503_queue_full "status $code $(cat "$TMP/body")"
+kill -INT $PID
+wait $PID; rc=$?
+wait $CURL_PID
+[ $rc -eq 0 ] && ok server_sigint_exit0 || bad server_sigint_exit0 "exit status $rc"
+tail -n 1 "$TMP/long" | grep -q '^data: \[DONE\]' 2>/dev/null || tail -n 2 "$TMP/long" | grep -q 'DONE' && ok server_shutdown_finishes_inflight || bad server_shutdown_finishes_inflight "stream cut: $(tail -c 200 "$TMP/long")"
+exit 0
