@@ -30,11 +30,11 @@ start() {
   PID=$!
   PIDS+=("$PID")
   URL=
-  for _ in $(seq 1 200); do
+  for _ in $(seq 1 600); do   # 60 s: sanitizer builds start slowly
     URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$log" | head -1)
     [ -n "$URL" ] && curl -sf "$URL/health" >/dev/null && return 0
     kill -0 $PID 2>/dev/null || break
-    sleep 0.05
+    sleep 0.1
   done
   echo "# server log:"; cat "$log"
   return 1
@@ -118,7 +118,8 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @"$TMP/rand" "$U/v1/
 
 # ---- the node client checks -----------------------------------------------------------
 if bash tests/server/install-deps.sh >"$TMP/npm.log" 2>&1; then
-  timeout 150 node tests/server/client.mjs "$U" "$T" $CTX; rc=$?
+  if [ "${SAN:-0}" = 1 ]; then limit=600; mode=light; else limit=150; mode=full; fi
+  timeout $limit node tests/server/client.mjs "$U" "$T" $CTX $mode; rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 1 ] || bad server_client "node client exited $rc"
 else
   bad server_client_deps "cannot install the openai npm package: $(tail -3 "$TMP/npm.log")"
@@ -129,6 +130,10 @@ curl -sf "$U/health" >/dev/null && ok server_alive_after_clients || bad server_a
 kill -TERM $MAIN_PID
 wait $MAIN_PID; rc=$?
 [ $rc -eq 0 ] && grep -q 'stopped' "$TMP/main.log" && ok server_sigterm_exit0 || bad server_sigterm_exit0 "exit status $rc: $(tail -3 "$TMP/main.log")"
+# no sanitizer or runtime reports in the server's log
+if grep -qE 'AddressSanitizer|LeakSanitizer|runtime error|UndefinedBehavior' "$TMP/main.log"; then
+  bad server_log_clean "$(grep -m3 -E 'Sanitizer|runtime error' "$TMP/main.log")"
+else ok server_log_clean; fi
 
 # ---- admission: one row, no queue -> 503 + Retry-After; SIGINT lets the running request finish
 start small --draft ngram --max-rows 1 --queue 0 || { bad server_start_small "second server did not come up"; exit 1; }

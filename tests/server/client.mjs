@@ -4,7 +4,7 @@
 // with a seed, with and without speculation, 1 and 8 concurrent clients),
 // per-request drafters and provenance, clients that disconnect mid-stream,
 // and a bounded load test. Prints one "PASS name" / "FAIL name: why" line per
-// check. usage: node client.mjs BASE_URL TANDEM_BIN CTX
+// check. usage: node client.mjs BASE_URL TANDEM_BIN CTX [light]
 import { createRequire } from 'node:module';
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -16,7 +16,8 @@ const root = path.resolve(here, '../..');
 const require = createRequire(path.join(root, '.cache/npm/'));
 const OpenAI = require('openai').default ?? require('openai');
 
-const [base, tandem, ctxArg] = process.argv.slice(2);
+const [base, tandem, ctxArg, lightArg] = process.argv.slice(2);
+const LIGHT = lightArg === 'light'; // sanitizer builds: a smaller load test
 const CTX = Number(ctxArg || 512);
 const MODEL = 'tiny-code';
 const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'unused', maxRetries: 0, timeout: 60000 });
@@ -236,7 +237,7 @@ await guard('server_disconnect_nonstream', async () => {
 
 // ---- bounded load test: 16 concurrent streaming clients x 40 requests -------------
 await guard('server_load', async () => {
-  const CLIENTS = 16, PER = 40;
+  const CLIENTS = 16, PER = LIGHT ? 8 : 40;
   let errors = 0, tokens = 0, firstErr = '';
   const t0 = Date.now();
   await Promise.all(Array.from({ length: CLIENTS }, async (_, c) => {
