@@ -106,7 +106,103 @@ done:
     t_end();
 }
 
+/* The trained target (models/tiny-code/target, bf16): transformers' float32
+ * logits at chosen positions, and 64-token greedy continuations of 20 prompts. */
+static void check_tiny_code(void) {
+    t_begin("hf_conformance_tiny_code_target");
+    td_model *m = NULL;
+    td_ctx *c = NULL;
+    cJSON *lj = NULL, *gj = NULL;
+    float *want = NULL, *got = NULL;
+    td_err err = {0};
+    char *txt = slurp("tests/fixtures/tiny-code/logits.json", NULL);
+    T_REQUIRE(txt != NULL, "missing tests/fixtures/tiny-code/logits.json");
+    lj = cJSON_Parse(txt);
+    free(txt);
+    txt = slurp("tests/fixtures/tiny-code/greedy.json", NULL);
+    T_REQUIRE(txt != NULL, "missing greedy.json");
+    gj = cJSON_Parse(txt);
+    free(txt);
+    T_REQUIRE(lj && gj, "fixture JSON");
+    T_REQUIRE(td_model_open(&m, "models/tiny-code/target", &err) == 0, "open: %s", err.msg);
+    int V = cJSON_GetObjectItem(lj, "vocab_size")->valueint;
+    size_t lbytes;
+    want = (float *)slurp("tests/fixtures/tiny-code/logits.f32", &lbytes);
+    T_REQUIRE(want != NULL, "missing logits.f32");
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_ctx = 1024;
+    cp.max_tokens = 512;
+    cp.max_logits = 512;
+    T_REQUIRE(td_ctx_open(&c, m, &cp, &err) == 0, "ctx: %s", err.msg);
+    got = malloc(sizeof(float) * 512 * (size_t)V);
+    double worst = 0;
+    int row = 0, np = 0;
+    cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(lj, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(p, "token_ids"), *pos = cJSON_GetObjectItem(p, "positions");
+        int n = cJSON_GetArraySize(ids);
+        T_REQUIRE(n <= 512, "prompt too long for the test context");
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+        uint8_t *wm = calloc((size_t)n, 1);
+        for (int i = 0; i < n; i++) toks[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        cJSON *q;
+        cJSON_ArrayForEach(q, pos) wm[q->valueint] = 1;
+        int r;
+        td_ctx_row_add(c, &r);
+        td_batch b = {.n_rows = 1, .rows = &r, .n_tokens = &n, .tokens = toks, .want = wm};
+        int rc = td_ctx_forward(c, &b, got, NULL, &err);
+        td_ctx_row_remove(c, r);
+        free(toks);
+        free(wm);
+        T_REQUIRE(rc == 0, "forward: %s", err.msg);
+        int k = 0;
+        cJSON_ArrayForEach(q, pos) {
+            T_REQUIRE((size_t)(row + 1) * V * sizeof(float) <= lbytes, "logits file too short");
+            const float *w = want + (size_t)row * V, *g = got + (size_t)k * V;
+            double mx = 0, md = 0;
+            for (int v = 0; v < V; v++) {
+                if (fabs(w[v]) > mx) mx = fabs(w[v]);
+                if (fabs(w[v] - g[v]) > md) md = fabs(w[v] - g[v]);
+            }
+            if (md / mx > worst) worst = md / mx;
+            row++;
+            k++;
+        }
+        np++;
+    }
+    int same = 0, total = 0;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(gj, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids"), *outs = cJSON_GetObjectItem(p, "output_ids");
+        int n = cJSON_GetArraySize(ids), no = cJSON_GetArraySize(outs);
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n), out[128];
+        for (int i = 0; i < n; i++) toks[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = no, .ignore_eos = 1};
+        td_gen_stats st;
+        int rc = td_generate(c, m, toks, n, &gp, NULL, NULL, out, 128, &st, &err);
+        free(toks);
+        T_REQUIRE(rc == 0, "generate: %s", err.msg);
+        int ok = st.n_gen == no;
+        for (int i = 0; ok && i < no; i++) ok = out[i] == cJSON_GetArrayItem(outs, i)->valueint;
+        if (!ok) printf("  greedy prompt %s differs\n", cJSON_GetObjectItem(p, "id")->valuestring);
+        same += ok;
+        total++;
+    }
+    printf("  tiny-code target: %d logit rows of %d prompts, worst relative error %.2e; greedy %d/%d identical\n",
+           row, np, worst, same, total);
+    T_CHECK(row >= 32 && worst <= 1e-4, "relative logit error %.2e > 1e-4", worst);
+    T_CHECK(total == 20 && same == total, "greedy continuations: %d of %d identical", same, total);
+done:
+    free(want);
+    free(got);
+    cJSON_Delete(lj);
+    cJSON_Delete(gj);
+    td_ctx_free(c);
+    td_model_free(m);
+    t_end();
+}
+
 int main(void) {
+    check_tiny_code();
     check_fixture("qwen3-rand");
     check_fixture("qwen3-rand-bf16");
     check_fixture("qwen3-rand-f16");
