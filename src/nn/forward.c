@@ -228,8 +228,7 @@ static void mm_run(void *arg, int ith, int nth) {
     int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
     int n0 = b0 * 8, n1 = b1 * 8 < j->N ? b1 * 8 : j->N;
     if (n0 >= n1) return;
-    td_matmul_rows(j->y, j->ldy, j->x, j->M, j->w->data, j->w->dtype, j->K, n0, n1,
-                   j->c->wbuf + (size_t)ith * j->c->wbuf_stride);
+    td_matmul(j->y, j->ldy, j->x, j->K, j->M, j->w->data, j->w->dtype, j->K, n0, n1, 0);
 }
 
 /* y[M][N] = x[M][K] W^T */
@@ -302,21 +301,8 @@ static void attn_run(void *arg, int ith, int nth) {
         const float *q = c->q + (size_t)t * c->q_dim + h * hd;
         const float *kb = c->k_cache + (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
         const float *vb = c->v_cache + (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
-        float mx = -INFINITY;
-        for (int s = 0; s <= pos; s++) {
-            sc[s] = td_dot(q, kb + (size_t)s * c->kv_dim, hd) * scale;
-            if (sc[s] > mx) mx = sc[s];
-        }
-        float sum = 0.0f;
-        for (int s = 0; s <= pos; s++) { sc[s] = expf(sc[s] - mx); sum += sc[s]; }
-        float inv = 1.0f / sum;
-        float *o = c->att + (size_t)t * c->q_dim + h * hd;
-        for (int d = 0; d < hd; d++) o[d] = 0.0f;
-        for (int s = 0; s <= pos; s++) {
-            float pr = sc[s] * inv;
-            const float *vv = vb + (size_t)s * c->kv_dim;
-            for (int d = 0; d < hd; d++) o[d] = fmaf(pr, vv[d], o[d]);
-        }
+        int nk = pos + 1;
+        td_attend(c->att + (size_t)t * c->q_dim + h * hd, hd, q, hd, 1, &nk, kb, vb, c->kv_dim, hd, scale, sc);
     }
 }
 

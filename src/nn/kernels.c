@@ -1,141 +1,484 @@
-/* kernels — see kernels.h for the invariance rule. The AVX2+FMA path and the
- * portable path implement the same summation order; within one binary only one
- * is compiled, so results never depend on the data's shape or the batch. */
+/* kernels — see kernels.h for the invariance rule and the D16 dot order.
+ *
+ * Two paths, the same bits: AVX-512 (16 lanes = one zmm register) and portable C
+ * (16 lanes emulated with fmaf). Every path-specific function below has a
+ * portable twin that performs the same IEEE operations in the same order;
+ * tests/test_kernels.c checks them against each other with memcmp. */
+#define _GNU_SOURCE
 #include "kernels.h"
 #include "tandem.h"
 #include "util/util.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
-#define TD_HAVE_AVX2 1
+#define TD_HAVE_AVX512 1
 #endif
 
-#ifdef TD_HAVE_AVX2
-static inline float hsum8(__m256 v) {
-    /* fixed fold: (lo128 + hi128), then pairwise within 128 */
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    __m128 sh = _mm_movehl_ps(s, s);
-    s = _mm_add_ps(s, sh);
-    sh = _mm_shuffle_ps(s, s, 1);
-    s = _mm_add_ss(s, sh);
-    return _mm_cvtss_f32(s);
+#define AI static inline __attribute__((always_inline))
+
+/* ---- path selection ------------------------------------------------------ */
+
+static _Atomic int g_path = -1;
+
+static int resolve_path(void) {
+    int p = atomic_load_explicit(&g_path, memory_order_relaxed);
+    if (p >= 0) return p;
+#ifdef TD_HAVE_AVX512
+    p = TD_KPATH_AVX512;
+#else
+    p = TD_KPATH_PORTABLE;
+#endif
+    const char *e = getenv("TD_KERNELS");
+    if (e && !strcmp(e, "portable")) p = TD_KPATH_PORTABLE;
+    atomic_store_explicit(&g_path, p, memory_order_relaxed);
+    return p;
 }
-static inline __m256 load_bf16x8(const uint16_t *p) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+
+int td_kernels_set_path(int path) {
+#ifndef TD_HAVE_AVX512
+    path = TD_KPATH_PORTABLE;
+#endif
+    if (path != TD_KPATH_AVX512) path = TD_KPATH_PORTABLE;
+    atomic_store(&g_path, path);
+    return path;
 }
-static inline __m256 load_f16x8(const uint16_t *p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+int td_kernels_path(void) { return resolve_path(); }
+const char *td_kernels_path_name(void) { return resolve_path() == TD_KPATH_AVX512 ? "avx512" : "portable"; }
+
+/* ---- portable path: the reference implementation of every order ---------- */
+
+AI float wval(const void *w, size_t i, int dt) {
+    return dt == TD_DTYPE_F32    ? ((const float *)w)[i]
+           : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
+                                 : td_f16_to_f32(((const uint16_t *)w)[i]);
 }
-#define DOT_BODY(LOADW)                                                        \
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                \
-    int k = 0;                                                                 \
-    for (; k + 32 <= n; k += 32) {                                             \
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), LOADW(k), a0);            \
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), LOADW(k + 8), a1);    \
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 16), LOADW(k + 16), a2);  \
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), LOADW(k + 24), a3);  \
-    }                                                                          \
-    for (; k + 8 <= n; k += 8)                                                 \
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), LOADW(k), a0);            \
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+
+static float fold16_p(const float *v) {
+    float s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+/* D16 dot of a (f32) with w (dtype dt). */
+static float dot_p(const float *a, const void *w, int dt, int n) {
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int l = 0; l < 16; l++) acc[l] = fmaf(a[k + l], wval(w, (size_t)k + l, dt), acc[l]);
+    if (k < n)
+        for (int l = 0; l < 16; l++) {
+            float x = k + l < n ? a[k + l] : 0.0f, y = k + l < n ? wval(w, (size_t)k + l, dt) : 0.0f;
+            acc[l] = fmaf(x, y, acc[l]);
+        }
+    return fold16_p(acc);
+}
+
+/* D16 sum (adds instead of fmas, zero-padded tail). */
+static float sum_p(const float *a, int n) {
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int l = 0; l < 16; l++) acc[l] = acc[l] + a[k + l];
+    if (k < n)
+        for (int l = 0; l < 16; l++) acc[l] = acc[l] + (k + l < n ? a[k + l] : 0.0f);
+    return fold16_p(acc);
+}
+
+#define EXP_LO -104.0f
+#define EXP_HI 89.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+static float exp_p(float x) {
+    x = x > EXP_LO ? x : EXP_LO;
+    x = x < EXP_HI ? x : EXP_HI;
+    float t = x * EXP_LOG2E;
+    float n = rintf(t);
+    float r = fmaf(-n, EXP_C1, x);
+    r = fmaf(-n, EXP_C2, r);
+    float p = EXP_P0;
+    p = fmaf(p, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float z = r * r;
+    p = fmaf(p, z, r);
+    p = p + 1.0f;
+    return ldexpf(p, (int)n);
+}
+
+static void matmul_p(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
+                     int K, int n0, int n1, int add) {
+    size_t esz = dt == TD_DTYPE_F32 ? 4 : 2;
+    for (int m = 0; m < M; m++)
+        for (int n = n0; n < n1; n++) {
+            float s = dot_p(x + (size_t)m * ldx, (const char *)W + (size_t)n * K * esz, dt, K);
+            float *yp = y + (size_t)m * ldy + n;
+            *yp = add ? *yp + s : s;
+        }
+}
+
+static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
+                     const float *K, const float *V, int ldkv, int hd, float scale, float *sc) {
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * ldq;
+        int n = n_keys[i];
+        float *oi = o + (size_t)i * ldo;
+        for (int j = 0; j < n; j++) sc[j] = dot_p(qi, K + (size_t)j * ldkv, TD_DTYPE_F32, hd) * scale;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        for (int j = 0; j < n; j++) sc[j] = exp_p(sc[j] - mx);
+        float inv = 1.0f / sum_p(sc, n);
+        for (int d = 0; d < hd; d++) oi[d] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            float pr = sc[j] * inv;
+            const float *vj = V + (size_t)j * ldkv;
+            for (int d = 0; d < hd; d++) oi[d] = fmaf(pr, vj[d], oi[d]);
+        }
+    }
+}
+
+/* ---- AVX-512 path -------------------------------------------------------- */
+#ifdef TD_HAVE_AVX512
+
+AI float fold16(__m512 v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 a = _mm256_add_ps(lo, hi);                                          /* s8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* s4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                            /* s2 in lanes 0,1 */
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                             /* s2[0] + s2[1] */
+    return _mm_cvtss_f32(d);
+}
+
+AI __mmask16 tailmask(int r) { return (__mmask16)((1u << r) - 1u); }
+
+/* 16 weights from element k of row w (bytes), exact f32. */
+AI __m512 ldw(const char *w, int k, int dt) {
+    if (dt == TD_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k))), 16));
+    if (dt == TD_DTYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k)));
+    return _mm512_loadu_ps((const float *)w + k);
+}
+AI __m512 ldwm(const char *w, int k, int dt, __mmask16 m) {
+    if (dt == TD_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + k)), 16));
+    if (dt == TD_DTYPE_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + k));
+    return _mm512_maskz_loadu_ps(m, (const float *)w + k);
+}
+
+AI float dot_v(const float *a, const char *w, int dt, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), ldw(w, k, dt), acc);
+    if (k < n) {
+        __mmask16 m = tailmask(n - k);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), ldwm(w, k, dt, m), acc);
+    }
+    return fold16(acc);
+}
+
+#ifndef PF_PANELS
+#define PF_PANELS 2
+#endif
+/* The register tile: MR tokens x NR outputs, each a D16 dot over all of K. */
+AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w,
+             size_t wrow, int K, int add) {
+    __m512 acc[4][8];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    int k = 0;
+    const size_t esz = dt == TD_DTYPE_F32 ? 4 : 2;
+    const char *pf = w + (size_t)NR * wrow * PF_PANELS; /* the panel PF_PANELS ahead */
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * esz, _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) wv[j] = ldw(w + j * wrow, k, dt);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        __mmask16 m = tailmask(K - k);
+        __m512 wv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) wv[j] = ldwm(w + j * wrow, k, dt, m);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            float s = fold16(acc[i][j]);
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = add ? *yp + s : s;
+        }
+}
+
+typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add);
+#define TILE_INST(MR, NR, DT, SUF)                                                                       \
+    static void tile_##MR##x##NR##_##SUF(float *y, int ldy, const float *x, int ldx, const char *w,      \
+                                         size_t wrow, int K, int add) {                                  \
+        tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add);                                               \
+    }
+#define TILE_SET(DT, SUF)                                                                                \
+    TILE_INST(1, 1, DT, SUF) TILE_INST(2, 1, DT, SUF) TILE_INST(3, 1, DT, SUF) TILE_INST(4, 1, DT, SUF)  \
+    TILE_INST(1, 4, DT, SUF) TILE_INST(2, 4, DT, SUF) TILE_INST(3, 4, DT, SUF) TILE_INST(4, 4, DT, SUF)  \
+    TILE_INST(1, 8, DT, SUF)
+TILE_SET(TD_DTYPE_F32, f32)
+TILE_SET(TD_DTYPE_F16, f16)
+TILE_SET(TD_DTYPE_BF16, bf16)
+
+typedef struct { tile_fn t[5][2]; tile_fn gemv8; } tile_set;
+#define TS(SUF) {{{0, 0}, {tile_1x1_##SUF, tile_1x4_##SUF}, {tile_2x1_##SUF, tile_2x4_##SUF}, \
+                  {tile_3x1_##SUF, tile_3x4_##SUF}, {tile_4x1_##SUF, tile_4x4_##SUF}}, tile_1x8_##SUF}
+static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
+
+#define MBLOCK 64 /* tokens whose activations stay in L2 while a weight panel streams */
+
+static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
+                     int K, int n0, int n1, int add) {
+    size_t wrow = (size_t)K * (dt == TD_DTYPE_F32 ? 4 : 2);
+    const char *wb = W;
+    const tile_set *ts = &TILES[dt];
+    if (M == 1) {
+        int n = n0;
+        for (; n + 8 <= n1; n += 8) ts->gemv8(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
+        for (; n + 4 <= n1; n += 4) ts->t[1][1](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
+        for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
+        return;
+    }
+    for (int mb = 0; mb < M; mb += MBLOCK) {
+        int me = mb + MBLOCK < M ? mb + MBLOCK : M;
+        int n = n0;
+        for (; n + 4 <= n1; n += 4)
+            for (int m = mb; m < me; m += 4) {
+                int mr = me - m < 4 ? me - m : 4;
+                ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
+            }
+        for (; n < n1; n++)
+            for (int m = mb; m < me; m += 4) {
+                int mr = me - m < 4 ? me - m : 4;
+                ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
+            }
+    }
+}
+
+AI __m512 exp_v(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_C1), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_C2), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    __m512 z = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(p, z, r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
+                     const float *K, const float *V, int ldkv, int hd, float scale, float *sc) {
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * ldq;
+        int n = n_keys[i];
+        float *oi = o + (size_t)i * ldo;
+        /* scores */
+        for (int j = 0; j < n; j++) sc[j] = dot_v(qi, (const char *)(K + (size_t)j * ldkv), TD_DTYPE_F32, hd) * scale;
+        /* max (exact, order-free) */
+        __m512 vm = _mm512_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(sc + j), vm);
+        float mx = _mm512_reduce_max_ps(vm);
+        for (; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        /* exp and D16 sum */
+        __m512 vmx = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+        for (j = 0; j + 16 <= n; j += 16) {
+            __m512 e = exp_v(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx));
+            _mm512_storeu_ps(sc + j, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        if (j < n) {
+            __mmask16 m = tailmask(n - j);
+            __m512 e = _mm512_maskz_mov_ps(m, exp_v(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), vmx)));
+            _mm512_mask_storeu_ps(sc + j, m, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        float inv = 1.0f / fold16(acc);
+        /* o = sum_j p_j V_j, sequential in j, 4 blocks of 16 dims at a time */
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            int rem = hd - d0;
+            int nb = rem >= 64 ? 4 : (rem + 15) / 16;
+            int last = rem - 16 * (nb - 1);
+            __mmask16 ml = last >= 16 ? (__mmask16)0xFFFF : tailmask(last);
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            const float *vb = V + d0;
+            if (nb == 4 && ml == 0xFFFF) {
+                for (j = 0; j < n; j++) {
+                    __m512 p = _mm512_set1_ps(sc[j] * inv);
+                    const float *vj = vb + (size_t)j * ldkv;
+                    a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj), a0);
+                    a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16), a1);
+                    a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 32), a2);
+                    a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 48), a3);
+                }
+                _mm512_storeu_ps(oi + d0, a0);
+                _mm512_storeu_ps(oi + d0 + 16, a1);
+                _mm512_storeu_ps(oi + d0 + 32, a2);
+                _mm512_storeu_ps(oi + d0 + 48, a3);
+            } else {
+                __m512 acc4[4] = {a0, a1, a2, a3};
+                for (j = 0; j < n; j++) {
+                    __m512 p = _mm512_set1_ps(sc[j] * inv);
+                    const float *vj = vb + (size_t)j * ldkv;
+                    for (int b = 0; b < nb; b++) {
+                        __mmask16 mk = b == nb - 1 ? ml : 0xFFFF;
+                        acc4[b] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(mk, vj + 16 * b), acc4[b]);
+                    }
+                }
+                for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(oi + d0 + 16 * b, b == nb - 1 ? ml : 0xFFFF, acc4[b]);
+            }
+        }
+    }
+}
+#endif /* TD_HAVE_AVX512 */
+
+/* ---- public entry points -------------------------------------------------- */
+
+#ifdef TD_HAVE_AVX512
+#define FAST() (resolve_path() == TD_KPATH_AVX512)
+#else
+#define FAST() 0
+#endif
 
 float td_dot(const float *a, const float *b, int n) {
-#define LW(i) _mm256_loadu_ps(b + (i))
-    DOT_BODY(LW)
-#undef LW
-    for (; k < n; k++) s = fmaf(a[k], b[k], s);
-    return s;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) return dot_v(a, (const char *)b, TD_DTYPE_F32, n);
+#endif
+    return dot_p(a, b, TD_DTYPE_F32, n);
 }
 float td_dot_bf16(const float *a, const uint16_t *w, int n) {
-#define LW(i) load_bf16x8(w + (i))
-    DOT_BODY(LW)
-#undef LW
-    for (; k < n; k++) s = fmaf(a[k], td_bf16_to_f32(w[k]), s);
-    return s;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) return dot_v(a, (const char *)w, TD_DTYPE_BF16, n);
+#endif
+    return dot_p(a, w, TD_DTYPE_BF16, n);
 }
 float td_dot_f16(const float *a, const uint16_t *w, int n) {
-#define LW(i) load_f16x8(w + (i))
-    DOT_BODY(LW)
-#undef LW
-    for (; k < n; k++) s = fmaf(a[k], td_f16_to_f32(w[k]), s);
-    return s;
-}
-#else
-/* Portable path: 4 accumulators of 8 lanes, folded as the AVX2 path does. */
-static float dot_generic(const float *a, const void *w, int dtype, int n) {
-    float acc[4][8] = {{0}};
-    int k = 0;
-#define W(i) (dtype == TD_DTYPE_F32 ? ((const float *)w)[i] : dtype == TD_DTYPE_BF16 ? \
-              td_bf16_to_f32(((const uint16_t *)w)[i]) : td_f16_to_f32(((const uint16_t *)w)[i]))
-    for (; k + 32 <= n; k += 32)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 8; l++) acc[j][l] = fmaf(a[k + 8 * j + l], W(k + 8 * j + l), acc[j][l]);
-    for (; k + 8 <= n; k += 8)
-        for (int l = 0; l < 8; l++) acc[0][l] = fmaf(a[k + l], W(k + l), acc[0][l]);
-    float v[8];
-    for (int l = 0; l < 8; l++) v[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
-    float s4[4];
-    for (int l = 0; l < 4; l++) s4[l] = v[l] + v[l + 4];
-    float s = (s4[0] + s4[2]) + (s4[1] + s4[3]);
-    for (; k < n; k++) s = fmaf(a[k], W(k), s);
-#undef W
-    return s;
-}
-float td_dot(const float *a, const float *b, int n) { return dot_generic(a, b, TD_DTYPE_F32, n); }
-float td_dot_bf16(const float *a, const uint16_t *w, int n) { return dot_generic(a, w, TD_DTYPE_BF16, n); }
-float td_dot_f16(const float *a, const uint16_t *w, int n) { return dot_generic(a, w, TD_DTYPE_F16, n); }
+#ifdef TD_HAVE_AVX512
+    if (FAST()) return dot_v(a, (const char *)w, TD_DTYPE_F16, n);
 #endif
+    return dot_p(a, w, TD_DTYPE_F16, n);
+}
 
 void td_to_f32(float *dst, const void *src, int dtype, size_t n) {
-    if (dtype == TD_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-    } else if (dtype == TD_DTYPE_BF16) {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) dst[i] = td_bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) dst[i] = td_f16_to_f32(s[i]);
+    if (dtype == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    size_t i = 0;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) {
+        const char *s = src;
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, ldw(s + i * 2, 0, dtype));
     }
+#endif
+    for (; i < n; i++) dst[i] = wval(src, i, dtype);
+}
+
+void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype,
+               int K, int n0, int n1, int add) {
+    if (M <= 0 || n0 >= n1) return;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) { matmul_v(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return; }
+#endif
+    matmul_p(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
 }
 
 void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int dtype,
                     int K, int n0, int n1, float *wbuf) {
-    size_t esz = dtype == TD_DTYPE_F32 ? 4 : 2;
-    const char *wb = W;
-    if (M == 1) { /* stream the weights once, no conversion pass */
-        for (int n = n0; n < n1; n++) {
-            const void *wr = wb + (size_t)n * K * esz;
-            y[n] = dtype == TD_DTYPE_F32    ? td_dot(x, wr, K)
-                   : dtype == TD_DTYPE_BF16 ? td_dot_bf16(x, wr, K)
-                                            : td_dot_f16(x, wr, K);
-        }
-        return;
-    }
-    for (int n = n0; n < n1; n++) {
-        const void *wr = wb + (size_t)n * K * esz;
-        const float *wf = wr;
-        if (dtype != TD_DTYPE_F32) { td_to_f32(wbuf, wr, dtype, (size_t)K); wf = wbuf; }
-        for (int m = 0; m < M; m++) y[(size_t)m * ldy + n] = td_dot(x + (size_t)m * K, wf, K);
-    }
+    (void)wbuf;
+    td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
 }
 
 void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float ss = td_dot(x, x, n);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) {
-        float wi = dtype == TD_DTYPE_F32    ? ((const float *)w)[i]
-                   : dtype == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
-                                            : td_f16_to_f32(((const uint16_t *)w)[i]);
-        out[i] = wi * (x[i] * r);
+    int i = 0;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) {
+        __m512 vr = _mm512_set1_ps(r);
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(ldw(w, i, dtype), _mm512_mul_ps(_mm512_loadu_ps(x + i), vr)));
     }
+#endif
+    for (; i < n; i++) out[i] = wval(w, (size_t)i, dtype) * (x[i] * r);
+}
+
+void td_exp(float *out, const float *x, int n) {
+    int i = 0;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) {
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, exp_v(_mm512_loadu_ps(x + i)));
+        if (i < n) {
+            __mmask16 m = tailmask(n - i);
+            _mm512_mask_storeu_ps(out + i, m, exp_v(_mm512_maskz_loadu_ps(m, x + i)));
+            return;
+        }
+    }
+#endif
+    for (; i < n; i++) out[i] = exp_p(x[i]);
 }
 
 void td_swiglu(float *out, const float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) out[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    int i = 0;
+#ifdef TD_HAVE_AVX512
+    if (FAST()) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= n; i += 16) {
+            __m512 gv = _mm512_loadu_ps(g + i);
+            __m512 e = exp_v(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(gv), _mm512_set1_epi32((int)0x80000000u))));
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+        }
+    }
+#endif
+    for (; i < n; i++) out[i] = (g[i] / (1.0f + exp_p(-g[i]))) * u[i];
+}
+
+void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
+               const float *K, const float *V, int ldkv, int hd, float scale, float *scratch) {
+#ifdef TD_HAVE_AVX512
+    if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch); return; }
+#endif
+    attend_p(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch);
 }

@@ -3,35 +3,73 @@
  * Batch invariance is the rule every kernel here keeps: an output element is a
  * reduction over one axis accumulated in ONE fixed order that depends only on
  * the length of that axis — never on how many rows (tokens) are processed in the
- * same call or on the thread count. td_dot is the single dot-product order
- * (8-lane x 4-accumulator blocks, a fixed lane fold, then a sequential tail);
- * every matrix product and attention score goes through it or a variant that
- * produces the same bits (bf16/f16 rows are converted exactly to f32 first). */
+ * same call, on how the work is tiled, or on the thread count.
+ *
+ * The dot-product order ("D16"), used by every matrix product, attention score
+ * and norm: one accumulator of 16 lanes; for k = 0, 16, 32, ... lane l does
+ * acc[l] = fma(a[k+l], b[k+l], acc[l]) (a final partial step zero-pads both
+ * operands); then the fixed fold s8[i] = acc[i] + acc[i+8], s4[i] = s8[i] +
+ * s8[i+4], s2[i] = s4[i] + s4[i+2], s = s2[0] + s2[1]. bf16/f16 weights are
+ * converted exactly to f32 before the fma (no bf16 rounding of activations).
+ *
+ * Two implementations produce the same bits: an AVX-512 path (compiled when the
+ * target has AVX-512F/BW/VL) and a portable C path that emulates the 16 lanes
+ * with fmaf. td_kernels_set_path() forces one at run time (tests check they
+ * agree bit for bit); TD_KERNELS=portable in the environment does the same. */
 #ifndef TD_KERNELS_H
 #define TD_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* sum_k a[k]*b[k] in the fixed order described above. */
+enum { TD_KPATH_PORTABLE = 0, TD_KPATH_AVX512 = 1 };
+/* Select the implementation (falls back to portable when not compiled in).
+ * Returns the path in force. Not to be called while kernels run. */
+int td_kernels_set_path(int path);
+int td_kernels_path(void);
+const char *td_kernels_path_name(void);
+
+/* sum_k a[k]*b[k] in the D16 order. */
 float td_dot(const float *a, const float *b, int n);
 /* Same bits as td_dot(a, f32(w), n) for a bf16 / f16 vector w. */
 float td_dot_bf16(const float *a, const uint16_t *w, int n);
 float td_dot_f16(const float *a, const uint16_t *w, int n);
 
-/* Convert n weights of dtype (TD_DTYPE_*) to f32. */
+/* Convert n weights of dtype (TD_DTYPE_*) to f32 (exact). */
 void td_to_f32(float *dst, const void *src, int dtype, size_t n);
 
-/* y[m][n] = sum_k x[m][k] * W[n][k] for n in [n0, n1), m in [0, M).
- * W: [N][K] of dtype, row-major. x: [M][K] (row stride K), y: [M][N] (row stride
- * ldy). wbuf: scratch of K floats. Same bits for any M. */
+/* y[m*ldy + n] = sum_k x[m*ldx + k] * W[n*K + k]   (add = 0)
+ * y[m*ldy + n] += (that sum)                       (add = 1: residual fused)
+ * for n in [n0, n1), m in [0, M). W: [N][K] of dtype, row-major. Register-tiled
+ * over tokens and outputs; every element is a D16 dot, so the bits of row m do
+ * not depend on M, on [n0, n1) or on the tiling. */
+void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype,
+               int K, int n0, int n1, int add);
+
+/* The older interface: td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
+ * wbuf is unused (may be NULL). */
 void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int dtype,
                     int K, int n0, int n1, float *wbuf);
 
-/* out = x * rsqrt(mean(x^2) + eps) * w  (w of dtype, length n); out may equal x. */
+/* out = x * rsqrt(mean(x^2) + eps) * w  (w of dtype, length n); out may equal x.
+ * The sum of squares is a D16 dot of x with itself; then out[i] = w[i] * (x[i] * r). */
 void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, float eps);
 
-/* out[i] = silu(g[i]) * u[i] */
+/* exp(x) elementwise (n values; out may equal x): a Cephes-style polynomial,
+ * within 2 ulp of expf for x in [-87, 88]; the same bits on every path. */
+void td_exp(float *out, const float *x, int n);
+
+/* out[i] = (g[i] / (1 + exp(-g[i]))) * u[i]   (exp as td_exp); out may equal g. */
 void td_swiglu(float *out, const float *g, const float *u, int n);
+
+/* Causal attention of nq queries against one KV head. Query i (hd floats at
+ * q + i*ldq) attends to keys 0 .. n_keys[i]-1 (rows of K and V, stride ldkv):
+ *   s_j = td_dot(q_i, K_j, hd) * scale;  mx = max_j s_j;  e_j = exp(s_j - mx);
+ *   sum = D16 sum of e_0..e_{n-1};  o_i[d] = sum over j in order of
+ *   fma(e_j * (1/sum), V_j[d], o_i[d]) (sequential in j from 0).
+ * So each query's output depends only on its own q, keys and n_keys — not on nq
+ * or on which queries share the call. scratch: nq * (max n_keys + 16) floats. */
+void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
+               const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
 
 #endif

@@ -1,0 +1,394 @@
+/* test_kernels — every kernel of src/nn/kernels.c against a plain scalar
+ * reference (double accumulation) on random inputs with ragged sizes, and the
+ * invariance properties the forward pass relies on:
+ *   - a matrix product's row m has the same bits whether computed with M = 1,
+ *     M = 7 (or any M), over any split of the output range, with 1 or 2 threads;
+ *   - an attention query's output has the same bits alone or among others;
+ *   - the AVX-512 path and the portable path produce the same bits (when the
+ *     AVX-512 path is compiled in).
+ * Tolerances (relative to the sum of |terms|, the scale a float sum's rounding
+ * error is proportional to): dot/matmul (n/16 + 6) * 2^-23; exp 3 ulp over
+ * [-87, 88]; norms and swiglu 1e-6 relative. */
+#include "t.h"
+#include "nn/kernels.h"
+#include "nn/pool.h"
+#include "tandem.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static const char *g_suffix = "";
+static char g_name[160];
+static void tb(const char *base) { snprintf(g_name, sizeof g_name, "%s%s", base, g_suffix); t_begin(g_name); }
+
+static uint64_t rng_s = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd32(void) {
+    rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
+    return (uint32_t)(rng_s >> 11);
+}
+static float frand(void) { return (float)((rnd32() & 0xFFFFFF) / 8388608.0 - 1.0); } /* [-1, 1) */
+
+static uint16_t f2bf(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
+/* a random finite f16 of magnitude 2^-6 .. 2^3 */
+static uint16_t rand_f16(void) {
+    uint32_t r = rnd32();
+    return (uint16_t)(((r & 1) << 15) | ((9 + (r >> 1) % 10) << 10) | ((r >> 8) & 0x3FF));
+}
+static double wv(const void *w, size_t i, int dt) {
+    return dt == TD_DTYPE_F32    ? ((const float *)w)[i]
+           : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
+                                 : td_f16_to_f32(((const uint16_t *)w)[i]);
+}
+/* random weights [n] of dtype */
+static void *rand_w(size_t n, int dt) {
+    if (dt == TD_DTYPE_F32) { float *w = malloc(4 * n); for (size_t i = 0; i < n; i++) w[i] = frand(); return w; }
+    uint16_t *w = malloc(2 * n);
+    for (size_t i = 0; i < n; i++) w[i] = dt == TD_DTYPE_BF16 ? f2bf(frand()) : rand_f16();
+    return w;
+}
+static float *rand_f(size_t n) { float *x = malloc(4 * n + 4); for (size_t i = 0; i < n; i++) x[i] = frand(); return x; }
+
+static const char *dtn(int dt) { return dt == TD_DTYPE_F32 ? "f32" : dt == TD_DTYPE_BF16 ? "bf16" : "f16"; }
+
+/* reference dot: value and sum of |terms| */
+static double ref_dot(const float *a, const void *w, int dt, int n, double *mag) {
+    double s = 0, m = 0;
+    for (int k = 0; k < n; k++) { double t = (double)a[k] * wv(w, (size_t)k, dt); s += t; m += fabs(t); }
+    *mag = m;
+    return s;
+}
+static double dot_tol(int n, double mag) { return ((double)n / 16 + 6) * ldexp(1.0, -23) * mag + 1e-30; }
+
+static const int SIZES[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 47, 64, 100, 127, 128, 129, 255, 384, 389, 1000, 1283};
+#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+
+static int have_avx512(void) {
+    int p = td_kernels_set_path(TD_KPATH_AVX512);
+    return p == TD_KPATH_AVX512;
+}
+
+static void test_dot(void) {
+    tb("kernels_dot_vs_reference");
+    for (int dt = 0; dt < 3; dt++)
+        for (int si = 0; si < NSIZES; si++) {
+            int n = SIZES[si];
+            float *a = rand_f((size_t)n);
+            void *w = rand_w((size_t)n, dt);
+            double mag, r = ref_dot(a, w, dt, n, &mag);
+            float got = dt == TD_DTYPE_F32 ? td_dot(a, w, n) : dt == TD_DTYPE_BF16 ? td_dot_bf16(a, w, n) : td_dot_f16(a, w, n);
+            T_CHECK(fabs(got - r) <= dot_tol(n, mag), "%s n=%d: %.9g vs %.9g (tol %.3g)", dtn(dt), n, got, r, dot_tol(n, mag));
+            free(a); free(w);
+        }
+    t_end();
+}
+
+/* y for a full [M][N] product with the given split of [0, N) into parts */
+static void mm_split(float *y, const float *x, int M, const void *W, int dt, int K, int N, int split) {
+    if (split <= 0 || split >= N) { td_matmul(y, N, x, K, M, W, dt, K, 0, N, 0); return; }
+    td_matmul(y, N, x, K, M, W, dt, K, 0, split, 0);
+    td_matmul(y, N, x, K, M, W, dt, K, split, N, 0);
+}
+
+static void test_matmul(void) {
+    tb("kernels_matmul_vs_reference_and_invariance");
+    static const int KS[] = {1, 5, 16, 33, 100, 129, 389};
+    static const int NS[] = {1, 3, 8, 13, 37};
+    for (int dt = 0; dt < 3; dt++)
+        for (int ki = 0; ki < 7; ki++)
+            for (int ni = 0; ni < 5; ni++) {
+                int K = KS[ki], N = NS[ni], MMAX = 9;
+                float *x = rand_f((size_t)MMAX * K);
+                void *W = rand_w((size_t)N * K, dt);
+                float *yall = malloc(sizeof(float) * MMAX * N), *y1 = malloc(sizeof(float) * N);
+                for (int M = 1; M <= MMAX; M++) {
+                    mm_split(yall, x, M, W, dt, K, N, M % 3 ? N / 2 + 1 : 0);
+                    for (int m = 0; m < M; m++) {
+                        /* reference */
+                        for (int n = 0; n < N; n++) {
+                            double mag, r = ref_dot(x + (size_t)m * K, (const char *)W + (size_t)n * K * (dt ? 2 : 4), dt, K, &mag);
+                            float g = yall[(size_t)m * N + n];
+                            if (!(fabs(g - r) <= dot_tol(K, mag))) {
+                                T_CHECK(0, "%s K=%d N=%d M=%d m=%d n=%d: %.9g vs %.9g", dtn(dt), K, N, M, m, n, g, r);
+                                goto next;
+                            }
+                        }
+                        /* the same row alone (M = 1), unsplit: same bits */
+                        td_matmul(y1, N, x + (size_t)m * K, K, 1, W, dt, K, 0, N, 0);
+                        if (memcmp(y1, yall + (size_t)m * N, sizeof(float) * N) != 0) {
+                            T_CHECK(0, "%s K=%d N=%d: row %d differs between M=1 and M=%d", dtn(dt), K, N, m, M);
+                            goto next;
+                        }
+                        /* and the canonical dot */
+                        for (int n = 0; n < N; n++) {
+                            const char *wr = (const char *)W + (size_t)n * K * (dt ? 2 : 4);
+                            float d = dt == TD_DTYPE_F32 ? td_dot(x + (size_t)m * K, (const float *)wr, K)
+                                      : dt == TD_DTYPE_BF16 ? td_dot_bf16(x + (size_t)m * K, (const uint16_t *)wr, K)
+                                                            : td_dot_f16(x + (size_t)m * K, (const uint16_t *)wr, K);
+                            if (memcmp(&d, yall + (size_t)m * N + n, 4) != 0) {
+                                T_CHECK(0, "%s K=%d N=%d M=%d: element (%d,%d) differs from td_dot", dtn(dt), K, N, M, m, n);
+                                goto next;
+                            }
+                        }
+                    }
+                }
+                /* add = 1 fuses y += x W^T with the same bits as computing then adding */
+                {
+                    int M = 5;
+                    float *base = rand_f((size_t)M * N), *ya = malloc(sizeof(float) * M * N);
+                    memcpy(ya, base, sizeof(float) * M * N);
+                    td_matmul(ya, N, x, K, M, W, dt, K, 0, N, 1);
+                    td_matmul(yall, N, x, K, M, W, dt, K, 0, N, 0);
+                    for (int i = 0; i < M * N; i++) {
+                        float e = base[i] + yall[i];
+                        if (memcmp(&e, ya + i, 4) != 0) { T_CHECK(0, "%s K=%d N=%d: add=1 differs at %d", dtn(dt), K, N, i); break; }
+                    }
+                    free(base); free(ya);
+                }
+            next:
+                free(x); free(W); free(yall); free(y1);
+            }
+    t_end();
+}
+
+/* 1 vs 2 threads through the pool, split over N as the forward splits it */
+typedef struct { float *y; const float *x; int M; const void *W; int dt; int K; int N; } pj;
+static void pj_run(void *arg, int ith, int nth) {
+    pj *j = arg;
+    int blocks = (j->N + 7) / 8;
+    int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    int n0 = b0 * 8, n1 = b1 * 8 < j->N ? b1 * 8 : j->N;
+    if (n0 < n1) td_matmul(j->y, j->N, j->x, j->K, j->M, j->W, j->dt, j->K, n0, n1, 0);
+}
+static void test_threads(void) {
+    tb("kernels_matmul_threads_invariance");
+    td_pool *p1 = NULL, *p2 = NULL;
+    T_REQUIRE(td_pool_open(&p1, 1) == 0 && td_pool_open(&p2, 2) == 0, "pool");
+    for (int dt = 0; dt < 3; dt++) {
+        int K = 389, N = 203;
+        float *x = rand_f((size_t)9 * K);
+        void *W = rand_w((size_t)N * K, dt);
+        float *ya = malloc(sizeof(float) * 9 * N), *yb = malloc(sizeof(float) * 9 * N), *y1 = malloc(sizeof(float) * N);
+        for (int M = 1; M <= 9; M += 6) {
+            pj a = {ya, x, M, W, dt, K, N}, b = {yb, x, M, W, dt, K, N};
+            td_pool_run(p1, pj_run, &a);
+            td_pool_run(p2, pj_run, &b);
+            T_CHECK(memcmp(ya, yb, sizeof(float) * M * N) == 0, "%s M=%d: 1 vs 2 threads differ", dtn(dt), M);
+            for (int m = 0; m < M; m++) {
+                pj c = {y1, x + (size_t)m * K, 1, W, dt, K, N};
+                td_pool_run(p2, pj_run, &c);
+                T_CHECK(memcmp(y1, yb + (size_t)m * N, sizeof(float) * N) == 0, "%s: row %d of M=%d differs from M=1", dtn(dt), m, M);
+            }
+        }
+        free(x); free(W); free(ya); free(yb); free(y1);
+    }
+done:
+    td_pool_free(p1);
+    td_pool_free(p2);
+    t_end();
+}
+
+static double ulp_err(float got, double want) {
+    if (want == 0) return got == 0 ? 0 : INFINITY;
+    int e;
+    frexp(want, &e);
+    double ulp = ldexp(1.0, e - 24);
+    if (ulp < ldexp(1.0, -149)) ulp = ldexp(1.0, -149);
+    return fabs(got - want) / ulp;
+}
+
+static void test_exp(void) {
+    tb("kernels_exp_accuracy");
+    enum { N = 100003 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = -87.0f + 175.0f * (float)i / (N - 1);
+    x[0] = 0.0f; x[1] = -0.0f; x[2] = 1.0f; x[3] = -1e-7f; x[4] = 88.0f;
+    td_exp(y, x, N);
+    double worst = 0;
+    int wi = 0;
+    for (int i = 0; i < N; i++) {
+        double u = ulp_err(y[i], exp((double)x[i]));
+        if (u > worst) { worst = u; wi = i; }
+    }
+    printf("  td_exp: worst %.2f ulp at x=%.9g\n", worst, x[wi]);
+    T_CHECK(worst <= 3.0, "worst %.2f ulp at x=%.9g", worst, x[wi]);
+    T_CHECK(y[0] == 1.0f && y[1] == 1.0f, "exp(+-0) = %g %g", y[0], y[1]);
+    /* far tails: no NaN, saturating */
+    float tails[4] = {-1000.0f, -104.5f, 200.0f, 89.5f}, ty[4];
+    td_exp(ty, tails, 4);
+    T_CHECK(ty[0] >= 0 && ty[0] < 1e-44f && ty[1] >= 0 && ty[1] < 1e-44f, "tiny tails %g %g", ty[0], ty[1]);
+    T_CHECK(isinf(ty[2]) && isinf(ty[3]), "huge tails %g %g", ty[2], ty[3]);
+    free(x); free(y);
+    t_end();
+}
+
+static void test_norm_swiglu(void) {
+    tb("kernels_rmsnorm_swiglu_to_f32");
+    for (int dt = 0; dt < 3; dt++)
+        for (int si = 0; si < NSIZES; si++) {
+            int n = SIZES[si];
+            float *x = rand_f((size_t)n), *o = malloc(sizeof(float) * n);
+            void *w = rand_w((size_t)n, dt);
+            td_rmsnorm(o, x, w, dt, n, 1e-6f);
+            double ss = 0;
+            for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+            double r = 1.0 / sqrt(ss / n + 1e-6);
+            for (int i = 0; i < n; i++) {
+                double want = wv(w, (size_t)i, dt) * x[i] * r;
+                if (!(fabs(o[i] - want) <= 1e-6 * fabs(want) + 1e-30)) {
+                    T_CHECK(0, "rmsnorm %s n=%d i=%d: %.9g vs %.9g", dtn(dt), n, i, o[i], want);
+                    break;
+                }
+            }
+            /* in place gives the same bits */
+            float *xi = malloc(sizeof(float) * n);
+            memcpy(xi, x, sizeof(float) * n);
+            td_rmsnorm(xi, xi, w, dt, n, 1e-6f);
+            T_CHECK(memcmp(xi, o, sizeof(float) * n) == 0, "rmsnorm in place differs (%s n=%d)", dtn(dt), n);
+            /* to_f32 exact */
+            float *c = malloc(sizeof(float) * n);
+            td_to_f32(c, w, dt, (size_t)n);
+            for (int i = 0; i < n; i++)
+                if (c[i] != (float)wv(w, (size_t)i, dt)) { T_CHECK(0, "to_f32 %s n=%d i=%d", dtn(dt), n, i); break; }
+            free(x); free(o); free(w); free(xi); free(c);
+        }
+    for (int si = 0; si < NSIZES; si++) {
+        int n = SIZES[si];
+        float *g = rand_f((size_t)n), *u = rand_f((size_t)n), *o = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) g[i] *= 12.0f;
+        td_swiglu(o, g, u, n);
+        for (int i = 0; i < n; i++) {
+            double want = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            if (!(fabs(o[i] - want) <= 1e-6 * fabs(want) + 1e-30)) {
+                T_CHECK(0, "swiglu n=%d i=%d g=%g: %.9g vs %.9g", n, i, g[i], o[i], want);
+                break;
+            }
+        }
+        free(g); free(u); free(o);
+    }
+    t_end();
+}
+
+static void ref_attend(double *o, const float *q, int n, const float *K, const float *V, int ld, int hd, float scale) {
+    double *s = malloc(sizeof(double) * n), mx = -INFINITY, sum = 0;
+    for (int j = 0; j < n; j++) {
+        double d = 0;
+        for (int k = 0; k < hd; k++) d += (double)q[k] * K[(size_t)j * ld + k];
+        s[j] = d * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    for (int j = 0; j < n; j++) { s[j] = exp(s[j] - mx); sum += s[j]; }
+    for (int d = 0; d < hd; d++) {
+        double a = 0;
+        for (int j = 0; j < n; j++) a += s[j] / sum * V[(size_t)j * ld + d];
+        o[d] = a;
+    }
+    free(s);
+}
+
+static void test_attend(void) {
+    tb("kernels_attend_vs_reference_and_invariance");
+    static const int HDS[] = {8, 16, 24, 64, 80, 128};
+    for (int hi = 0; hi < 6; hi++) {
+        int hd = HDS[hi], ld = 2 * hd + 3, nq = 7, maxn = 300;
+        float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)nq * hd);
+        for (int i = 0; i < nq * hd; i++) q[i] *= 3.0f;
+        int nk[7] = {1, 2, 17, 33, 100, 257, 300};
+        float *o = malloc(sizeof(float) * nq * hd), *o1 = malloc(sizeof(float) * hd);
+        float *scr = malloc(sizeof(float) * (size_t)nq * (maxn + 16));
+        double *r = malloc(sizeof(double) * hd);
+        float scale = 1.0f / sqrtf((float)hd);
+        td_attend(o, hd, q, hd, nq, nk, K, V, ld, hd, scale, scr);
+        for (int i = 0; i < nq; i++) {
+            ref_attend(r, q + (size_t)i * hd, nk[i], K, V, ld, hd, scale);
+            for (int d = 0; d < hd; d++)
+                if (!(fabs(o[(size_t)i * hd + d] - r[d]) <= 2e-6)) {
+                    T_CHECK(0, "hd=%d query %d (n=%d) d=%d: %.9g vs %.9g", hd, i, nk[i], d, o[(size_t)i * hd + d], r[d]);
+                    break;
+                }
+            td_attend(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], K, V, ld, hd, scale, scr);
+            T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d: query %d alone differs from among %d", hd, i, nq);
+        }
+        free(K); free(V); free(q); free(o); free(o1); free(scr); free(r);
+    }
+    t_end();
+}
+
+/* Every function: the AVX-512 path and the portable path give the same bits. */
+static void test_paths(void) {
+    tb("kernels_avx512_equals_portable");
+    if (!have_avx512()) { printf("  (AVX-512 path not compiled in: nothing to compare)\n"); t_end(); return; }
+    for (int dt = 0; dt < 3; dt++) {
+        int K = 389, N = 21, M = 9;
+        float *x = rand_f((size_t)M * K);
+        void *W = rand_w((size_t)N * K, dt);
+        float *ya = malloc(sizeof(float) * M * N), *yp = malloc(sizeof(float) * M * N);
+        td_kernels_set_path(TD_KPATH_AVX512);
+        td_matmul(ya, N, x, K, M, W, dt, K, 0, N, 0);
+        td_kernels_set_path(TD_KPATH_PORTABLE);
+        td_matmul(yp, N, x, K, M, W, dt, K, 0, N, 0);
+        T_CHECK(memcmp(ya, yp, sizeof(float) * M * N) == 0, "matmul %s differs between paths", dtn(dt));
+        float *na = malloc(sizeof(float) * K), *np = malloc(sizeof(float) * K);
+        td_kernels_set_path(TD_KPATH_AVX512);
+        td_rmsnorm(na, x, W, dt, K, 1e-5f);
+        td_kernels_set_path(TD_KPATH_PORTABLE);
+        td_rmsnorm(np, x, W, dt, K, 1e-5f);
+        T_CHECK(memcmp(na, np, sizeof(float) * K) == 0, "rmsnorm %s differs between paths", dtn(dt));
+        free(x); free(W); free(ya); free(yp); free(na); free(np);
+    }
+    {
+        enum { N = 4099 };
+        float *x = malloc(sizeof(float) * N), *a = malloc(sizeof(float) * N), *p = malloc(sizeof(float) * N), *u = rand_f(N);
+        for (int i = 0; i < N; i++) x[i] = -110.0f + 210.0f * (float)i / (N - 1);
+        td_kernels_set_path(TD_KPATH_AVX512);
+        td_exp(a, x, N);
+        td_kernels_set_path(TD_KPATH_PORTABLE);
+        td_exp(p, x, N);
+        T_CHECK(memcmp(a, p, sizeof(float) * N) == 0, "exp differs between paths");
+        for (int i = 0; i < N; i++) x[i] *= 0.2f;
+        td_kernels_set_path(TD_KPATH_AVX512);
+        td_swiglu(a, x, u, N);
+        td_kernels_set_path(TD_KPATH_PORTABLE);
+        td_swiglu(p, x, u, N);
+        T_CHECK(memcmp(a, p, sizeof(float) * N) == 0, "swiglu differs between paths");
+        free(x); free(a); free(p); free(u);
+    }
+    static const int HDS[] = {16, 24, 64, 128};
+    for (int hi = 0; hi < 4; hi++) {
+        int hd = HDS[hi], ld = hd * 2, nq = 3, maxn = 200;
+        float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)nq * hd);
+        int nk[3] = {5, 77, 200};
+        float *oa = malloc(sizeof(float) * nq * hd), *op = malloc(sizeof(float) * nq * hd);
+        float *scr = malloc(sizeof(float) * (size_t)nq * (maxn + 16));
+        td_kernels_set_path(TD_KPATH_AVX512);
+        td_attend(oa, hd, q, hd, nq, nk, K, V, ld, hd, 0.125f, scr);
+        td_kernels_set_path(TD_KPATH_PORTABLE);
+        td_attend(op, hd, q, hd, nq, nk, K, V, ld, hd, 0.125f, scr);
+        T_CHECK(memcmp(oa, op, sizeof(float) * nq * hd) == 0, "attend hd=%d differs between paths", hd);
+        free(K); free(V); free(q); free(oa); free(op); free(scr);
+    }
+    td_kernels_set_path(TD_KPATH_AVX512);
+    t_end();
+}
+
+int main(void) {
+    printf("  kernel path: %s\n", td_kernels_path_name());
+    test_dot();
+    test_matmul();
+    test_threads();
+    test_exp();
+    test_norm_swiglu();
+    test_attend();
+    test_paths();
+    /* the whole reference comparison again on the portable path */
+    if (have_avx512()) {
+        td_kernels_set_path(TD_KPATH_PORTABLE);
+        g_suffix = "_portable";
+        printf("  kernel path: %s\n", td_kernels_path_name());
+        test_dot();
+        test_matmul();
+        test_attend();
+        td_kernels_set_path(TD_KPATH_AVX512);
+    }
+    return t_exit();
+}
