@@ -330,7 +330,8 @@ int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_pa
 int td_spec_step(td_spec *g, td_err *err);
 /* Take what a row emitted since the last take: up to cap ids (and, when prov is
  * not NULL, per id 1 = an accepted draft token, 0 = sampled by the target), and
- * released text (appended to text, at most tcap bytes; *n_text set). *done = 1
+ * released text (written to text, at most tcap bytes; *n_text set; text NULL
+ * discards it). *done = 1
  * once the row has finished and everything has been taken. Returns ids taken. */
 int td_spec_take(td_spec *g, int id, int32_t *ids, uint8_t *prov, int cap,
                  char *text, size_t tcap, size_t *n_text, int *done);

@@ -516,12 +516,13 @@ int td_spec_take(td_spec *g, int id, int32_t *ids, uint8_t *prov, int cap,
         n++;
         r->n_taken++;
     }
-    size_t nt = 0;
-    if (text && tcap) {
-        size_t avail = r->em.upto - r->em.sent;
+    size_t nt = 0, avail = r->em.upto - r->em.sent;
+    if (text) { /* NULL: the caller does not want text; it is dropped */
         nt = avail < tcap ? avail : tcap;
-        memcpy(text, r->em.buf + r->em.sent, nt);
+        if (nt) memcpy(text, r->em.buf + r->em.sent, nt);
         r->em.sent += nt;
+    } else {
+        r->em.sent += avail;
     }
     if (n_text) *n_text = nt;
     if (done) *done = r->state == ROW_DONE && r->n_taken == r->n_emitted && r->em.sent == r->em.upto;
