@@ -42,6 +42,7 @@ typedef struct sp_row {
     td_spec_stats st;
     int k;                     /* depth chosen this round */
     int n_draft;               /* proposals this round */
+    int drafted_last;          /* the row drafted in the previous round */
 } sp_row;
 
 struct td_spec {
@@ -281,6 +282,7 @@ int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_pa
     r->n_emitted = r->n_taken = 0;
     r->gp = gp;
     r->drafting = draft && g->drafter && g->p.max_depth > 0;
+    r->drafted_last = 0;
     r->dr = -1;
     td_emit_free(&r->em);
     td_emit_init(&r->em, gp->stop, gp->n_stop);
@@ -419,12 +421,19 @@ int td_spec_step(td_spec *g, td_err *err) {
                 nd += g->n_drafts[d];
             }
             g->have_q = q.has_probs; /* else accept treats each proposal as a one-hot q */
-            if (nd > 0) {
+            /* The draft cost per token is learnt only in steady rounds: a row that
+             * did not draft last round first catches its drafter up on the tokens
+             * it missed, a one-off cost that is not the price of a draft token. */
+            int steady = 1;
+            for (int d = 0; d < n_dr; d++)
+                if (g->depth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
+            if (nd > 0 && steady) {
                 double per = dt / (double)nd;
                 g->draft_s = g->draft_s == 0 ? per : 0.8 * g->draft_s + 0.2 * per;
             }
         }
     }
+    for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].drafted_last = g->depth[d] > 0;
     /* 2. verify every live row in one forward */
     int nb = 0, nt = 0;
     for (int i = 0; i < g->max_rows; i++) {
