@@ -119,7 +119,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @"$TMP/rand" "$U/v1/
 # ---- the node client checks -----------------------------------------------------------
 if bash tests/server/install-deps.sh >"$TMP/npm.log" 2>&1; then
   if [ "${SAN:-0}" = 1 ]; then limit=600; mode=light; else limit=150; mode=full; fi
-  timeout $limit node tests/server/client.mjs "$U" "$T" $CTX $mode; rc=$?
+  SERVER_PID=$MAIN_PID timeout $limit node tests/server/client.mjs "$U" "$T" $CTX $mode; rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 1 ] || bad server_client "node client exited $rc"
 else
   bad server_client_deps "cannot install the openai npm package: $(tail -3 "$TMP/npm.log")"

@@ -686,7 +686,7 @@ char *srv_api_metrics(void) {
     hist_out(f, "tandem:time_to_first_token_seconds", "Time from arrival to the first generated token.", &m->ttft);
     hist_out(f, "tandem:inter_token_latency_seconds", "Time between generated tokens (a round's gap shared by its tokens).", &m->itl);
     hist_out(f, "tandem:e2e_request_latency_seconds", "Time from arrival to the last token.", &m->e2e);
-    metric(f, "tandem:spec_decode_num_drafts_total", "counter", "Verification rounds (row-rounds).", (double)m->spec_rounds);
+    metric(f, "tandem:spec_decode_num_rounds_total", "counter", "Row-rounds verified by the target (with or without drafts).", (double)m->spec_rounds);
     metric(f, "tandem:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", (double)m->spec_drafted);
     metric(f, "tandem:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", (double)m->spec_accepted);
     metric(f, "tandem:spec_decode_draft_acceptance_rate", "gauge", "Accepted over proposed draft tokens.",

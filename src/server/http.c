@@ -241,7 +241,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, int chat, conn_ctx *cc
     }
     st->r = r;
     st->conn = c;
-    st->first = chat;
+    st->first = chat || r->echo != NULL; /* the role delta, or the echoed prompt */
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);

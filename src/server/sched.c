@@ -74,7 +74,18 @@ static int drafter_get(const char *spec, td_drafter **out, td_err *err) {
     for (int i = 0; i < n_drafters; i++)
         if (!strcmp(drafters[i].spec, spec)) { *out = drafters[i].d; return 0; }
     if (n_drafters == MAX_DRAFTERS) {
-        snprintf(err->msg, sizeof err->msg, "too many distinct drafters (at most %d)", MAX_DRAFTERS);
+        /* close a cached drafter no open group uses */
+        for (int i = 0; i < n_drafters; i++) {
+            int used = 0;
+            for (int k = 0; k < n_groups; k++) used |= groups[k]->d == drafters[i].d;
+            if (used) continue;
+            td_drafter_free(drafters[i].d);
+            drafters[i] = drafters[--n_drafters];
+            break;
+        }
+    }
+    if (n_drafters == MAX_DRAFTERS) {
+        snprintf(err->msg, sizeof err->msg, "too many distinct drafters in use (at most %d)", MAX_DRAFTERS);
         return TD_EFULL;
     }
     td_drafter *d = NULL;
@@ -295,7 +306,7 @@ static void admit(void) {
             pthread_mutex_lock(&S.mu);
             if (rc != 0) {
                 S.mx.requests_failed++;
-                if (rc == TD_ENOMEM)
+                if (rc == TD_ENOMEM || rc == TD_EFULL)
                     srv_req_fail(r, 503, "server_error", "speculative", "drafter_unavailable",
                                  "cannot open a group for drafter '%s': %s", sp, err.msg);
                 else

@@ -74,8 +74,8 @@ async function waitRows0(ms = 8000) {
 }
 
 // Completion through the server, ids from provenance.
-async function serverComplete(prompt, { temp = 0, seed = 0, speculative, stream = false, maxTokens = MAXT } = {}) {
-  const body = { model: MODEL, prompt, max_tokens: maxTokens, temperature: temp, seed, provenance: true };
+async function serverComplete(prompt, { temp = 0, seed = 0, speculative, stream = false, maxTokens = MAXT, echo = false } = {}) {
+  const body = { model: MODEL, prompt, max_tokens: maxTokens, temperature: temp, seed, provenance: true, echo };
   if (speculative !== undefined) body.speculative = speculative;
   if (!stream) {
     const r = await post('/v1/completions', body);
@@ -236,6 +236,10 @@ await guard('server_disconnect_nonstream', async () => {
 });
 
 // ---- bounded load test: 16 concurrent streaming clients x 40 requests -------------
+const rss = () => {
+  try { return Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${process.env.SERVER_PID}/status`, 'utf8'))[1]) / 1024; } catch { return NaN; }
+};
+const rss0 = rss();
 await guard('server_load', async () => {
   const CLIENTS = 16, PER = LIGHT ? 8 : 40;
   let errors = 0, tokens = 0, firstErr = '';
@@ -243,7 +247,7 @@ await guard('server_load', async () => {
   await Promise.all(Array.from({ length: CLIENTS }, async (_, c) => {
     for (let k = 0; k < PER; k++) {
       try {
-        const o = await serverComplete(prompts[(c + k) % prompts.length].slice(0, 120), { temp: 0.7, seed: c * 1000 + k, stream: true, maxTokens: 8,
+        const o = await serverComplete(prompts[(c + k) % prompts.length].slice(0, 40), { temp: 0.7, seed: c * 1000 + k, stream: true, maxTokens: 8,
           speculative: k % 3 === 0 ? false : undefined });
         tokens += o.ids.length;
         if (!o.usage || o.usage.completion_tokens !== o.ids.length) { errors++; firstErr ||= `usage ${JSON.stringify(o.usage)}`; }
@@ -256,6 +260,18 @@ await guard('server_load', async () => {
   check('server_load', errors === 0 && rows === 0 && q === 0,
     `errors ${errors} (${firstErr}), rows ${rows}, queue ${q}`);
   console.log(`# load: ${CLIENTS * PER} requests, ${tokens} tokens in ${dt.toFixed(1)} s`);
+});
+// memory back to baseline: the KV is allocated at start; requests add only
+// their buffers, freed when they end (allow allocator slack)
+await guard('server_load_memory', async () => {
+  const rss1 = rss();
+  if (!process.env.SERVER_PID) return pass('server_load_memory');
+  check('server_load_memory', rss1 - rss0 < 48, `RSS ${rss0.toFixed(1)} MiB before the load, ${rss1.toFixed(1)} MiB after`);
+  console.log(`# server RSS: ${rss0.toFixed(1)} MiB before load, ${rss1.toFixed(1)} MiB after`);
+});
+await guard('server_echo_stream', async () => {
+  const o = await serverComplete(prompts[4].slice(0, 60), { temp: 0, stream: true, maxTokens: 4, echo: true });
+  check('server_echo_stream', o.text.startsWith(prompts[4].slice(0, 60)) && o.ids.length === 4, JSON.stringify(o.text));
 });
 
 // ---- metrics reflect the traffic ------------------------------------------------------
