@@ -9,6 +9,7 @@
 #include "t.h"
 #include "tmodel.h"
 #include "spec/depth.h"
+#include "spec/draft.h"
 
 #include <math.h>
 #include <unistd.h>
@@ -342,6 +343,69 @@ static void test_depth_plan(void) {
     t_end();
 }
 
+/* A row's draft state captured as a checkpoint and restored into another
+ * group drafts exactly as the original; a checkpoint of another drafter kind
+ * is refused. */
+static void test_checkpoints(void) {
+    t_begin("draft_checkpoint_roundtrip");
+    td_err err = {0};
+    td_drafter *dn = NULL, *dm = NULL;
+    td_draft_rows a = {0}, b = {0}, c2 = {0};
+    td_draft_checkpoint *ck = NULL;
+    char spec[600];
+    snprintf(spec, sizeof spec, "model:%s/draft_other", g_dir);
+    T_REQUIRE(td_drafter_open(&dn, "ngram", g_target, &err) == 0 && td_drafter_open(&dm, spec, g_target, &err) == 0, "drafters");
+    td_drafter *ds[2] = {dn, dm};
+    int32_t pr[64];
+    int np;
+    make_prompt(5, pr, &np, 301);
+    for (int which = 0; which < 2; which++) {
+        td_drafter *d = ds[which];
+        T_REQUIRE(d->vt->open_rows(d->self, 2, 128, 4, &a, &err) == 0 && d->vt->open_rows(d->self, 2, 128, 4, &b, &err) == 0, "open");
+        T_REQUIRE(td_draft_rows_append(&a, pr, np - 1, NULL, NULL, &err) == 0, "append");
+        /* one committed round so the state is more than the prompt */
+        int32_t pend = pr[np - 1], tok[8], n_tok[2], depth = 3;
+        const td_sampling *spp[2];
+        td_sampling sp = td_sampling_default();
+        spp[0] = spp[1] = &sp;
+        uint64_t pos[2] = {0, 0};
+        td_draft_req q = {.n_rows = 1, .pending = &pend, .depth = &depth, .max_depth = 4, .tokens = tok, .n_tokens = n_tok,
+                          .sampling = spp, .out_pos = pos};
+        T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
+        td_draft_commit cm = {.old_pending = pend, .accepted = tok, .n_accepted = n_tok[0] > 1 ? 1 : 0, .new_pending = 7};
+        T_REQUIRE(td_draft_rows_commit(&a, &cm, &err) == 0, "commit");
+        T_REQUIRE(a.vt->capture(a.self, 0, &ck, &err) == 0 && ck, "capture: %s", err.msg);
+        T_REQUIRE(td_draft_rows_append(&b, NULL, 0, NULL, ck, &err) == 0, "restore: %s", err.msg);
+        int32_t t1[8], t2[8];
+        int n1 = 0, n2 = 0;
+        pend = 7;
+        depth = 4;
+        q.tokens = t1; q.n_tokens = &n1;
+        T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft a");
+        q.tokens = t2; q.n_tokens = &n2;
+        T_REQUIRE(td_draft_rows_draft(&b, &q, &err) == 0, "draft b");
+        T_CHECK(n1 == n2 && memcmp(t1, t2, sizeof(int32_t) * (size_t)n1) == 0, "%s: restored row drafts differently", d->id);
+        /* a checkpoint of the other kind is refused */
+        td_drafter *other = ds[1 - which];
+        T_REQUIRE(other->vt->open_rows(other->self, 1, 128, 4, &c2, &err) == 0, "open other");
+        T_CHECK(td_draft_rows_append(&c2, NULL, 0, NULL, ck, &err) == TD_EFORMAT && strstr(err.msg, "checkpoint"),
+                "foreign checkpoint must be refused: %s", err.msg);
+        td_draft_rows_free(&c2);
+        td_draft_checkpoint_free(ck);
+        ck = NULL;
+        td_draft_rows_free(&a);
+        td_draft_rows_free(&b);
+    }
+done:
+    td_draft_checkpoint_free(ck);
+    td_draft_rows_free(&a);
+    td_draft_rows_free(&b);
+    td_draft_rows_free(&c2);
+    td_drafter_free(dn);
+    td_drafter_free(dm);
+    t_end();
+}
+
 static void test_bad_input(void) {
     t_begin("spec_bad_input");
     td_err err = {0};
@@ -429,6 +493,7 @@ int main(void) {
     run_exact_controlled();
     test_rollback();
     test_depth_plan();
+    test_checkpoints();
     test_rejection_distribution();
     test_bad_input();
     td_model_free(g_target);
