@@ -11,20 +11,6 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static void check_fixture(const char *name) {
     char tname[128], dir[256], path[512];
     snprintf(tname, sizeof tname, "hf_conformance_%s", name);
@@ -36,7 +22,7 @@ static void check_fixture(const char *name) {
     float *want = NULL, *got = NULL;
     td_err err = {0};
     snprintf(path, sizeof path, "%s/ref.json", dir);
-    char *txt = slurp(path, NULL);
+    char *txt = t_slurp(path, NULL);
     T_REQUIRE(txt != NULL, "missing %s", path);
     ref = cJSON_Parse(txt);
     free(txt);
@@ -47,7 +33,7 @@ static void check_fixture(const char *name) {
     int V = info.n_vocab;
     size_t lbytes;
     snprintf(path, sizeof path, "%s/logits.f32", dir);
-    want = (float *)slurp(path, &lbytes);
+    want = (float *)t_slurp(path, &lbytes);
     T_REQUIRE(want != NULL, "missing logits.f32");
     td_ctx_params cp = td_ctx_default_params();
     cp.max_ctx = 256;
@@ -115,11 +101,11 @@ static void check_tiny_code(void) {
     cJSON *lj = NULL, *gj = NULL;
     float *want = NULL, *got = NULL;
     td_err err = {0};
-    char *txt = slurp("tests/fixtures/tiny-code/logits.json", NULL);
+    char *txt = t_slurp("tests/fixtures/tiny-code/logits.json", NULL);
     T_REQUIRE(txt != NULL, "missing tests/fixtures/tiny-code/logits.json");
     lj = cJSON_Parse(txt);
     free(txt);
-    txt = slurp("tests/fixtures/tiny-code/greedy.json", NULL);
+    txt = t_slurp("tests/fixtures/tiny-code/greedy.json", NULL);
     T_REQUIRE(txt != NULL, "missing greedy.json");
     gj = cJSON_Parse(txt);
     free(txt);
@@ -127,7 +113,7 @@ static void check_tiny_code(void) {
     T_REQUIRE(td_model_open(&m, "models/tiny-code/target", &err) == 0, "open: %s", err.msg);
     int V = cJSON_GetObjectItem(lj, "vocab_size")->valueint;
     size_t lbytes;
-    want = (float *)slurp("tests/fixtures/tiny-code/logits.f32", &lbytes);
+    want = (float *)t_slurp("tests/fixtures/tiny-code/logits.f32", &lbytes);
     T_REQUIRE(want != NULL, "missing logits.f32");
     td_ctx_params cp = td_ctx_default_params();
     cp.max_ctx = 1024;

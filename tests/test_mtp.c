@@ -13,20 +13,6 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static int32_t argmax(const float *x, int n) {
     int32_t b = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
@@ -42,12 +28,12 @@ int main(void) {
     cJSON *fx = NULL;
     float *flog = NULL, *logits = NULL, *taps = NULL, *probs = NULL;
     td_err err = {0};
-    char *txt = slurp("tests/fixtures/tiny-code-mtp/ref.json", NULL);
+    char *txt = t_slurp("tests/fixtures/tiny-code-mtp/ref.json", NULL);
     T_REQUIRE(txt != NULL, "missing tests/fixtures/tiny-code-mtp/ref.json");
     fx = cJSON_Parse(txt);
     free(txt);
     size_t fbytes;
-    flog = (float *)slurp("tests/fixtures/tiny-code-mtp/logits.f32", &fbytes);
+    flog = (float *)t_slurp("tests/fixtures/tiny-code-mtp/logits.f32", &fbytes);
     T_REQUIRE(fx && flog, "fixture files");
     T_REQUIRE(td_model_open(&m, "models/tiny-code/target", &err) == 0, "target: %s", err.msg);
     T_REQUIRE(td_drafter_open(&d, "mtp:models/tiny-code/mtp", m, &err) == 0, "mtp: %s", err.msg);

@@ -17,19 +17,6 @@
 
 #define NGEN 128
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 int main(void) {
     t_begin("acceptance_profile_matches_pytorch");
     const char *env = getenv("TD_PROFILE_PROMPTS");
@@ -39,7 +26,7 @@ int main(void) {
     td_ctx *c = NULL;
     cJSON *fx = NULL;
     td_err err = {0};
-    char *txt = slurp("tests/fixtures/tiny-code/acceptance_profile.json");
+    char *txt = t_slurp("tests/fixtures/tiny-code/acceptance_profile.json", NULL);
     T_REQUIRE(txt != NULL, "missing tests/fixtures/tiny-code/acceptance_profile.json");
     fx = cJSON_Parse(txt);
     free(txt);
