@@ -216,25 +216,52 @@ int td_ctx_row_trim(td_ctx *c, int row, int len) {
 
 /* ---- parallel jobs ----------------------------------------------------- */
 
+/* One pool job runs up to three products that share the input x (q/k/v, or
+ * gate/up): each thread takes its share of every output range, so the job costs
+ * one synchronisation. add = 1 accumulates into y (the residual). swiglu = 1
+ * (gate, up) applies hg = silu(hg) * hu to the thread's own range right after
+ * its products, while that range is still in cache. */
+typedef struct { float *y; int ldy; const td_tensor *w; int N; } mm_out;
 typedef struct {
     td_ctx *c;
-    float *y; int ldy; const float *x; int M; const td_tensor *w; int K; int N;
+    const float *x; int M; int K; int add; int swiglu;
+    int n_out; mm_out o[3];
 } mm_job;
+
+static void out_range(int N, int ith, int nth, int *n0, int *n1) {
+    /* split N in chunks of 8 outputs to keep threads on whole cache lines */
+    int blocks = (N + 7) / 8;
+    int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    *n0 = b0 * 8;
+    *n1 = b1 * 8 < N ? b1 * 8 : N;
+}
 
 static void mm_run(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    /* split N in chunks of 8 outputs to keep threads on whole cache lines */
-    int blocks = (j->N + 7) / 8;
-    int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
-    int n0 = b0 * 8, n1 = b1 * 8 < j->N ? b1 * 8 : j->N;
-    if (n0 >= n1) return;
-    td_matmul(j->y, j->ldy, j->x, j->K, j->M, j->w->data, j->w->dtype, j->K, n0, n1, 0);
+    for (int i = 0; i < j->n_out; i++) {
+        const mm_out *o = &j->o[i];
+        int n0, n1;
+        out_range(o->N, ith, nth, &n0, &n1);
+        if (n0 >= n1) continue;
+        td_matmul(o->y, o->ldy, j->x, j->K, j->M, o->w->data, o->w->dtype, j->K, n0, n1, j->add);
+    }
+    if (j->swiglu) {
+        int n0, n1;
+        out_range(j->o[0].N, ith, nth, &n0, &n1);
+        for (int m = 0; n0 < n1 && m < j->M; m++) {
+            float *g = j->o[0].y + (size_t)m * j->o[0].ldy + n0;
+            td_swiglu(g, g, j->o[1].y + (size_t)m * j->o[1].ldy + n0, n1 - n0);
+        }
+    }
 }
 
-/* y[M][N] = x[M][K] W^T */
-static void matmul(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N) {
-    mm_job j = {c, y, ldy, x, M, w, K, N};
+/* y[M][N] = x[M][K] W^T   (add: y += x W^T) */
+static void matmul_add(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N, int add) {
+    mm_job j = {.c = c, .x = x, .M = M, .K = K, .add = add, .n_out = 1, .o = {{y, ldy, w, N}}};
     td_pool_run(c->pool, mm_run, &j);
+}
+static void matmul(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N) {
+    matmul_add(c, y, ldy, x, M, w, K, N, 0);
 }
 
 static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
@@ -391,9 +418,12 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
     for (int l = 0; l < cfg->n_layer; l++) {
         const td_layer_w *L = &W->layers[l];
         rmsnorm_rows(c, c->xb, c->x, T, &L->attn_norm, D);
-        matmul(c, c->q, c->q_dim, c->xb, T, &L->wq, D, c->q_dim);
-        matmul(c, c->k, c->kv_dim, c->xb, T, &L->wk, D, c->kv_dim);
-        matmul(c, c->v, c->kv_dim, c->xb, T, &L->wv, D, c->kv_dim);
+        {
+            mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .n_out = 3,
+                        .o = {{c->q, c->q_dim, &L->wq, c->q_dim}, {c->k, c->kv_dim, &L->wk, c->kv_dim},
+                              {c->v, c->kv_dim, &L->wv, c->kv_dim}}};
+            td_pool_run(c->pool, mm_run, &j);
+        }
         if (cfg->attn_bias) {
             add_bias(c->q, c->q_dim, T, &L->bq, c->q_dim);
             add_bias(c->k, c->kv_dim, T, &L->bk, c->kv_dim);
@@ -403,15 +433,20 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         td_pool_run(c->pool, qkv_post_run, &tj);
         /* new K/V are in the cache: row lengths as seen by attention include them */
         td_pool_run(c->pool, attn_run, &tj);
-        matmul(c, c->xb, D, c->att, T, &L->wo, c->q_dim, D);
-        if (cfg->attn_bias) add_bias(c->xb, D, T, &L->bo, D);
-        for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
+        if (cfg->attn_bias && L->bo.data) {
+            matmul(c, c->xb, D, c->att, T, &L->wo, c->q_dim, D);
+            add_bias(c->xb, D, T, &L->bo, D);
+            for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
+        } else {
+            matmul_add(c, c->x, D, c->att, T, &L->wo, c->q_dim, D, 1); /* x += att Wo^T: same bits */
+        }
         rmsnorm_rows(c, c->xb, c->x, T, &L->ffn_norm, D);
-        matmul(c, c->hg, F, c->xb, T, &L->w_gate, D, F);
-        matmul(c, c->hu, F, c->xb, T, &L->w_up, D, F);
-        for (size_t t = 0; t < (size_t)T; t++) td_swiglu(c->hg + t * F, c->hg + t * F, c->hu + t * F, F);
-        matmul(c, c->xb, D, c->hg, T, &L->w_down, F, D);
-        for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
+        {
+            mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .swiglu = 1, .n_out = 2,
+                        .o = {{c->hg, F, &L->w_gate, F}, {c->hu, F, &L->w_up, F}}};
+            td_pool_run(c->pool, mm_run, &j);
+        }
+        matmul_add(c, c->x, D, c->hg, T, &L->w_down, F, D, 1); /* x += h Wdown^T */
         for (int ti = 0; ti < b->n_taps; ti++)
             if (b->taps[ti] == l + 1)
                 for (int o = 0; o < n_out; o++)

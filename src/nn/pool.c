@@ -1,46 +1,91 @@
-/* pool — see pool.h. One job at a time; the caller participates as thread 0. */
+/* pool — see pool.h. One job at a time; the caller participates.
+ *
+ * A job is n chunks (n = pool size); every thread, the caller included, claims
+ * chunks with a compare-and-swap on one word that holds (generation << 32 |
+ * next chunk), runs them, and counts them done. So a job never waits for a
+ * worker that is asleep or descheduled (a shared machine): the caller simply
+ * runs the chunks nobody has claimed, and waits only for chunks in progress.
+ * A chunk's result does not depend on which thread runs it (chunks own their
+ * output ranges and their scratch, indexed by chunk), so bits never change.
+ *
+ * Memory order: the caller publishes fn/arg/n, then the claim word (release);
+ * a claim succeeds only with an acquire CAS on the job's own generation, after
+ * which fn/arg/n are those of that job and stay so until its last chunk is done
+ * (the caller starts the next job only after counting every chunk done). */
 #define _GNU_SOURCE
 #include "pool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
 struct td_pool {
     int n;
-    pthread_t *threads;      /* [n-1] */
+    pthread_t *threads;         /* [n-1] */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;         /* bumped for each job */
-    atomic_int pending;      /* workers still running the current job */
+    _Atomic uint32_t gen;       /* bumped for each job */
+    _Atomic uint64_t claim;     /* gen << 32 | next chunk to claim */
+    atomic_int done;            /* chunks finished in the current job */
+    atomic_int sleepers;        /* workers blocked on cv */
     atomic_int quit;
-    td_pool_fn fn;
-    void *arg;
-    struct td_pool_worker { struct td_pool *p; int ith; } *workers;
+    _Atomic(td_pool_fn) fn;
+    _Atomic(void *) arg;
+    atomic_int n_chunks;
 };
 
-#define SPIN_ITERS 200000
+#define SPIN_ITERS 20000        /* pause loops (~1 ms) before a worker sleeps */
+
+/* Claim and run chunks of job g until none is left. Returns chunks run. */
+static int run_chunks(td_pool *p, uint32_t g) {
+    int ran = 0;
+    uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(v >> 32) != g) return ran;
+        uint32_t i = (uint32_t)v;
+        int n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+        if (i >= (uint32_t)n) return ran; /* n may belong to a newer job; then the CAS below fails */
+        if (atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            /* chunk i of job g is ours: fn/arg/n are job g's until we count it done */
+            td_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+            void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+            n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+            fn(arg, (int)i, n);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            ran++;
+            v = atomic_load_explicit(&p->claim, memory_order_acquire);
+        }
+    }
+}
 
 static void *worker_main(void *vp) {
-    struct td_pool_worker *w = vp;
-    td_pool *p = w->p;
-    unsigned seen = 0;
+    td_pool *p = vp;
+    uint32_t seen = atomic_load(&p->gen);
     for (;;) {
-        unsigned g;
+        uint32_t g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
-               !atomic_load(&p->quit)) {
-            if (++spins < SPIN_ITERS) continue;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && !atomic_load(&p->quit)) {
+            if (++spins < SPIN_ITERS) { CPU_RELAX(); continue; }
             pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit))
-                pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
+            spins = 0;
         }
         if (atomic_load(&p->quit)) return NULL;
         seen = g;
-        p->fn(p->arg, w->ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        run_chunks(p, g);
     }
 }
 
@@ -52,17 +97,22 @@ int td_pool_open(td_pool **out, int n_threads) {
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->quit, 0);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->arg, NULL);
+    atomic_init(&p->n_chunks, 0);
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
-        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
-        if (!p->threads || !p->workers) { free(p->threads); free(p->workers); free(p); return -2; }
-        for (int i = 1; i < n_threads; i++) {
-            p->workers[i - 1] = (struct td_pool_worker){p, i};
-            if (pthread_create(&p->threads[i - 1], NULL, worker_main, &p->workers[i - 1]) != 0) {
+        if (!p->threads) { free(p); return -2; }
+        for (int i = 1; i < n_threads; i++)
+            if (pthread_create(&p->threads[i - 1], NULL, worker_main, p) != 0) {
                 p->n = i; /* keep those started */
                 break;
             }
-        }
     }
     *out = p;
     return 0;
@@ -78,7 +128,6 @@ void td_pool_free(td_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);
-    free(p->workers);
     free(p);
 }
 
@@ -86,15 +135,23 @@ int td_pool_size(const td_pool *p) { return p->n; }
 
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg) {
     if (p->n == 1) { fn(arg, 0, 1); return; }
-    p->fn = fn;
-    p->arg = arg;
-    atomic_store(&p->pending, p->n - 1);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    fn(arg, 0, p->n);
+    int n = p->n;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->n_chunks, n, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
+    atomic_store(&p->gen, g); /* seq_cst: ordered before the sleepers check */
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    run_chunks(p, g);
     int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
-        if (++spins > 1000) { sched_yield(); spins = 0; }
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < n) {
+        if (++spins < 2000) CPU_RELAX();
+        else { sched_yield(); spins = 0; }
+    }
 }

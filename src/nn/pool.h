@@ -1,11 +1,15 @@
 /* pool — a persistent thread pool for data-parallel kernels.
  *
- * td_pool_run(p, fn, arg) calls fn(arg, i, n) for i = 0..n-1 on n threads (the
- * caller is thread 0) and returns when all are done. Workers spin briefly on a
- * generation counter after each job (a forward issues many short jobs), then
- * sleep on a condition variable, so an idle pool costs no CPU. Kernels split
- * work over output elements or rows only, never over a reduction axis, so the
- * thread count never changes a result's bits. */
+ * td_pool_run(p, fn, arg) calls fn(arg, i, n) exactly once for each chunk
+ * i = 0..n-1 (n = the pool size) and returns when all are done. Chunks are
+ * claimed dynamically by whichever threads are running — the caller included —
+ * so a worker that is asleep or descheduled never stalls a job: the caller runs
+ * the chunks nobody claimed (i is a chunk index, not a thread id: index scratch
+ * by it). Workers spin briefly (pause loops) after each job, since a forward
+ * issues many short jobs, then sleep on a condition variable, so an idle pool
+ * costs no CPU. Kernels split work over output elements or rows only, never
+ * over a reduction axis, so neither the thread count nor which thread runs a
+ * chunk changes a result's bits. */
 #ifndef TD_POOL_H
 #define TD_POOL_H
 
