@@ -4,7 +4,7 @@
 // clients stream completions of the bench prompts back to back; measures
 // throughput (generated tokens / wall time), client-side inter-token latency
 // (gap between SSE chunks, shared by the chunk's tokens) p50/p99, and TTFT p50.
-// usage: node serve.mjs BASE_URL [--conc 1,4,16] [--requests N] [--max-tokens N]
+// usage: node serve.mjs BASE_URL [--conc 1,4,16] [--requests N] [--max-tokens N] [--prompt-chars N]
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -16,8 +16,9 @@ const opt = (k, d) => { const i = args.indexOf(k); return i > 0 ? args[i + 1] : 
 const concs = opt('--conc', '1,4,16').split(',').map(Number);
 const perLevel = Number(opt('--requests', '0'));   // 0 = 4 per client, at least 8
 const maxTokens = Number(opt('--max-tokens', '64'));
+const promptChars = Number(opt('--prompt-chars', '400'));
 const prompts = readFileSync(path.join(here, 'prompts/code.jsonl'), 'utf8').split('\n').filter(Boolean)
-  .map((l) => JSON.parse(l).prompt.slice(0, 1200));
+  .map((l) => JSON.parse(l).prompt.slice(0, promptChars));
 
 const pct = (a, p) => { if (!a.length) return 0; const s = [...a].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p * s.length))]; };
 
@@ -79,4 +80,4 @@ for (const c of concs) {
   const a = results.find((r) => r.concurrency === c && !r.speculative), b = results.find((r) => r.concurrency === c && r.speculative);
   speedup[c] = a.throughput_tok_s ? +(b.throughput_tok_s / a.throughput_tok_s).toFixed(3) : 0;
 }
-console.log(JSON.stringify({ model: m.id, drafter: m.drafter, draft_depth: m.draft_depth, max_tokens: maxTokens, results, speedup }, null, 1));
+console.log(JSON.stringify({ model: m.id, drafter: m.drafter, draft_depth: m.draft_depth, max_tokens: maxTokens, prompt_chars: promptChars, results, speedup }, null, 1));

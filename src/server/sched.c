@@ -6,7 +6,9 @@
  *      the grace deadline, cancel the rows still running;
  *   2. admit waiting requests in FIFO order while fewer than --max-rows rows
  *      are live: td_spec_add into the group of the request's drafter/depth
- *      (the next td_spec_step prefills them: they join between rounds);
+ *      (the next td_spec_step prefills them: they join between rounds); the
+ *      prompts admitted for one round total at most --prefill-budget tokens
+ *      (at least one request), so joins do not stall running rows for long;
  *   3. one td_spec_step per group that has rows (S.mu released meanwhile);
  *   4. td_spec_take every row's new ids/provenance/text into its request's
  *      outbox, wake its HTTP thread; finished rows leave (td_spec_remove).
@@ -288,9 +290,12 @@ static void fail_running(srv_group *gr, int status, const char *code, const char
 /* Admit from the queue head while rows are free. S.mu held; released while a
  * group is opened. */
 static void admit(void) {
+    long prefill = 0; /* prompt tokens admitted this round */
     while (S.q_head && S.n_running < S.cfg.max_rows) {
         srv_req *r = S.q_head;
         if (r->cancel || S.draining) { queue_sweep(); continue; }
+        /* bound the prefill work the next round adds for the running rows */
+        if (prefill > 0 && prefill + r->n_prompt > S.cfg.prefill_budget) return;
         const char *spec;
         int depth;
         req_key(r, &spec, &depth);
@@ -333,6 +338,7 @@ static void admit(void) {
             srv_req_unref(r);
             continue;
         }
+        prefill += r->n_prompt;
         r->grp = gr;
         r->row = id;
         gr->rows[id] = r;

@@ -47,6 +47,7 @@ static void serve_help(void) {
            "      --max-rows N       requests generating at once (default 8)\n"
            "      --queue N          requests waiting for a row before 503 (default 64)\n"
            "      --max-groups N     speculative groups (drafter, depth) open at once (default 4)\n"
+           "      --prefill-budget N prompt tokens admitted per round, at least one request (default 512)\n"
            "      --served-model-name NAME   the model id clients use (default: from the directory)\n"
            "      --shutdown-grace S seconds running requests may finish after SIGINT/SIGTERM (default 30)\n"
            "  -h, --help             this help\n");
@@ -76,6 +77,7 @@ int td_serve_main(int argc, char **argv) {
     cf->max_rows = 8;
     cf->queue = 64;
     cf->max_groups = SRV_MAX_GROUPS_DEFAULT;
+    cf->prefill_budget = 512;
     cf->shutdown_grace = 30;
     const char *name = NULL;
     static const char *shared[] = {"-m", "--model", "--draft", "--draft-depth", "--fixed-depth", "--accept",
@@ -96,6 +98,7 @@ int td_serve_main(int argc, char **argv) {
         else if (!strcmp(a, "--max-rows")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 256, &lv)) return 2; cf->max_rows = (int)lv; }
         else if (!strcmp(a, "--queue")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 0, 100000, &lv)) return 2; cf->queue = (int)lv; }
         else if (!strcmp(a, "--max-groups")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 64, &lv)) return 2; cf->max_groups = (int)lv; }
+        else if (!strcmp(a, "--prefill-budget")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 1 << 24, &lv)) return 2; cf->prefill_budget = lv; }
         else if (!strcmp(a, "--served-model-name")) { if (!cli_need_arg(i, argc, a)) return 2; name = argv[++i]; }
         else if (!strcmp(a, "--shutdown-grace")) { if (!cli_need_arg(i, argc, a) || !cli_parse_float(argv[++i], a, 0, 86400, &dv)) return 2; cf->shutdown_grace = dv; }
         else { fprintf(stderr, "tandem serve: unknown option '%s' (see --help)\n", a); return 2; }

@@ -100,6 +100,7 @@ typedef struct srv_config {
     const char *host;
     int port;
     int max_rows, queue, max_groups;
+    long prefill_budget;            /* prompt tokens admitted per round (at least one request) */
     double shutdown_grace;          /* seconds in-flight rows may finish after a signal */
     char model_id[128];
 } srv_config;
