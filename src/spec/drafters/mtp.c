@@ -80,7 +80,19 @@ static void head_input(mtp_group *g, int32_t x, const float *h, float *u) {
 static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
                       const td_draft_checkpoint *ck, td_err *err) {
     mtp_group *g = gv;
-    if (ck) return td_seterr(err, TD_EUNSUPPORTED, "mtp: rows cannot be restored from checkpoints yet");
+    if (ck) { /* [int32 n][n tokens][n x D taps] */
+        int32_t cn;
+        if (strcmp(ck->ns, "mtp-v1") != 0 || ck->size < sizeof cn)
+            return td_seterr(err, TD_EFORMAT, "mtp: checkpoint of namespace '%s' is not an mtp-v1 checkpoint", ck->ns);
+        memcpy(&cn, ck->data, sizeof cn);
+        if (cn < 0 || cn > g->max_ctx ||
+            ck->size != sizeof cn + (size_t)cn * (sizeof(int32_t) + sizeof(float) * (size_t)g->D))
+            return td_seterr(err, TD_EFORMAT, "mtp: checkpoint of %zu bytes does not hold %d positions of width %d",
+                             ck->size, (int)cn, g->D);
+        n = cn;
+        tokens = (const int32_t *)(ck->data + sizeof cn);
+        taps = (const float *)(ck->data + sizeof cn + (size_t)cn * sizeof(int32_t));
+    }
     if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "mtp: row group is full (%d rows)", g->max_rows);
     if (n > 0 && !taps) return td_seterr(err, TD_EINVAL, "mtp: a row needs the target's taps of its prompt");
     if (n < 0 || n > g->max_ctx) return td_seterr(err, TD_ERANGE, "mtp: stream of %d tokens exceeds the context %d", n, g->max_ctx);
@@ -218,6 +230,24 @@ static void mtp_filter(void *gv, const int *keep, int n_keep) {
     g->n_rows = n_keep;
 }
 
+static int mtp_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err) {
+    mtp_group *g = gv;
+    *out = NULL;
+    if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "mtp: no row %d", row);
+    mtp_row *r = &g->rows[row];
+    int32_t cn = r->len;
+    size_t bytes = sizeof cn + (size_t)cn * (sizeof(int32_t) + sizeof(float) * (size_t)g->D);
+    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck || !(ck->data = malloc(bytes))) { free(ck); return td_seterr(err, TD_ENOMEM, "out of memory"); }
+    snprintf(ck->ns, sizeof ck->ns, "mtp-v1");
+    memcpy(ck->data, &cn, sizeof cn);
+    memcpy(ck->data + sizeof cn, r->stream, sizeof(int32_t) * (size_t)cn);
+    memcpy(ck->data + sizeof cn + sizeof(int32_t) * (size_t)cn, r->h, sizeof(float) * (size_t)cn * g->D);
+    ck->size = bytes;
+    *out = ck;
+    return 0;
+}
+
 static void mtp_free_group(void *gv) {
     mtp_group *g = gv;
     if (!g) return;
@@ -231,7 +261,7 @@ static void mtp_free_group(void *gv) {
 
 static const td_draft_rows_vt mtp_rows_vt = {
     .append = mtp_append, .draft = mtp_draft, .commit = mtp_commit,
-    .filter = mtp_filter, .capture = NULL, .free = mtp_free_group,
+    .filter = mtp_filter, .capture = mtp_capture, .free = mtp_free_group,
 };
 
 static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err) {
