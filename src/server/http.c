@@ -198,7 +198,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, int chat, conn_ctx *cc
         srv_req_unref(r);
         pthread_mutex_unlock(&S.mu);
         return send_error(c, (unsigned)status, msg, "server_error", NULL,
-                          S.draining ? "shutting_down" : "server_busy");
+                          strstr(msg, "shutting down") ? "shutting_down" : "server_busy");
     }
     pthread_mutex_lock(&S.mu);
     /* admission (or, without streaming, the end) */

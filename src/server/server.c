@@ -157,10 +157,10 @@ int td_serve_main(int argc, char **argv) {
     /* wait for a signal */
     int sig;
     while ((sig = sigwaitinfo(&sigs, NULL)) < 0 && errno == EINTR) {}
-    fprintf(stderr, "tandem serve: %s: draining (%d running, %d waiting)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            S.n_running, S.n_queued);
     MHD_socket ls = MHD_quiesce_daemon(d);
     pthread_mutex_lock(&S.mu);
+    fprintf(stderr, "tandem serve: %s: draining (%d running, %d waiting)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            S.n_running, S.n_queued);
     S.draining = 1;
     S.drain_deadline = srv_now() + cf->shutdown_grace;
     pthread_cond_broadcast(&S.cv);
