@@ -59,6 +59,14 @@ req server_health GET /health '' 200 '"status":"ok"'
 req server_models GET /v1/models '' 200 '"id":"tiny-code".*"object":"model"'
 req server_model_one GET /v1/models/tiny-code '' 200 '"id":"tiny-code"'
 req server_metrics GET /metrics '' 200 'tandem:num_requests_running 0'
+missing=
+for m in tandem:requests_total tandem:prompt_tokens_total tandem:generation_tokens_total tandem:num_requests_waiting \
+         tandem:kv_rows_in_use tandem:kv_cache_usage_perc tandem:time_to_first_token_seconds_bucket \
+         tandem:inter_token_latency_seconds_bucket tandem:spec_decode_num_draft_tokens_total \
+         tandem:spec_decode_num_accepted_tokens_total 'tandem:spec_decode_num_accepted_tokens_per_pos{position="0"}'; do
+  grep -qF "$m" "$TMP/body" || missing="$missing $m"
+done
+[ -z "$missing" ] && grep -q '^# TYPE tandem:time_to_first_token_seconds histogram' "$TMP/body" && ok server_metrics_names || bad server_metrics_names "missing:$missing"
 req server_completion POST /v1/completions '{"model":"tiny-code","prompt":"def add(a, b):","max_tokens":8,"temperature":0}' 200 \
   '"object":"text_completion".*"finish_reason":"length".*"usage":\{"prompt_tokens":[0-9]+,"completion_tokens":8,"total_tokens":[0-9]+,"speculative":\{"drafter":"ngram:1-4"'
 req server_completion_ids POST /v1/completions '{"prompt":[1264,912,11],"max_tokens":4,"temperature":0}' 200 '"completion_tokens":4'
