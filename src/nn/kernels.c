@@ -166,6 +166,26 @@ AI float fold16(__m512 v) {
     return _mm_cvtss_f32(d);
 }
 
+/* fold16 of 16 vectors at once: lane u of the result = fold16(v[u]), the same
+ * additions in the same tree (s8 = lo + hi halves, s4, s2, s), done on shuffled
+ * registers; a final permutation puts key u in lane u. */
+AI __m512 fold16x16(const __m512 *v) {
+    __m512 b[8], d[4], f[2];
+    for (int k = 0; k < 8; k++) /* s8 of keys 2k (blocks 0,1) and 2k+1 (blocks 2,3) */
+        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++) /* s4: block r = key 4k + r */
+        d[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++) /* s2: block r = [key 8k + r (2 lanes), key 8k + 4 + r (2 lanes)] */
+        f[k] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0x44),
+                             _mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0xEE));
+    /* s: lane 4r + c = key r + 4c */
+    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], 0x88), _mm512_shuffle_ps(f[0], f[1], 0xDD));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, r);
+}
+
 AI __mmask16 tailmask(int r) { return (__mmask16)((1u << r) - 1u); }
 
 /* 16 weights from element k of row w (bytes), exact f32. */
@@ -201,7 +221,7 @@ AI float dot_v(const float *a, const char *w, int dt, int n) {
 /* The register tile: MR tokens x NR outputs, each a D16 dot over all of K. */
 AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w,
              size_t wrow, int K, int add) {
-    __m512 acc[4][8];
+    __m512 acc[8][8];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
@@ -245,22 +265,38 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
 }
 
 typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add);
-#define TILE_INST(MR, NR, DT, SUF)                                                                       \
+#define TILE_INST(MR, NR, DT, SUF) TILE_INST_(MR, NR, DT, SUF) /* expands NR_MAIN first */
+#define TILE_INST_(MR, NR, DT, SUF)                                                                      \
     static void tile_##MR##x##NR##_##SUF(float *y, int ldy, const float *x, int ldx, const char *w,      \
                                          size_t wrow, int K, int add) {                                  \
         tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add);                                               \
     }
+/* Tiles for M >= 2: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end of
+ * a block, one output at the end of the range); M = 1: 1 x 8. */
+#ifndef MR_MAIN
+#define MR_MAIN 4
+#endif
+#ifndef NR_MAIN
+#define NR_MAIN 6
+#endif
 #define TILE_SET(DT, SUF)                                                                                \
     TILE_INST(1, 1, DT, SUF) TILE_INST(2, 1, DT, SUF) TILE_INST(3, 1, DT, SUF) TILE_INST(4, 1, DT, SUF)  \
-    TILE_INST(1, 4, DT, SUF) TILE_INST(2, 4, DT, SUF) TILE_INST(3, 4, DT, SUF) TILE_INST(4, 4, DT, SUF)  \
-    TILE_INST(1, 8, DT, SUF)
+    TILE_INST(5, 1, DT, SUF) TILE_INST(6, 1, DT, SUF) TILE_INST(7, 1, DT, SUF) TILE_INST(8, 1, DT, SUF)  \
+    TILE_INST(1, NR_MAIN, DT, SUF) TILE_INST(2, NR_MAIN, DT, SUF) TILE_INST(3, NR_MAIN, DT, SUF)          \
+    TILE_INST(4, NR_MAIN, DT, SUF) TILE_INST(5, NR_MAIN, DT, SUF) TILE_INST(6, NR_MAIN, DT, SUF)          \
+    TILE_INST(7, NR_MAIN, DT, SUF) TILE_INST(8, NR_MAIN, DT, SUF) TILE_INST(1, 8, DT, SUF)
 TILE_SET(TD_DTYPE_F32, f32)
 TILE_SET(TD_DTYPE_F16, f16)
 TILE_SET(TD_DTYPE_BF16, bf16)
 
-typedef struct { tile_fn t[5][2]; tile_fn gemv8; } tile_set;
-#define TS(SUF) {{{0, 0}, {tile_1x1_##SUF, tile_1x4_##SUF}, {tile_2x1_##SUF, tile_2x4_##SUF}, \
-                  {tile_3x1_##SUF, tile_3x4_##SUF}, {tile_4x1_##SUF, tile_4x4_##SUF}}, tile_1x8_##SUF}
+#define TN(MR, NR, SUF) tile_##MR##x##NR##_##SUF
+#define TNX(MR, NR, SUF) TN(MR, NR, SUF)
+typedef struct { tile_fn t[9][2]; tile_fn gemv8; } tile_set;
+#define TS(SUF) {{{0, 0}, {TN(1, 1, SUF), TNX(1, NR_MAIN, SUF)}, {TN(2, 1, SUF), TNX(2, NR_MAIN, SUF)}, \
+                  {TN(3, 1, SUF), TNX(3, NR_MAIN, SUF)}, {TN(4, 1, SUF), TNX(4, NR_MAIN, SUF)},           \
+                  {TN(5, 1, SUF), TNX(5, NR_MAIN, SUF)}, {TN(6, 1, SUF), TNX(6, NR_MAIN, SUF)},           \
+                  {TN(7, 1, SUF), TNX(7, NR_MAIN, SUF)}, {TN(8, 1, SUF), TNX(8, NR_MAIN, SUF)}},          \
+                 TN(1, 8, SUF)}
 static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
 
 #define MBLOCK 64 /* tokens whose activations stay in L2 while a weight panel streams */
@@ -273,21 +309,20 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
     if (M == 1) {
         int n = n0;
         for (; n + 8 <= n1; n += 8) ts->gemv8(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
-        for (; n + 4 <= n1; n += 4) ts->t[1][1](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
         for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
         return;
     }
     for (int mb = 0; mb < M; mb += MBLOCK) {
         int me = mb + MBLOCK < M ? mb + MBLOCK : M;
         int n = n0;
-        for (; n + 4 <= n1; n += 4)
-            for (int m = mb; m < me; m += 4) {
-                int mr = me - m < 4 ? me - m : 4;
+        for (; n + NR_MAIN <= n1; n += NR_MAIN)
+            for (int m = mb; m < me; m += MR_MAIN) {
+                int mr = me - m < MR_MAIN ? me - m : MR_MAIN;
                 ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
             }
         for (; n < n1; n++)
-            for (int m = mb; m < me; m += 4) {
-                int mr = me - m < 4 ? me - m : 4;
+            for (int m = mb; m < me; m += MR_MAIN) {
+                int mr = me - m < MR_MAIN ? me - m : MR_MAIN;
                 ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
             }
     }
@@ -317,8 +352,22 @@ static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const i
         const float *qi = q + (size_t)i * ldq;
         int n = n_keys[i];
         float *oi = o + (size_t)i * ldo;
-        /* scores */
-        for (int j = 0; j < n; j++) sc[j] = dot_v(qi, (const char *)(K + (size_t)j * ldkv), TD_DTYPE_F32, hd) * scale;
+        /* scores: D16 dots; 16 keys at a time share one transposed fold */
+        int j0 = 0;
+        if ((hd & 15) == 0)
+            for (; j0 + 16 <= n; j0 += 16) {
+                __m512 acc[16];
+                for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
+                for (int d = 0; d < hd; d += 16) {
+                    __m512 qv = _mm512_loadu_ps(qi + d);
+                    const float *kb = K + (size_t)j0 * ldkv + d;
+#pragma GCC unroll 16
+                    for (int u = 0; u < 16; u++)
+                        acc[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + (size_t)u * ldkv), acc[u]);
+                }
+                _mm512_storeu_ps(sc + j0, _mm512_mul_ps(fold16x16(acc), _mm512_set1_ps(scale)));
+            }
+        for (int j = j0; j < n; j++) sc[j] = dot_v(qi, (const char *)(K + (size_t)j * ldkv), TD_DTYPE_F32, hd) * scale;
         /* max (exact, order-free) */
         __m512 vm = _mm512_set1_ps(-INFINITY);
         int j = 0;
