@@ -127,8 +127,8 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @"$TMP/rand" "$U/v1/
 # ---- the node client checks -----------------------------------------------------------
 if bash tests/server/install-deps.sh >"$TMP/npm.log" 2>&1; then
   if [ "${SAN:-0}" = 1 ]; then limit=600; mode=light; else limit=150; mode=full; fi
-  SERVER_PID=$MAIN_PID timeout $limit node tests/server/client.mjs "$U" "$T" $CTX $mode; rc=$?
-  [ $rc -eq 0 ] || [ $rc -eq 1 ] || bad server_client "node client exited $rc"
+  SERVER_PID=$MAIN_PID timeout $limit node tests/server/client.mjs "$U" "$T" $CTX $mode 2>&1 | tee "$TMP/node.log"; rc=${PIPESTATUS[0]}
+  if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$TMP/node.log"; then bad server_client "node client exited $rc without a FAIL line"; fi
 else
   bad server_client_deps "cannot install the openai npm package: $(tail -3 "$TMP/npm.log")"
 fi
@@ -143,16 +143,23 @@ if grep -qE 'AddressSanitizer|LeakSanitizer|runtime error|UndefinedBehavior' "$T
   bad server_log_clean "$(grep -m3 -E 'Sanitizer|runtime error' "$TMP/main.log")"
 else ok server_log_clean; fi
 
-# ---- admission: one row, no queue -> 503 + Retry-After; SIGINT lets the running request finish
-start small --draft ngram --max-rows 1 --queue 0 || { bad server_start_small "second server did not come up"; exit 1; }
+# ---- admission: one row, a queue of one -> 503 + Retry-After; a queued client that goes away
+# leaves the queue; SIGINT lets the running request finish
+start small --draft ngram --max-rows 1 --queue 1 || { bad server_start_small "second server did not come up"; exit 1; }
 U=$URL
-curl -sN -o "$TMP/long" -H 'content-type: application/json' -d '{"prompt":"def main():","max_tokens":400,"stream":true,"temperature":0.8,"seed":1}' "$U/v1/completions" &
+metric() { curl -s "$U/metrics" | grep "^$1 " | awk '{print $2}'; }
+curl -sN -o "$TMP/long" -H 'content-type: application/json' -d '{"prompt":"def main():","max_tokens":500,"ignore_eos":true,"stream":true,"temperature":0.8,"seed":1}' "$U/v1/completions" &
 CURL_PID=$!
-for _ in $(seq 1 100); do
-  curl -s "$U/metrics" | grep -q '^tandem:num_requests_running 1' && break; sleep 0.02
-done
+for _ in $(seq 1 100); do [ "$(metric tandem:num_requests_running)" = 1 ] && break; sleep 0.02; done
+curl -s -m 0.6 -o /dev/null -H 'content-type: application/json' -d '{"prompt":"y","max_tokens":2}' "$U/v1/completions" &
+Q_PID=$!
+for _ in $(seq 1 100); do [ "$(metric tandem:num_requests_waiting)" = 1 ] && break; sleep 0.02; done
 code=$(curl -s -D "$TMP/hdr" -o "$TMP/body" -w '%{http_code}' -H 'content-type: application/json' -d '{"prompt":"x","max_tokens":2}' "$U/v1/completions")
 [ "$code" = 503 ] && grep -qi '^retry-after:' "$TMP/hdr" && grep -q '"error"' "$TMP/body" && ok server_503_queue_full || bad server_503_queue_full "status $code $(cat "$TMP/body")"
+wait $Q_PID
+for _ in $(seq 1 50); do [ "$(metric tandem:num_requests_waiting)" = 0 ] && break; sleep 0.05; done
+w=$(metric tandem:num_requests_waiting); cn=$(metric tandem:request_cancelled_total)
+[ "$w" = 0 ] && [ "${cn:-0}" -ge 1 ] && ok server_queued_disconnect || bad server_queued_disconnect "waiting $w, cancelled $cn"
 kill -INT $PID
 wait $PID; rc=$?
 wait $CURL_PID

@@ -40,8 +40,13 @@ function runRef(prompt, { temp = 0, seed = 0, draft = 'none', chat = false, n = 
   const args = ['run', '-p', prompt, '-n', String(n), '--temp', String(temp), '--seed', String(seed),
     '--draft', draft, '--ctx', String(CTX), '-t', '1', '--ids'];
   if (chat) args.push('--chat', '--stop', '<|im_end|>');
-  const r = require('node:child_process').spawnSync(tandem, args, { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`tandem run failed: ${r.stderr}`);
+  let r;
+  for (let attempt = 0; attempt < 3; attempt++) { // the binary may be mid-rebuild by a concurrent make
+    r = require('node:child_process').spawnSync(tandem, args, { encoding: 'utf8' });
+    if (!r.error && r.status === 0) break;
+    execFileSync('sleep', ['1']);
+  }
+  if (r.error || r.status !== 0) throw new Error(`tandem run failed: ${r.error || r.stderr}`);
   const m = /ids:([\d ]*)\n/.exec(r.stderr);
   const ids = m ? m[1].trim().split(/\s+/).filter(Boolean).map(Number) : [];
   let text = r.stdout;
@@ -107,7 +112,12 @@ const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 // ---- exactness against tandem run -------------------------------------------
 const settings = [{ name: 'greedy', temp: 0, seed: 0 }, { name: 't08', temp: 0.8, seed: 1234 }];
 const refs = {};
-for (const s of settings) refs[s.name] = prompts.map((p) => runRef(p, { temp: s.temp, seed: s.seed }));
+try {
+  for (const s of settings) refs[s.name] = prompts.map((p) => runRef(p, { temp: s.temp, seed: s.seed }));
+} catch (e) {
+  fail('server_ref_run', String(e));
+  process.exit(1);
+}
 // tandem run itself agrees with and without a drafter (sanity for the reference)
 await guard('server_ref_run_spec_equal', async () => {
   const r2 = runRef(prompts[0], { temp: 0.8, seed: 1234, draft: 'ngram' });
@@ -169,7 +179,8 @@ await guard('server_openai_completions_stream', async () => {
   check('server_openai_completions_stream', text === refs.t08[2].text && fin === 'length', `${JSON.stringify(text)} vs ${JSON.stringify(refs.t08[2].text)}`);
 });
 const chatQ = 'Write a Python function that reverses a string.';
-const chatRef = runRef(chatQ, { chat: true, n: MAXT, temp: 0 });
+let chatRef = { ids: [], text: null };
+try { chatRef = runRef(chatQ, { chat: true, n: MAXT, temp: 0 }); } catch (e) { fail('server_ref_run_chat', String(e)); }
 await guard('server_openai_chat', async () => {
   const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: chatQ }], max_tokens: MAXT, temperature: 0 });
   const m = r.choices[0].message;
