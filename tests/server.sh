@@ -145,10 +145,10 @@ else ok server_log_clean; fi
 
 # ---- admission: one row, a queue of one -> 503 + Retry-After; a queued client that goes away
 # leaves the queue; SIGINT lets the running request finish
-start small --draft ngram --max-rows 1 --queue 1 || { bad server_start_small "second server did not come up"; exit 1; }
+start small --draft ngram --max-rows 1 --queue 1 --ctx 2048 || { bad server_start_small "second server did not come up"; exit 1; }
 U=$URL
 metric() { curl -s "$U/metrics" | grep "^$1 " | awk '{print $2}'; }
-curl -sN -o "$TMP/long" -H 'content-type: application/json' -d '{"prompt":"def main():","max_tokens":500,"ignore_eos":true,"stream":true,"temperature":0.8,"seed":1}' "$U/v1/completions" &
+curl -sN -o "$TMP/long" -H 'content-type: application/json' -d '{"prompt":"def main():","max_tokens":1500,"ignore_eos":true,"stream":true,"temperature":0.8,"seed":1}' "$U/v1/completions" &
 CURL_PID=$!
 for _ in $(seq 1 100); do [ "$(metric tandem:num_requests_running)" = 1 ] && break; sleep 0.02; done
 curl -s -m 0.6 -o /dev/null -H 'content-type: application/json' -d '{"prompt":"y","max_tokens":2}' "$U/v1/completions" &
