@@ -57,9 +57,11 @@ void srv_req_fail(srv_req *r, int status, const char *type, const char *param, c
     pthread_cond_broadcast(&r->cv);
 }
 
+static cJSON *text_item(const char *s, size_t n);
+
 char *srv_api_error_json(const char *msg, const char *type, const char *param, const char *code) {
     cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddItemToObject(e, "message", text_item(msg, strlen(msg))); /* may quote client bytes */
     cJSON_AddStringToObject(e, "type", type ? type : "invalid_request_error");
     if (param) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
     if (code) cJSON_AddStringToObject(e, "code", code); else cJSON_AddNullToObject(e, "code");
