@@ -320,16 +320,23 @@ static void attn_run(void *arg, int ith, int nth) {
     int hd = cfg->head_dim, group = cfg->n_head / cfg->n_kv_head;
     float scale = 1.0f / sqrtf((float)hd);
     float *sc = c->scores + (size_t)ith * c->p.max_ctx;
-    int items = j->T * cfg->n_head;
-    int i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
-    for (int it = i0; it < i1; it++) {
-        int t = it / cfg->n_head, h = it % cfg->n_head, kvh = h / group;
+    /* a unit is (token, kv head): the group of query heads sharing that KV head,
+     * so a thread reads each K/V row once per unit. Units are dealt round-robin,
+     * not in contiguous ranges: in a causal prefill later tokens have more keys. */
+    int units = j->T * cfg->n_kv_head;
+    int nk[64];
+    for (int u = ith; u < units; u += nth) {
+        int t = u / cfg->n_kv_head, kvh = u % cfg->n_kv_head;
         int pos = c->tok_pos[t], row = c->tok_row[t];
-        const float *q = c->q + (size_t)t * c->q_dim + h * hd;
-        const float *kb = c->k_cache + (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
-        const float *vb = c->v_cache + (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
-        int nk = pos + 1;
-        td_attend(c->att + (size_t)t * c->q_dim + h * hd, hd, q, hd, 1, &nk, kb, vb, c->kv_dim, hd, scale, sc);
+        size_t lo = (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
+        const float *q = c->q + (size_t)t * c->q_dim + (size_t)kvh * group * hd;
+        float *o = c->att + (size_t)t * c->q_dim + (size_t)kvh * group * hd;
+        for (int g0 = 0; g0 < group; g0 += 64) {
+            int ng = group - g0 < 64 ? group - g0 : 64;
+            for (int i = 0; i < ng; i++) nk[i] = pos + 1;
+            td_attend(o + (size_t)g0 * hd, hd, q + (size_t)g0 * hd, hd, ng, nk, c->k_cache + lo, c->v_cache + lo,
+                      c->kv_dim, hd, scale, sc);
+        }
     }
 }
 
