@@ -7,6 +7,8 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export BUILD
+# under the sanitizers (10-20x slower) the acceptance-profile replay uses 2 of its prompts
+if [ "${SAN:-0}" = 1 ]; then export TD_PROFILE_PROMPTS=${TD_PROFILE_PROMPTS:-2}; fi
 pass=0; fail=0; failed_names=()
 run_one() {
   local name=$1; shift
