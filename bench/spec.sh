@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Speculative decoding benchmark: every drafter against plain decoding on the
+# held-out code prompts, batch 1 and 8, plus random-token prompts (nothing to
+# predict: the cost of speculation that cannot pay). One JSON object per line
+# (tandem bench spec --json), written to stdout.
+#   bench/spec.sh [LIMIT] [TOKENS]      (defaults 20 prompts, 128 tokens)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=build/tandem
+LIMIT=${1:-20}
+N=${2:-128}
+M=models/tiny-code
+for B in 1 8; do
+  for d in ngram model:$M/draft mtp:$M/mtp; do
+    $T bench spec -m $M/target --prompts bench/prompts/code.jsonl --limit "$LIMIT" -n "$N" --batch "$B" --draft "$d" --json
+  done
+done
+for d in ngram model:$M/draft mtp:$M/mtp; do
+  $T bench spec -m $M/target --random "$LIMIT" -n "$N" --batch 1 --draft "$d" --json
+done
