@@ -4,7 +4,7 @@
 // clients stream completions of the bench prompts back to back; measures
 // throughput (generated tokens / wall time), client-side inter-token latency
 // (gap between SSE chunks, shared by the chunk's tokens) p50/p99, and TTFT p50.
-// usage: node serve.mjs BASE_URL [--conc 1,4,16] [--requests N] [--max-tokens N] [--prompt-chars N]
+// usage: node serve.mjs BASE_URL [--conc 1,4,16] [--requests N] [--max-tokens N] [--prompt-chars N] [--reps R]
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -17,6 +17,7 @@ const concs = opt('--conc', '1,4,16').split(',').map(Number);
 const perLevel = Number(opt('--requests', '0'));   // 0 = 4 per client, at least 8
 const maxTokens = Number(opt('--max-tokens', '64'));
 const promptChars = Number(opt('--prompt-chars', '400'));
+const reps = Number(opt('--reps', '2'));
 const prompts = readFileSync(path.join(here, 'prompts/code.jsonl'), 'utf8').split('\n').filter(Boolean)
   .map((l) => JSON.parse(l).prompt.slice(0, promptChars));
 
@@ -55,15 +56,25 @@ async function one(prompt, spec, seed, acc) {
   acc.requests++;
 }
 
-async function level(conc, spec) {
+const newAcc = () => ({ tokens: 0, requests: 0, errors: 0, itl: [], ttft: [], drafted: 0, accepted: 0, rounds: 0, wall: 0 });
+async function phase(conc, spec, acc, rep) {
   const n = perLevel || Math.max(8, 4 * conc);
-  const acc = { tokens: 0, requests: 0, errors: 0, itl: [], ttft: [], drafted: 0, accepted: 0, rounds: 0 };
   let next = 0;
   const t0 = performance.now();
   await Promise.all(Array.from({ length: conc }, async () => {
-    while (next < n) { const i = next++; await one(prompts[i % prompts.length], spec, i, acc).catch(() => acc.errors++); }
+    while (next < n) { const i = next++; await one(prompts[(i + rep * n) % prompts.length], spec, i, acc).catch(() => acc.errors++); }
   }));
-  const wall = (performance.now() - t0) / 1000;
+  acc.wall += (performance.now() - t0) / 1000;
+}
+// plain and speculative phases alternate (reps of each), so a noisy machine
+// weighs on both alike; the same prompts go through both.
+async function levelPair(conc) {
+  const a = newAcc(), b = newAcc();
+  for (let rep = 0; rep < reps; rep++) { await phase(conc, false, a, rep); await phase(conc, true, b, rep); }
+  return [summary(conc, false, a), summary(conc, true, b)];
+}
+function summary(conc, spec, acc) {
+  const wall = acc.wall;
   return { concurrency: conc, speculative: spec, requests: acc.requests, errors: acc.errors, tokens: acc.tokens,
     wall_s: +wall.toFixed(3), throughput_tok_s: +(acc.tokens / wall).toFixed(1),
     itl_p50_ms: +pct(acc.itl, 0.5).toFixed(2), itl_p99_ms: +pct(acc.itl, 0.99).toFixed(2), ttft_p50_ms: +pct(acc.ttft, 0.5).toFixed(1),
@@ -71,8 +82,8 @@ async function level(conc, spec) {
 }
 
 const results = [];
-await level(1, true); // warm-up
-for (const c of concs) for (const spec of [false, true]) results.push(await level(c, spec));
+await phase(1, true, newAcc(), 0); // warm-up
+for (const c of concs) results.push(...await levelPair(c));
 const models = await (await fetch(base + '/v1/models')).json();
 const m = models.data[0];
 const speedup = {};
@@ -80,4 +91,4 @@ for (const c of concs) {
   const a = results.find((r) => r.concurrency === c && !r.speculative), b = results.find((r) => r.concurrency === c && r.speculative);
   speedup[c] = a.throughput_tok_s ? +(b.throughput_tok_s / a.throughput_tok_s).toFixed(3) : 0;
 }
-console.log(JSON.stringify({ model: m.id, drafter: m.drafter, draft_depth: m.draft_depth, max_tokens: maxTokens, prompt_chars: promptChars, results, speedup }, null, 1));
+console.log(JSON.stringify({ model: m.id, drafter: m.drafter, draft_depth: m.draft_depth, max_tokens: maxTokens, prompt_chars: promptChars, reps, results, speedup }, null, 1));

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/serve.sh — throughput and p50/p99 inter-token latency of `tandem serve`
 # at 1, 4 and 16 concurrent streaming clients, with and without speculation
-# (per request, in the same server and run). Prints one JSON object.
-#   bench/serve.sh [--conc 1,4,16] [--requests N] [--max-tokens N] [--prompt-chars N] [-- SERVE OPTIONS...]
+# (per request, in the same server and run; plain and speculative phases
+# alternate --reps times each). Prints one JSON object.
+#   bench/serve.sh [--conc 1,4,16] [--requests N] [--max-tokens N] [--prompt-chars N] [--reps R] [-- SERVE OPTIONS...]
 # Serve options default to: --draft ngram --max-rows 16 (the bundled model).
 # Not run by tests.
 set -euo pipefail
