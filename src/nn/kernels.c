@@ -238,6 +238,9 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)i * ldx + k);
+            /* keep xv in a register: GCC otherwise folds this load into each of the
+             * NR FMAs (NR loads instead of one; load-port bound for NR <= 4) */
+            __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
