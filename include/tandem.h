@@ -172,6 +172,10 @@ typedef struct td_ctx_params {
     int max_tokens;  /* most new tokens in one forward, over all rows */
     int max_logits;  /* most positions with logits in one forward */
     int n_threads;   /* 0 = number of online CPUs */
+    const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads
+                        instead of starting new ones (it must outlive this context, and the
+                        two must not run forwards at the same time). Drafters share the
+                        target's threads, so idle workers of one never compete with the other. */
 } td_ctx_params;
 
 td_ctx_params td_ctx_default_params(void);
@@ -289,7 +293,8 @@ typedef struct td_drafter td_drafter;
 
 /* spec: "none" (no drafter: *out = NULL, returns 0), "ngram" or
  * "ngram:MIN-MAX" (prompt lookup, n-gram sizes MIN..MAX, default 1-4),
- * "model:DIR" (a separate draft model; its tokenizer must be the target's),
+ * "model:DIR[,vocab=N]" (a separate draft model; its tokenizer must be the target's;
+ * vocab=N drafts over the N most frequent ids only, cutting its LM head),
  * "mtp:DIR" (a multi-token-prediction head over the target's last hidden state).
  * target is borrowed and must outlive the drafter. */
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);

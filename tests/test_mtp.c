@@ -62,7 +62,7 @@ int main(void) {
         for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
         int n = N - 1;
         int32_t t = S[N - 1];
-        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, &rows, &err) == 0, "open rows: %s", err.msg);
+        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, c, &rows, &err) == 0, "open rows: %s", err.msg);
         int row;
         td_ctx_row_add(c, &row);
         int tap = info.n_layer;
@@ -117,7 +117,7 @@ int main(void) {
                 int32_t b2[4];
                 int nb2 = 0;
                 T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
-                T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, &other, &err) == 0, "open");
+                T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, c, &other, &err) == 0, "open");
                 int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
                 td_draft_checkpoint_free(ck);
                 T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
@@ -147,7 +147,7 @@ int main(void) {
         if (!cJSON_IsArray(lr)) continue;
         int n = N - 1;
         int32_t t = S[N - 1];
-        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, &rows, &err) == 0, "open rows");
+        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, c, &rows, &err) == 0, "open rows");
         int row, tap = info.n_layer;
         td_ctx_row_add(c, &row);
         td_batch pb = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = S, .want = ones,

@@ -156,6 +156,10 @@ done:
 
 /* The same with the depth planner choosing depths (it may draft less). */
 static void run_exact_controlled(void) {
+    char sub[700];
+    snprintf(sub, sizeof sub, "model:%s/draft_same,vocab=150", g_dir);
+    run_exact(sub, "model_same_vocab150", 0, 3, 4); /* drafts only from ids < 150 */
+    run_exact(sub, "model_same_vocab150", 1, 3, 4);
     g_fixed = 0;
     run_exact("ngram", "ngram_planned", 0, 3, 6);
     run_exact("ngram", "ngram_planned", 1, 8, 6);
@@ -361,7 +365,7 @@ static void test_checkpoints(void) {
     make_prompt(5, pr, &np, 301);
     for (int which = 0; which < 2; which++) {
         td_drafter *d = ds[which];
-        T_REQUIRE(d->vt->open_rows(d->self, 2, 128, 4, &a, &err) == 0 && d->vt->open_rows(d->self, 2, 128, 4, &b, &err) == 0, "open");
+        T_REQUIRE(d->vt->open_rows(d->self, 2, 128, 4, NULL, &a, &err) == 0 && d->vt->open_rows(d->self, 2, 128, 4, NULL, &b, &err) == 0, "open");
         T_REQUIRE(td_draft_rows_append(&a, pr, np - 1, NULL, NULL, &err) == 0, "append");
         /* one committed round so the state is more than the prompt */
         int32_t pend = pr[np - 1], tok[8], n_tok[2], depth = 3;
@@ -387,7 +391,7 @@ static void test_checkpoints(void) {
         T_CHECK(n1 == n2 && memcmp(t1, t2, sizeof(int32_t) * (size_t)n1) == 0, "%s: restored row drafts differently", d->id);
         /* a checkpoint of the other kind is refused */
         td_drafter *other = ds[1 - which];
-        T_REQUIRE(other->vt->open_rows(other->self, 1, 128, 4, &c2, &err) == 0, "open other");
+        T_REQUIRE(other->vt->open_rows(other->self, 1, 128, 4, NULL, &c2, &err) == 0, "open other");
         T_CHECK(td_draft_rows_append(&c2, NULL, 0, NULL, ck, &err) == TD_EFORMAT && strstr(err.msg, "checkpoint"),
                 "foreign checkpoint must be refused: %s", err.msg);
         td_draft_rows_free(&c2);
@@ -438,6 +442,10 @@ static void test_bad_input(void) {
             "draft model with another vocabulary: %s", err.msg);
     T_CHECK(td_drafter_open(&d2, "telepathy", g_target, &err) == TD_EINVAL && strstr(err.msg, "unknown drafter"), "unknown drafter");
     T_CHECK(td_drafter_open(&d2, "ngram:5-2", g_target, &err) == TD_EINVAL, "bad ngram sizes");
+    snprintf(spec, sizeof spec, "model:%s/draft_same,vocab=0", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && strstr(err.msg, "vocabulary"), "zero draft vocabulary: %s", err.msg);
+    snprintf(spec, sizeof spec, "model:%s/draft_same,vocab=302", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && strstr(err.msg, "vocabulary"), "draft vocabulary past the model's: %s", err.msg);
     T_CHECK(td_drafter_open(&d2, "model:/nonexistent/dir", g_target, &err) != 0 && d2 == NULL, "missing draft model dir");
     snprintf(spec, sizeof spec, "mtp:%s/mtp_wrong", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "trained for a target"),

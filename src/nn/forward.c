@@ -30,7 +30,8 @@
 struct td_ctx {
     const td_model *m;      /* borrowed */
     td_ctx_params p;
-    td_pool *pool;          /* owned */
+    td_pool *pool;          /* owned unless shared (share_threads) */
+    int pool_owned;
     int kv_dim;             /* n_kv_head*head_dim */
     int q_dim;              /* n_head*head_dim */
     size_t row_stride;      /* floats per row of cache: n_layer*max_ctx*kv_dim */
@@ -95,7 +96,7 @@ static void rope_table(td_ctx *c) {
 
 void td_ctx_free(td_ctx *c) {
     if (!c) return;
-    td_pool_free(c->pool);
+    if (c->pool_owned) td_pool_free(c->pool);
     free(c->k_cache); free(c->v_cache); free(c->row_len); free(c->row_used);
     free(c->rope_cos); free(c->rope_sin);
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
@@ -127,6 +128,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         p.n_threads = n > 0 ? (int)n : 1;
     }
     if (p.n_threads > 256) p.n_threads = 256;
+    if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;
     td_ctx *c = calloc(1, sizeof *c);
     if (!c) return td_seterr(err, TD_ENOMEM, "out of memory");
     c->m = m;
@@ -173,9 +175,13 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         return td_seterr(err, TD_ENOMEM, "out of memory allocating a context of %d rows x %d positions",
                          p.max_rows, p.max_ctx);
     }
-    if (td_pool_open(&c->pool, p.n_threads) != 0) {
+    if (p.share_threads) {
+        c->pool = p.share_threads->pool;
+    } else if (td_pool_open(&c->pool, p.n_threads) != 0) {
         td_ctx_free(c);
         return td_seterr(err, TD_ENOMEM, "cannot start %d threads", p.n_threads);
+    } else {
+        c->pool_owned = 1;
     }
     rope_table(c);
     *out = c;

@@ -92,8 +92,11 @@ typedef struct td_draft_rows {
 typedef struct td_drafter_vt {
     /* required. Open a row group for max_rows rows at most, streams of up to
      * max_ctx tokens and drafts of up to max_depth tokens; the group is owned
-     * by the caller (td_draft_rows_free). */
-    int (*open_rows)(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err);
+     * by the caller (td_draft_rows_free). target_ctx (borrowed, may be NULL) is
+     * the context the target verifies in, driven from the same thread: a
+     * drafter running its own forwards shares its threads. */
+    int (*open_rows)(void *self, int max_rows, int max_ctx, int max_depth, const td_ctx *target_ctx,
+                     td_draft_rows *out, td_err *err);
     /* optional. Target layers whose hidden states the provider's rows consume,
      * in capture order (td_batch.taps semantics). Absent: no taps. */
     int (*tap_layers)(void *self, const int **layers);
@@ -140,7 +143,7 @@ static inline int td_drafter_taps(const td_drafter *d, const int **layers) {
 
 /* Provider constructors, one per drafter file in spec/drafters/. */
 int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err);
-int td_drafter_model_open(td_drafter **out, const char *dir, const td_model *target, td_err *err);
+int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
 int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *target, td_err *err);
 
 #endif

@@ -23,6 +23,7 @@
 #include "spec/emit.h"
 #include "util/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,6 +81,7 @@ struct td_spec {
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
     int *maxk;                 /* [max_rows] by drafter row */
     double draft_s;            /* seconds per draft token (running) */
+    int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
     td_spec_stats total;
 };
 
@@ -231,13 +233,19 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     }
     for (int i = 0; i < R; i++) { g->rows[i].kv_row = -1; g->rows[i].dr = -1; }
     int rc;
-    if (drafter && (rc = drafter->vt->open_rows(drafter->self, R, g->max_ctx, D, &g->dr, err)) != 0) {
+    if (drafter && (rc = drafter->vt->open_rows(drafter->self, R, g->max_ctx, D, ctx, &g->dr, err)) != 0) {
         td_spec_free(g);
         return rc;
     }
     if ((rc = measure_verify(g, R * (D + 1), err)) != 0) {
         td_spec_free(g);
         return rc;
+    }
+    g->debug = getenv("TD_SPEC_DEBUG") != NULL;
+    if (g->debug) {
+        fprintf(stderr, "tandem: verify cost curve:");
+        for (int i = 0; i < g->cv.n; i++) fprintf(stderr, " T=%d %.3fms", g->cv.T[i], g->cv.s[i] * 1e3);
+        fprintf(stderr, "\n");
     }
     *out = g;
     return 0;
@@ -402,6 +410,10 @@ int td_spec_step(td_spec *g, td_err *err) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
         else td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
+        if (g->debug)
+            for (int d = 0; d < n_dr; d++)
+                fprintf(stderr, "tandem: plan row %d: maxk %d -> depth %d (a1 %.2f a2 %.2f)\n", d, g->maxk[d], g->depth[d],
+                        g->ctl[d]->a[0], g->ctl[d]->a[1]);
     }
     if (n_dr > 0) {
         int any = 0;
@@ -431,6 +443,8 @@ int td_spec_step(td_spec *g, td_err *err) {
                 double per = dt / (double)nd;
                 g->draft_s = g->draft_s == 0 ? per : 0.8 * g->draft_s + 0.2 * per;
             }
+            if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %.3f ms%s; draft_s %.3f ms\n", nd, dt * 1e3,
+                                  steady ? "" : " (catch-up)", g->draft_s * 1e3);
         }
     }
     for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].drafted_last = g->depth[d] > 0;

@@ -10,9 +10,14 @@
  * the committed stream (accepted drafts are exactly what the drafter fed
  * itself), so rollback is a trim. Greedy drafting under the match rule; under
  * the rejection rule each draft is sampled from the draft model's own
- * distribution (q) with a draw stream separate from the target's. */
+ * distribution (q) with a draw stream separate from the target's.
+ * A draft vocabulary (",vocab=N") cuts the draft's LM head, its largest
+ * matrix, to ids 0..N-1: byte-level BPE ids follow merge order, so these are
+ * the most frequent tokens; proposals then come from them only (q is zero
+ * elsewhere), which the target's verification makes harmless to the output. */
 #include "spec/draft.h"
 #include "model/model.h"
+#include "nn/kernels.h"
 #include "util/util.h"
 
 #include <stdio.h>
@@ -23,6 +28,10 @@
 
 typedef struct {
     td_model *m;     /* owned draft model */
+    td_model view;   /* the model the draft context runs: m, with the LM head cut
+                        to the first n_sub rows when a draft vocabulary is set */
+    int n_sub;       /* draft vocabulary: ids 0..n_sub-1 (byte-level BPE ids are in
+                        merge order, a frequency ranking); = n_vocab when unset */
 } dm_provider;
 
 typedef struct {
@@ -37,8 +46,10 @@ typedef struct {
     td_ctx *ctx;       /* owned */
     td_sampler *smp;   /* owned */
     dm_row *rows;      /* [max_rows] */
-    int n_rows, max_rows, max_ctx, max_depth, n_vocab;
-    float *logits;     /* [max_rows][n_vocab] */
+    int n_rows, max_rows, max_ctx, max_depth, n_vocab; /* n_vocab: full vocabulary */
+    int n_sub;         /* logits per draft position (the draft vocabulary) */
+    float *logits;     /* [max_rows][n_sub] */
+    float *embd;       /* [max_tokens][n_embd] input embeddings (any id, full table) */
     int32_t *btok;     /* [max_tokens] batch tokens */
     int *brow, *bn;    /* [max_rows] batch rows / counts */
     int *bidx;         /* [max_rows] group row of each batch row */
@@ -86,8 +97,15 @@ static int32_t argmax(const float *x, int n) {
 
 /* Feed the rows listed in bidx[0..nb): tokens already laid out in btok/bn. */
 static int feed(dm_group *g, int nb, td_err *err) {
-    for (int i = 0; i < nb; i++) g->brow[i] = g->rows[g->bidx[i]].kv_row;
-    td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .tokens = g->btok};
+    int nt = 0;
+    for (int i = 0; i < nb; i++) { g->brow[i] = g->rows[g->bidx[i]].kv_row; nt += g->bn[i]; }
+    /* embeddings looked up here: a cut LM head leaves the full input table */
+    const td_tensor *E = &g->p->m->w.tok_embd;
+    int D = g->p->m->cfg.n_embd;
+    size_t esz = E->dtype == TD_DTYPE_F32 ? 4 : 2;
+    for (int t = 0; t < nt; t++)
+        td_to_f32(g->embd + (size_t)t * D, (const char *)E->data + (size_t)g->btok[t] * D * esz, E->dtype, (size_t)D);
+    td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .embd = g->embd};
     return td_ctx_forward(g->ctx, &b, g->logits, NULL, err);
 }
 
@@ -154,7 +172,7 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
             dm_row *r = &g->rows[i];
             kv_push(r, g->btok + nt, g->bn[b]);
             nt += g->bn[b];
-            const float *lg = g->logits + (size_t)b * g->n_vocab;
+            const float *lg = g->logits + (size_t)b * g->n_sub;
             int32_t d;
             if (q->probs) {
                 td_sampling sp = *q->sampling[i];
@@ -162,8 +180,10 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
                 float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->n_vocab;
                 d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
                 if (d < 0) return td_seterr(err, d, "draft model: sampling failed");
+                /* q is zero outside the draft vocabulary */
+                memset(pr + g->n_sub, 0, sizeof(float) * (size_t)(g->n_vocab - g->n_sub));
             } else {
-                d = argmax(lg, g->n_vocab);
+                d = argmax(lg, g->n_sub);
             }
             q->tokens[(size_t)i * q->max_depth + j] = d;
             q->n_tokens[i] = j + 1;
@@ -225,7 +245,7 @@ static void dm_free_group(void *gv) {
     for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].kv_tok); }
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
-    free(g->rows); free(g->logits); free(g->btok); free(g->brow); free(g->bn); free(g->bidx);
+    free(g->rows); free(g->logits); free(g->embd); free(g->btok); free(g->brow); free(g->bn); free(g->bidx);
     free(g);
 }
 
@@ -234,7 +254,8 @@ static const td_draft_rows_vt dm_rows_vt = {
     .filter = dm_filter, .capture = dm_capture, .free = dm_free_group,
 };
 
-static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err) {
+static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, const td_ctx *target_ctx,
+                        td_draft_rows *out, td_err *err) {
     dm_provider *p = self;
     dm_group *g = calloc(1, sizeof *g);
     if (!g) return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -243,23 +264,26 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td
     g->max_ctx = max_ctx;
     g->max_depth = max_depth;
     g->n_vocab = p->m->cfg.n_vocab;
+    g->n_sub = p->n_sub;
     g->max_tokens = max_rows * (CATCHUP_CHUNK + 2);
     if (g->max_tokens < 256) g->max_tokens = 256;
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = max_rows;
+    cp.share_threads = target_ctx;
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
     cp.max_logits = max_rows;
-    int rc = td_ctx_open(&g->ctx, p->m, &cp, err);
+    int rc = td_ctx_open(&g->ctx, &p->view, &cp, err);
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
-    g->logits = malloc(sizeof(float) * (size_t)max_rows * (size_t)g->n_vocab);
+    g->logits = malloc(sizeof(float) * (size_t)max_rows * (size_t)g->n_sub);
+    g->embd = malloc(sizeof(float) * (size_t)g->max_tokens * (size_t)p->m->cfg.n_embd);
     g->btok = malloc(sizeof(int32_t) * (size_t)g->max_tokens);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bn = malloc(sizeof(int) * (size_t)max_rows);
     g->bidx = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->logits || !g->btok || !g->brow || !g->bn || !g->bidx ||
-        td_sampler_open(&g->smp, g->n_vocab) != 0) {
+    if (!g->rows || !g->logits || !g->embd || !g->btok || !g->brow || !g->bn || !g->bidx ||
+        td_sampler_open(&g->smp, g->n_sub) != 0) {
         dm_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
@@ -299,7 +323,7 @@ static int same_vocabulary(const td_model *t, const td_model *d, const char *dir
     return 0;
 }
 
-int td_drafter_model_open(td_drafter **out, const char *dir, const td_model *target, td_err *err) {
+int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err) {
     *out = NULL;
     if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "draft model: give a directory, as model:DIR");
     dm_provider *p = calloc(1, sizeof *p);
@@ -308,11 +332,21 @@ int td_drafter_model_open(td_drafter **out, const char *dir, const td_model *tar
     int rc = td_model_open(&p->m, dir, err);
     if (rc == 0) rc = same_vocabulary(target, p->m, dir, err);
     if (rc) { dm_free(p); free(d); return rc; }
+    if (n_sub < 0 || n_sub > p->m->cfg.n_vocab) {
+        int nv = p->m->cfg.n_vocab;
+        dm_free(p); free(d);
+        return td_seterr(err, TD_EINVAL, "draft model %s: draft vocabulary %d outside [1, %d]", dir, n_sub, nv);
+    }
+    p->n_sub = n_sub ? n_sub : p->m->cfg.n_vocab;
+    p->view = *p->m;
+    p->view.cfg.n_vocab = p->n_sub;   /* LM head rows 0..n_sub-1 are its first n_sub rows */
+    p->view.w.lm_head.shape[0] = p->n_sub;
     d->vt = &dm_vt;
     d->self = p;
     d->target = target;
     d->weight_bytes = p->m->weight_bytes;
-    snprintf(d->id, sizeof d->id, "model:%s", dir);
+    if (n_sub) snprintf(d->id, sizeof d->id, "model:%s,vocab=%d", dir, n_sub);
+    else snprintf(d->id, sizeof d->id, "model:%s", dir);
     snprintf(d->ns, sizeof d->ns, "model-v1");
     *out = d;
     return 0;

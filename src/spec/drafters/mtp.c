@@ -264,7 +264,8 @@ static const td_draft_rows_vt mtp_rows_vt = {
     .filter = mtp_filter, .capture = mtp_capture, .free = mtp_free_group,
 };
 
-static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err) {
+static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, const td_ctx *target_ctx,
+                         td_draft_rows *out, td_err *err) {
     mtp_provider *p = self;
     mtp_group *g = calloc(1, sizeof *g);
     if (!g) return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -277,6 +278,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, t
     g->max_tokens = max_rows * (MTP_CHUNK + 2);
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = max_rows;
+    cp.share_threads = target_ctx;
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
     cp.max_logits = g->max_tokens; /* the backlog feed asks for its last positions only */

@@ -148,8 +148,10 @@ static const td_draft_rows_vt ng_rows_vt = {
     .filter = ng_filter, .capture = ng_capture, .free = ng_free_group,
 };
 
-static int ng_open_rows(void *self, int max_rows, int max_ctx, int max_depth, td_draft_rows *out, td_err *err) {
+static int ng_open_rows(void *self, int max_rows, int max_ctx, int max_depth, const td_ctx *target_ctx,
+                        td_draft_rows *out, td_err *err) {
     (void)max_depth;
+    (void)target_ctx;
     (void)max_ctx;
     ng_group *g = calloc(1, sizeof *g);
     if (g) g->rows = calloc((size_t)max_rows, sizeof *g->rows);
