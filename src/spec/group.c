@@ -468,7 +468,12 @@ int td_spec_step(td_spec *g, td_err *err) {
     b.taps = g->taps;
     b.n_taps = g->n_taps;
     if ((rc = td_ctx_forward(g->ctx, &b, g->logits, g->n_taps ? g->vtaps : NULL, err)) != 0) return rc;
-    g->total.t_verify += td_now() - t0;
+    double vdt = td_now() - t0;
+    g->total.t_verify += vdt;
+    /* keep the cost curve current: the startup measurement may have been taken
+     * on a busier (or quieter) machine than the one running now */
+    for (int i = 0; i < g->cv.n; i++)
+        if (g->cv.T[i] == nt) { g->cv.s[i] = 0.9 * g->cv.s[i] + 0.1 * vdt; break; }
     /* 3. accept, emit, commit */
     t0 = td_now();
     size_t V_embd = (size_t)g->m->cfg.n_embd;
