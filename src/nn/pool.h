@@ -9,7 +9,9 @@
  * issues many short jobs, then sleep on a condition variable, so an idle pool
  * costs no CPU. Kernels split work over output elements or rows only, never
  * over a reduction axis, so neither the thread count nor which thread runs a
- * chunk changes a result's bits. */
+ * chunk changes a result's bits. One job at a time: td_pool_run must not be
+ * called on the same pool from two threads at once, nor from inside a chunk
+ * (contexts may share a pool only if they run forwards one after another). */
 #ifndef TD_POOL_H
 #define TD_POOL_H
 
