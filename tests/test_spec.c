@@ -337,8 +337,21 @@ static void test_depth_plan(void) {
     int probes = 0;
     td_depth_init(&poor, 0.2);
     td_depth_ctl *one[1] = {&poor};
-    for (int r = 0; r < 4 * TD_DEPTH_PROBE; r++) { td_depth_plan(one, maxk, 1, 0, &linear, 0.0, k); probes += k[0]; }
-    T_CHECK(probes == 4, "a row at depth 0 probes once every %d rounds (probed %d times)", TD_DEPTH_PROBE, probes);
+    int at[8], n_at = 0;
+    /* a draft token costs half a forward: a poor drafter does not pay, a perfect one would */
+    td_cost_curve half = {.n = 2, .T = {1, 65}, .s = {1.0, 33.0}};
+    for (int r = 1; r <= 7 * TD_DEPTH_PROBE + 3; r++) {
+        td_depth_plan(one, maxk, 1, 0, &half, 0.0, k);
+        if (k[0]) { probes++; if (n_at < 8) at[n_at++] = r; }
+    }
+    /* probes after 16 rounds, then 32 more, then 64 more: each failed probe doubles the wait */
+    T_CHECK(probes == 3 && at[0] == TD_DEPTH_PROBE && at[1] == at[0] + 2 * TD_DEPTH_PROBE &&
+            at[2] == at[1] + 4 * TD_DEPTH_PROBE,
+            "probes back off (probed %d times, at %d, %d, %d)", probes, n_at > 0 ? at[0] : -1, n_at > 1 ? at[1] : -1, n_at > 2 ? at[2] : -1);
+    for (int r = 0; r < 2 * TD_DEPTH_PROBE; r++) {
+        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, k);
+        T_CHECK(k[0] == 0, "no probe while even a perfect draft cannot pay (round %d)", r);
+    }
     for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
     td_depth_plan(one, maxk, 1, 0, &flat, 0.0, k);
     T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);

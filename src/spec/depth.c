@@ -6,6 +6,7 @@
 void td_depth_init(td_depth_ctl *c, double prior) {
     for (int j = 0; j < TD_SPEC_MAX_DEPTH; j++) c->a[j] = prior;
     c->since_probe = 0;
+    c->probe_every = TD_DEPTH_PROBE;
 }
 
 double td_cost_at(const td_cost_curve *c, int T) {
@@ -23,34 +24,43 @@ double td_cost_at(const td_cost_curve *c, int T) {
 }
 
 void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                   const td_cost_curve *cv, double draft_s, int *k) {
+                   const td_cost_curve *cv, double step_s, int *k) {
     double E = n + n_other;        /* tokens emitted this round */
-    int T = n + n_other, K = 0;    /* verified tokens, draft tokens */
+    int T = n + n_other, kmax = 0; /* verified tokens, draft steps */
     for (int i = 0; i < n; i++) k[i] = 0;
-    double rate = E / (td_cost_at(cv, T) + draft_s * K);
+    double rate = E / td_cost_at(cv, T);
     for (;;) {
         int best = -1;
         double best_rate = rate * 1.0001, best_gain = 0;
-        double cost = td_cost_at(cv, T + 1) + draft_s * (K + 1);
         for (int i = 0; i < n; i++) {
             if (k[i] >= maxk[i]) continue;
             double p = 1.0; /* probability the next position is reached and accepted */
             for (int j = 0; j <= k[i]; j++) p *= ctl[i]->a[j];
-            double r = (E + p) / cost;
+            int steps = k[i] + 1 > kmax ? k[i] + 1 : kmax;
+            double r = (E + p) / (td_cost_at(cv, T + 1) + step_s * steps);
             if (r > best_rate) { best_rate = r; best = i; best_gain = p; }
         }
         if (best < 0) break;
         k[best]++;
+        if (k[best] > kmax) kmax = k[best];
         E += best_gain;
         T++;
-        K++;
         rate = best_rate;
     }
+    /* probing is worth its catch-up only if a perfect draft could pay */
+    int steps1 = kmax > 0 ? kmax : 1;
+    int may_probe = (E + 1.0) / (td_cost_at(cv, T + 1) + step_s * steps1) > rate;
     for (int i = 0; i < n; i++) {
-        if (k[i] == 0 && maxk[i] > 0) {
-            if (++ctl[i]->since_probe >= TD_DEPTH_PROBE) { ctl[i]->since_probe = 0; k[i] = 1; }
-        } else {
-            ctl[i]->since_probe = 0;
+        td_depth_ctl *c = ctl[i];
+        if (k[i] == 0 && maxk[i] > 0 && !may_probe) {
+            c->since_probe = 0;
+        } else if (k[i] == 0 && maxk[i] > 0) {
+            if (c->since_probe == -1 && c->probe_every < TD_DEPTH_PROBE_MAX) c->probe_every *= 2; /* the last probe did not pay */
+            if (c->since_probe < 0) c->since_probe = 0;
+            if (++c->since_probe >= c->probe_every) { c->since_probe = -1; k[i] = 1; }
+        } else if (k[i] > 0) { /* drafting on its own again */
+            c->probe_every = TD_DEPTH_PROBE;
+            c->since_probe = 0;
         }
     }
 }

@@ -6,23 +6,31 @@
  * At depth k a row emits E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens per
  * round. A round verifies T = sum over live rows of (1 + k_r) tokens in one
  * target forward, costing verify(T) from a curve measured when the group
- * opened (interpolated), plus draft_s per draft token (measured as rounds run).
+ * opened (interpolated, then kept current), plus the drafter's max_r k_r
+ * sequential steps (drafters run all rows' step j together) at step_s each,
+ * measured as rounds run.
  * The planner starts every row at depth 0 and repeatedly deepens the row whose
  * next draft position raises (sum E) / cost the most, stopping when no step
  * helps: k = 0 everywhere is plain decoding, so speculation that does not pay
- * turns itself down. A row held at depth 0 probes depth 1 every TD_DEPTH_PROBE
- * rounds so that a drafter that starts paying is noticed. */
+ * turns itself down. A row held at depth 0 probes depth 1 after TD_DEPTH_PROBE
+ * rounds so that a drafter that starts paying is noticed; each probe that does
+ * not bring drafting back doubles the wait (a probe costs the drafter a
+ * catch-up over the tokens it missed), and there is no probe at all while even
+ * a perfectly accepted draft could not pay for its step. */
 #ifndef TD_DEPTH_H
 #define TD_DEPTH_H
 
 #include "tandem.h"
 
 #define TD_DEPTH_PROBE 16
+#define TD_DEPTH_PROBE_MAX 512
 #define TD_COST_POINTS 16
 
 typedef struct td_depth_ctl {
     double a[TD_SPEC_MAX_DEPTH];  /* acceptance estimate by position */
     int since_probe;              /* rounds at depth 0 since the last probe */
+    int probe_every;              /* rounds between probes: doubles after each probe that
+                                     does not bring drafting back, up to TD_DEPTH_PROBE_MAX */
 } td_depth_ctl;
 
 /* Verify cost: seconds of one target forward of T new tokens (piecewise linear). */
@@ -37,9 +45,9 @@ double td_cost_at(const td_cost_curve *c, int T);
 void td_depth_init(td_depth_ctl *c, double prior);
 /* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
- * k[i]. draft_s: seconds per draft token. */
+ * k[i]. step_s: seconds per draft step (one position for all rows). */
 void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                   const td_cost_curve *cv, double draft_s, int *k);
+                   const td_cost_curve *cv, double step_s, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);
 

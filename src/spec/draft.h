@@ -110,6 +110,8 @@ struct td_drafter {
     char id[160];
     char ns[64];              /* checkpoint namespace */
     size_t weight_bytes;
+    double step_cost_hint;    /* a draft step's cost as a fraction of a one-token target
+                                 forward, before any is measured (the planner's prior) */
     const td_model *target;   /* borrowed */
 };
 

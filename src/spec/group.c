@@ -80,8 +80,9 @@ struct td_spec {
     td_cost_curve cv;          /* verify forward seconds by tokens */
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
     int *maxk;                 /* [max_rows] by drafter row */
-    double draft_s;            /* seconds per draft token (running) */
+    double draft_s;            /* seconds per draft step (running): one position for all rows */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
+    int measured;              /* draft_s has been measured (else it is the drafter's hint) */
     td_spec_stats total;
 };
 
@@ -241,6 +242,8 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         td_spec_free(g);
         return rc;
     }
+    /* until a draft step is measured, assume the drafter's own estimate */
+    if (drafter) g->draft_s = drafter->step_cost_hint * td_cost_at(&g->cv, 1);
     g->debug = getenv("TD_SPEC_DEBUG") != NULL;
     if (g->debug) {
         fprintf(stderr, "tandem: verify cost curve:");
@@ -439,11 +442,14 @@ int td_spec_step(td_spec *g, td_err *err) {
             int steady = 1;
             for (int d = 0; d < n_dr; d++)
                 if (g->depth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
-            if (nd > 0 && steady) {
-                double per = dt / (double)nd;
-                g->draft_s = g->draft_s == 0 ? per : 0.8 * g->draft_s + 0.2 * per;
+            int steps = 0;
+            for (int d = 0; d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
+            if (steps > 0 && steady) {
+                double per = dt / (double)steps;
+                g->draft_s = g->measured ? 0.8 * g->draft_s + 0.2 * per : per;
+                g->measured = 1;
             }
-            if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %.3f ms%s; draft_s %.3f ms\n", nd, dt * 1e3,
+            if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; step %.3f ms\n", nd, steps, dt * 1e3,
                                   steady ? "" : " (catch-up)", g->draft_s * 1e3);
         }
     }

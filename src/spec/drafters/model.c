@@ -345,6 +345,14 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td
     d->self = p;
     d->target = target;
     d->weight_bytes = p->m->weight_bytes;
+    /* bytes a draft step reads against the target's: the layers plus the cut head */
+    {
+        const td_config *dc = &p->m->cfg;
+        double head = (double)p->n_sub / dc->n_vocab * (double)dc->n_vocab * dc->n_embd * 2.0;
+        double layers = (double)p->m->weight_bytes - (double)dc->n_vocab * dc->n_embd * 2.0 * (dc->tied ? 1 : 2);
+        if (layers < 0) layers = 0;
+        d->step_cost_hint = 0.1 + (layers + head) / (double)(target->weight_bytes ? target->weight_bytes : 1);
+    }
     if (n_sub) snprintf(d->id, sizeof d->id, "model:%s,vocab=%d", dir, n_sub);
     else snprintf(d->id, sizeof d->id, "model:%s", dir);
     snprintf(d->ns, sizeof d->ns, "model-v1");

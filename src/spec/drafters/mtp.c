@@ -414,6 +414,9 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *targe
     d->self = p;
     d->target = target;
     d->weight_bytes = p->file->map_len;
+    /* a step reads the head's layer and the target's LM head */
+    d->step_cost_hint = 0.1 + ((double)p->file->map_len + (double)tc->n_vocab * tc->n_embd * 2.0) /
+                                  (double)(target->weight_bytes ? target->weight_bytes : 1);
     snprintf(d->id, sizeof d->id, "mtp:%s", dir);
     snprintf(d->ns, sizeof d->ns, "mtp-v1");
     *out = d;
