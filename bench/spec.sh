@@ -11,10 +11,10 @@ LIMIT=${1:-20}
 N=${2:-128}
 M=models/tiny-code
 for B in 1 8; do
-  for d in ngram model:$M/draft mtp:$M/mtp; do
+  for d in ngram model:$M/draft model:$M/draft,vocab=2048 mtp:$M/mtp; do
     $T bench spec -m $M/target --prompts bench/prompts/code.jsonl --limit "$LIMIT" -n "$N" --batch "$B" --draft "$d" --json
   done
 done
-for d in ngram model:$M/draft mtp:$M/mtp; do
+for d in ngram model:$M/draft,vocab=2048 mtp:$M/mtp; do
   $T bench spec -m $M/target --random "$LIMIT" -n "$N" --batch 1 --draft "$d" --json
 done
