@@ -262,7 +262,13 @@ typedef struct td_gen_params {
     const char *const *stop;   /* stop strings (borrowed), n_stop of them */
     int n_stop;
     int ignore_eos;            /* 1 = do not stop at eos ids */
+    int logprobs;              /* speculative group only: 1 = record each emitted token's
+                                  log-probability (log-softmax of the target's raw logits) */
+    int top_logprobs;          /* with logprobs: also the most likely alternatives,
+                                  0..TD_MAX_TOP_LOGPROBS */
 } td_gen_params;
+
+#define TD_MAX_TOP_LOGPROBS 20
 
 typedef struct td_gen_stats {
     int n_prompt;
@@ -340,6 +346,13 @@ int td_spec_step(td_spec *g, td_err *err);
  * once the row has finished and everything has been taken. Returns ids taken. */
 int td_spec_take(td_spec *g, int id, int32_t *ids, uint8_t *prov, int cap,
                  char *text, size_t tcap, size_t *n_text, int *done);
+/* Log-probabilities of a row's emitted token number `index` (0 = its first
+ * output), when the row was added with gp->logprobs: *lp for the token, and
+ * the gp->top_logprobs most likely tokens (ids descending by probability, ties
+ * by id) in top_ids/top_lp (each [TD_MAX_TOP_LOGPROBS], may be NULL).
+ * Returns the number of alternatives written, or negative (TD_EINVAL when the
+ * row does not record log-probabilities or index is not emitted yet). */
+int td_spec_logprobs(const td_spec *g, int id, int index, float *lp, int32_t *top_ids, float *top_lp);
 /* Remove a row (finished or not); its id may be reused. */
 int td_spec_remove(td_spec *g, int id);
 int td_spec_n_rows(const td_spec *g);

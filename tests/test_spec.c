@@ -423,6 +423,65 @@ done:
     t_end();
 }
 
+/* Log-probabilities recorded by the group: the same bits with and without a
+ * drafter (batch-invariant logits), the greedy token is the most likely one,
+ * alternatives are sorted and are real log-probabilities. */
+static void test_logprobs(void) {
+    t_begin("logprobs_recorded");
+    td_err err = {0};
+    td_drafter *d = NULL;
+    td_ctx *c1 = NULL, *c2 = NULL;
+    td_spec *g1 = NULL, *g2 = NULL;
+    char spec[600];
+    snprintf(spec, sizeof spec, "model:%s/draft_same", g_dir);
+    T_REQUIRE(td_drafter_open(&d, spec, g_target, &err) == 0, "drafter");
+    c1 = ctx_for(g_target, 1, 4);
+    c2 = ctx_for(g_target, 1, 4);
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = 4;
+    sp.fixed_depth = 1;
+    T_REQUIRE(td_spec_open(&g1, c1, g_target, NULL, &sp, &err) == 0 && td_spec_open(&g2, c2, g_target, d, &sp, &err) == 0, "open");
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 20, .logprobs = 1, .top_logprobs = 5};
+    int32_t pr[64];
+    int np, id1, id2;
+    make_prompt(4, pr, &np, 301);
+    T_REQUIRE(td_spec_add(g1, pr, np, &gp, 1, &id1, &err) == 0 && td_spec_add(g2, pr, np, &gp, 1, &id2, &err) == 0, "add");
+    int32_t o1[32], o2[32];
+    int n1 = 0, n2 = 0, dn1 = 0, dn2 = 0;
+    for (int r = 0; r < 64 && !(dn1 && dn2); r++) {
+        td_spec_step(g1, &err);
+        td_spec_step(g2, &err);
+        n1 += td_spec_take(g1, id1, o1 + n1, NULL, 32 - n1, NULL, 0, NULL, &dn1);
+        n2 += td_spec_take(g2, id2, o2 + n2, NULL, 32 - n2, NULL, 0, NULL, &dn2);
+    }
+    T_REQUIRE(n1 == 20 && n2 == 20 && memcmp(o1, o2, sizeof o1[0] * 20) == 0, "same streams");
+    td_spec_stats st;
+    td_spec_stats_get(g2, id2, &st);
+    T_CHECK(st.accepted > 0, "the drafted run accepted drafts");
+    for (int i = 0; i < 20; i++) {
+        float a, b, ta[TD_MAX_TOP_LOGPROBS], tb[TD_MAX_TOP_LOGPROBS];
+        int32_t ia[TD_MAX_TOP_LOGPROBS], ib[TD_MAX_TOP_LOGPROBS];
+        int na = td_spec_logprobs(g1, id1, i, &a, ia, ta), nb = td_spec_logprobs(g2, id2, i, &b, ib, tb);
+        T_REQUIRE(na == 5 && nb == 5, "five alternatives");
+        T_CHECK(a == b && memcmp(ia, ib, sizeof ia[0] * 5) == 0 && memcmp(ta, tb, sizeof ta[0] * 5) == 0,
+                "token %d: log-probabilities differ with a drafter", i);
+        T_CHECK(ia[0] == o1[i] && ta[0] == a && a <= 0, "token %d: greedy token is the most likely one", i);
+        double mass = 0;
+        for (int j = 0; j < 5; j++) { mass += exp(ta[j]); if (j) T_CHECK(ta[j] <= ta[j - 1], "sorted"); }
+        T_CHECK(mass <= 1.0 + 1e-5, "alternatives' mass %.6f <= 1", mass);
+    }
+    T_CHECK(td_spec_logprobs(g1, id1, 20, NULL, NULL, NULL) == TD_EINVAL, "index past the output");
+    td_gen_params bad = gp;
+    bad.top_logprobs = TD_MAX_TOP_LOGPROBS + 1;
+    int id3;
+    T_CHECK(td_spec_add(g1, pr, np, &bad, 1, &id3, &err) == TD_EINVAL, "too many alternatives");
+done:
+    td_spec_free(g1); td_spec_free(g2);
+    td_ctx_free(c1); td_ctx_free(c2);
+    td_drafter_free(d);
+    t_end();
+}
+
 static void test_bad_input(void) {
     t_begin("spec_bad_input");
     td_err err = {0};
@@ -515,6 +574,7 @@ int main(void) {
     test_rollback();
     test_depth_plan();
     test_checkpoints();
+    test_logprobs();
     test_rejection_distribution();
     test_bad_input();
     td_model_free(g_target);

@@ -23,6 +23,7 @@
 #include "spec/emit.h"
 #include "util/util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,10 @@ typedef struct sp_row {
     int32_t *hist;             /* [cap] prompt then emitted tokens */
     uint8_t *prov;             /* [cap] per emitted token: 1 = accepted draft */
     int cap, n_prompt, n_emitted, n_taken;
+    float *lp;                 /* [cap] log-probability of each emitted token (logprobs) */
+    int32_t *top_ids;          /* [cap][TD_MAX_TOP_LOGPROBS] alternatives (top_logprobs) */
+    float *top_lp;             /* [cap][TD_MAX_TOP_LOGPROBS] */
+    int lp_cap;                /* entries the three arrays hold */
     td_emitter em;
     td_depth_ctl depth;
     td_spec_stats st;
@@ -147,6 +152,9 @@ void td_spec_free(td_spec *g) {
         if (r->state != ROW_FREE && r->kv_row >= 0) td_ctx_row_remove(g->ctx, r->kv_row);
         free(r->hist);
         free(r->prov);
+        free(r->lp);
+        free(r->top_ids);
+        free(r->top_lp);
         td_emit_free(&r->em);
     }
     td_draft_rows_free(&g->dr);
@@ -284,6 +292,18 @@ int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_pa
         if (!h || !pv) return td_seterr(err, TD_ENOMEM, "out of memory adding a row");
         r->cap = cap;
     }
+    if (gp->logprobs && (gp->top_logprobs < 0 || gp->top_logprobs > TD_MAX_TOP_LOGPROBS))
+        return td_seterr(err, TD_EINVAL, "top_logprobs %d out of range [0, %d]", gp->top_logprobs, TD_MAX_TOP_LOGPROBS);
+    if (gp->logprobs && r->lp_cap < cap) {
+        float *a = realloc(r->lp, sizeof(float) * (size_t)cap);
+        if (a) r->lp = a;
+        int32_t *b = a ? realloc(r->top_ids, sizeof(int32_t) * (size_t)cap * TD_MAX_TOP_LOGPROBS) : NULL;
+        if (b) r->top_ids = b;
+        float *c = b ? realloc(r->top_lp, sizeof(float) * (size_t)cap * TD_MAX_TOP_LOGPROBS) : NULL;
+        if (c) r->top_lp = c;
+        if (!a || !b || !c) return td_seterr(err, TD_ENOMEM, "out of memory for log-probabilities");
+        r->lp_cap = cap;
+    }
     if (td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
         r->kv_row = -1;
         return td_seterr(err, TD_EFULL, "no free KV row in the target context");
@@ -315,8 +335,30 @@ static void finish(td_spec *g, sp_row *r, int reason) {
 }
 
 /* Emit one token decided by the target; returns 1 if the row is now finished. */
-static int emit(td_spec *g, sp_row *r, int32_t t, int from_draft) {
+/* Log-softmax of the raw logits at the token's position, and the top-N. */
+static void record_logprobs(td_spec *g, sp_row *r, int32_t t, const float *lg) {
+    int V = g->n_vocab, idx = r->n_emitted, N = r->gp->top_logprobs;
+    float mx = lg[0];
+    for (int v = 1; v < V; v++) if (lg[v] > mx) mx = lg[v];
+    double s = 0;
+    for (int v = 0; v < V; v++) s += exp((double)lg[v] - mx);
+    double lse = mx + log(s);
+    r->lp[idx] = (float)(lg[t] - lse);
+    int32_t *ti = r->top_ids + (size_t)idx * TD_MAX_TOP_LOGPROBS;
+    float *tl = r->top_lp + (size_t)idx * TD_MAX_TOP_LOGPROBS;
+    int n = 0;
+    for (int v = 0; v < V && N > 0; v++) { /* insertion into a sorted top-N: descending, ties by id */
+        if (n == N && lg[v] <= lg[ti[n - 1]]) continue;
+        int pos = n < N ? n++ : N - 1;
+        while (pos > 0 && lg[ti[pos - 1]] < lg[v]) { ti[pos] = ti[pos - 1]; pos--; }
+        ti[pos] = v;
+    }
+    for (int i = 0; i < n; i++) tl[i] = (float)(lg[ti[i]] - lse);
+}
+
+static int emit(td_spec *g, sp_row *r, int32_t t, int from_draft, const float *lg) {
     if (is_eos(g->m, t) && !r->gp->ignore_eos) { finish(g, r, TD_STOP_EOS); return 1; }
+    if (r->gp->logprobs && r->lp) record_logprobs(g, r, t, lg);
     r->hist[r->n_prompt + r->n_emitted] = t;
     r->prov[r->n_prompt + r->n_emitted] = (uint8_t)from_draft;
     r->n_emitted++;
@@ -512,7 +554,8 @@ int td_spec_step(td_spec *g, td_err *err) {
         if (k) td_depth_update(&r->depth, k, m);
         /* emit t_0..t_m (t_j for j < m are accepted drafts) */
         int done = 0;
-        for (int j = 0; j <= m && !done; j++) done = emit(g, r, g->emitted[j], j < m);
+        const float *row_lg = g->logits + (size_t)(off - 1 - k) * V;
+        for (int j = 0; j <= m && !done; j++) done = emit(g, r, g->emitted[j], j < m, row_lg + (size_t)j * V);
         if (done) continue;
         /* target KV: keep pending + accepted drafts */
         td_ctx_row_trim(g->ctx, r->kv_row, n_before + m);
@@ -560,6 +603,17 @@ int td_spec_take(td_spec *g, int id, int32_t *ids, uint8_t *prov, int cap,
     }
     if (n_text) *n_text = nt;
     if (done) *done = r->state == ROW_DONE && r->n_taken == r->n_emitted && r->em.sent == r->em.upto;
+    return n;
+}
+
+int td_spec_logprobs(const td_spec *g, int id, int index, float *lp, int32_t *top_ids, float *top_lp) {
+    if (!g || id < 0 || id >= g->max_rows || g->rows[id].state == ROW_FREE) return TD_EINVAL;
+    const sp_row *r = &g->rows[id];
+    if (!r->gp->logprobs || !r->lp || index < 0 || index >= r->n_emitted) return TD_EINVAL;
+    if (lp) *lp = r->lp[index];
+    int n = r->gp->top_logprobs;
+    if (top_ids) memcpy(top_ids, r->top_ids + (size_t)index * TD_MAX_TOP_LOGPROBS, sizeof(int32_t) * (size_t)n);
+    if (top_lp) memcpy(top_lp, r->top_lp + (size_t)index * TD_MAX_TOP_LOGPROBS, sizeof(float) * (size_t)n);
     return n;
 }
 
