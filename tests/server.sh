@@ -82,6 +82,11 @@ code=$(curl -sN -o "$TMP/sse" -w '%{http_code}' -H 'content-type: application/js
 if [ "$code" = 200 ] && head -n 1 "$TMP/sse" | grep -q '"delta":{"role":"assistant"' && grep -q '"object":"chat.completion.chunk"' "$TMP/sse" && grep -q '^data: \[DONE\]' "$TMP/sse"; then ok server_stream_chat_curl
 else bad server_stream_chat_curl "status $code: $(head -c 300 "$TMP/sse")"; fi
 
+# ---- logprobs: greedy completions/chat, plain and streaming, equal with speculative: false
+python3 tests/server/logprobs.py "$U" >"$TMP/lp.log" 2>&1; rc=$?
+cat "$TMP/lp.log"
+[ $rc -ne 0 ] && ! grep -q '^FAIL ' "$TMP/lp.log" && bad server_logprobs "checker exited $rc: $(tail -3 "$TMP/lp.log")"
+
 # ---- bad input: status, OpenAI error shape, message -------------------------------
 E='"error":\{"message":"[^"]*'
 req server_err_json POST /v1/completions '{"prompt": "x",' 400 "$E"'not valid JSON.*"type":"invalid_request_error"'
@@ -109,8 +114,15 @@ req server_err_drafter_path POST /v1/completions '{"prompt":"x","speculative":{"
 req server_err_depth POST /v1/completions '{"prompt":"x","speculative":{"drafter":"ngram","depth":99}}' 400 "$E"'depth'
 req server_err_speculative_type POST /v1/completions '{"prompt":"x","speculative":"yes"}' 400 "$E"'speculative'
 req server_err_n POST /v1/completions '{"prompt":"x","n":3}' 400 "$E"'only n = 1'
-req server_err_logprobs POST /v1/completions '{"prompt":"x","logprobs":2}' 400 "$E"'logprobs are not supported'
-req server_err_top_logprobs POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3}' 400 "$E"'not supported'
+req server_err_logprobs_neg POST /v1/completions '{"prompt":"x","logprobs":-1}' 400 "$E"'logprobs.*"param":"logprobs"'
+req server_err_logprobs_big POST /v1/completions '{"prompt":"x","logprobs":21}' 400 "$E"'logprobs.*\[0, 20\].*"param":"logprobs"'
+req server_err_logprobs_type POST /v1/completions '{"prompt":"x","logprobs":"3"}' 400 "$E"'logprobs.*"param":"logprobs"'
+req server_err_logprobs_bool POST /v1/completions '{"prompt":"x","logprobs":true}' 400 "$E"'logprobs.*"param":"logprobs"'
+req server_err_chat_logprobs_type POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"logprobs":"yes"}' 400 "$E"'logprobs.*"param":"logprobs"'
+req server_err_top_logprobs_big POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}' 400 "$E"'top_logprobs.*"param":"top_logprobs"'
+req server_err_top_logprobs_neg POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-2}' 400 "$E"'top_logprobs.*"param":"top_logprobs"'
+req server_err_top_logprobs_type POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":1.5}' 400 "$E"'top_logprobs.*"param":"top_logprobs"'
+req server_err_top_logprobs_alone POST /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}' 400 "$E"'requires.*"param":"top_logprobs"'
 req server_err_user_type POST /v1/completions '{"prompt":"x","user":5}' 400 "$E"'user'
 req server_err_not_found GET /v2/nothing '' 404 "$E"'no endpoint'
 req server_err_method GET /v1/completions '' 405 "$E"'use POST'

@@ -7,7 +7,7 @@
  * (the tokenizer is read-only and safe to share) and checks the prompt against
  * the context before the request is queued, so a bad request never reaches
  * the scheduler. Fields a client may send that tandem cannot honour exactly
- * (logprobs, n > 1, best_of > 1, suffix, logit_bias, tools) get a 400 naming
+ * (n > 1, best_of > 1, suffix, logit_bias, tools) get a 400 naming
  * the field rather than an approximation. */
 #define _GNU_SOURCE
 #include "server/srv.h"
@@ -40,6 +40,7 @@ void srv_req_unref(srv_req *r) {
     free(r->text);
     free(r->ids);
     free(r->prov);
+    free(r->lps);
     free(r);
 }
 
@@ -344,13 +345,38 @@ int srv_api_parse(int chat, const char *body, size_t len, srv_req **out, char **
     double best_of = 1;
     NUM("best_of", 1, 1e9, 1, best_of);
     if (best_of != 1) BAD(400, "best_of", "unsupported", "only best_of = 1 is supported");
-    /* logprobs: the speculative group does not expose the sampling distribution */
+    /* logprobs: completions `logprobs: N` (0..20 alternatives; 0/false/null = off);
+     * chat `logprobs: true` with `top_logprobs: 0..20` */
     v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (present(v) && !(cJSON_IsFalse(v)))
-        BAD(400, "logprobs", "unsupported", "logprobs are not supported by this server");
-    v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
-    if (present(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-        BAD(400, "top_logprobs", "unsupported", "top_logprobs are not supported by this server");
+    if (chat) {
+        if (present(v) && !cJSON_IsBool(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+            BAD(400, "logprobs", "invalid_type", "'logprobs' must be a boolean");
+        r->gp.logprobs = cJSON_IsTrue(v);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+        if (present(t)) {
+            if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble))
+                BAD(400, "top_logprobs", "invalid_type", "'top_logprobs' must be an integer");
+            if (t->valuedouble < 0 || t->valuedouble > TD_MAX_TOP_LOGPROBS)
+                BAD(400, "top_logprobs", "invalid_value", "'top_logprobs' must be in [0, %d]", TD_MAX_TOP_LOGPROBS);
+            if (t->valuedouble > 0 && !r->gp.logprobs)
+                BAD(400, "top_logprobs", "invalid_value", "'top_logprobs' requires 'logprobs': true");
+            r->lp_top = (int)t->valuedouble;
+        }
+    } else {
+        if (present(v) && !cJSON_IsFalse(v)) {
+            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+                BAD(400, "logprobs", "invalid_type", "'logprobs' must be an integer (the number of alternatives)");
+            if (v->valuedouble < 0 || v->valuedouble > TD_MAX_TOP_LOGPROBS)
+                BAD(400, "logprobs", "invalid_value", "'logprobs' must be in [0, %d]", TD_MAX_TOP_LOGPROBS);
+            r->lp_top = (int)v->valuedouble;
+            r->gp.logprobs = r->lp_top > 0;
+        }
+        v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+        if (present(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+            BAD(400, "top_logprobs", "unsupported", "'top_logprobs' is a chat field; completions take 'logprobs': N");
+    }
+    if (!r->gp.logprobs) r->lp_top = 0;
+    r->gp.top_logprobs = r->lp_top;
     v = cJSON_GetObjectItemCaseSensitive(root, "suffix");
     if (present(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
         BAD(400, "suffix", "unsupported", "'suffix' is not supported");
@@ -530,8 +556,70 @@ static cJSON *text_item(const char *s, size_t n) {
     return it;
 }
 
+/* ---- log-probabilities ------------------------------------------------------ */
+
+static int tok_bytes(int32_t id, char *buf, int cap) {
+    int n = td_token_bytes(S.tok, id, buf, cap);
+    return n < 0 ? 0 : n > cap ? cap : n;
+}
+
+static cJSON *bytes_json(const char *b, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)b[i]));
+    return a;
+}
+
+/* The choice's "logprobs" for n tokens (null when not requested or none). */
+static cJSON *logprobs_json(srv_req *r, const int32_t *ids, const srv_lp *lps, int n) {
+    if (!r->gp.logprobs || !lps || n <= 0) return cJSON_CreateNull();
+    char b[512];
+    cJSON *o = cJSON_CreateObject();
+    if (r->chat) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (int i = 0; i < n; i++) {
+            cJSON *e = cJSON_CreateObject();
+            int nb = tok_bytes(ids[i], b, sizeof b);
+            cJSON_AddItemToObject(e, "token", text_item(b, (size_t)nb));
+            cJSON_AddNumberToObject(e, "logprob", (double)lps[i].lp);
+            cJSON_AddItemToObject(e, "bytes", bytes_json(b, nb));
+            cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int j = 0; j < lps[i].n_top && j < r->lp_top; j++) {
+                cJSON *t = cJSON_CreateObject();
+                int tb = tok_bytes(lps[i].top_ids[j], b, sizeof b);
+                cJSON_AddItemToObject(t, "token", text_item(b, (size_t)tb));
+                cJSON_AddNumberToObject(t, "logprob", (double)lps[i].top_lp[j]);
+                cJSON_AddItemToObject(t, "bytes", bytes_json(b, tb));
+                cJSON_AddItemToArray(tops, t);
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+        return o;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *tlp = cJSON_AddArrayToObject(o, "token_logprobs"),
+          *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (int i = 0; i < n; i++) {
+        int nb = tok_bytes(ids[i], b, sizeof b);
+        cJSON_AddItemToArray(toks, text_item(b, (size_t)nb));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber((double)lps[i].lp));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)r->lp_off));
+        r->lp_off += (size_t)nb;
+        cJSON *d = cJSON_CreateObject();
+        for (int j = 0; j < lps[i].n_top && j < r->lp_top; j++) {
+            int tb = tok_bytes(lps[i].top_ids[j], b, sizeof b);
+            cJSON *k = text_item(b, (size_t)tb);
+            /* two ids may render alike (lossy): keep the first, the more likely */
+            if (!cJSON_GetObjectItemCaseSensitive(d, k->valuestring))
+                cJSON_AddNumberToObject(d, k->valuestring, (double)lps[i].top_lp[j]);
+            cJSON_Delete(k);
+        }
+        cJSON_AddItemToArray(tops, d);
+    }
+    return o;
+}
+
 char *srv_api_response(srv_req *r, const char *text, size_t n_text, const int32_t *ids,
-                       const uint8_t *prov, int n_ids) {
+                       const uint8_t *prov, const srv_lp *lps, int n_ids) {
+    r->lp_off = r->echo ? strlen(r->echo) : 0;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "id", r->id);
     cJSON_AddStringToObject(root, "object", r->chat ? "chat.completion" : "text_completion");
@@ -557,7 +645,7 @@ char *srv_api_response(srv_req *r, const char *text, size_t n_text, const int32_
             cJSON_AddItemToObject(c, "text", text_item(text, n_text));
         }
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", logprobs_json(r, ids, lps, n_ids));
     cJSON_AddStringToObject(c, "finish_reason", finish_name(r->finish));
     if (r->provenance) cJSON_AddItemToObject(c, "provenance", prov_json(ids, prov, n_ids));
     cJSON_AddItemToObject(root, "usage", usage_json(r));
@@ -588,7 +676,8 @@ static cJSON *chunk_head(srv_req *r) {
 }
 
 char *srv_api_chunk(srv_req *r, const char *text, size_t n_text, const int32_t *ids,
-                    const uint8_t *prov, int n_ids, int first, int fin) {
+                    const uint8_t *prov, const srv_lp *lps, int n_ids, int first, int fin) {
+    if (first) r->lp_off = r->echo ? strlen(r->echo) : 0;
     cJSON *root = chunk_head(r);
     cJSON *ch = cJSON_AddArrayToObject(root, "choices"), *c = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, c);
@@ -611,7 +700,7 @@ char *srv_api_chunk(srv_req *r, const char *text, size_t n_text, const int32_t *
             cJSON_AddItemToObject(c, "text", text_item(text, n_text));
         }
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", logprobs_json(r, ids, lps, n_ids));
     if (fin) cJSON_AddStringToObject(c, "finish_reason", finish_name(r->finish));
     else cJSON_AddNullToObject(c, "finish_reason");
     if (r->provenance && n_ids) cJSON_AddItemToObject(c, "provenance", prov_json(ids, prov, n_ids));

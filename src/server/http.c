@@ -118,6 +118,7 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         char *text = NULL;
         int32_t *ids = NULL;
         uint8_t *prov = NULL;
+        srv_lp *lps = NULL;
         size_t nt = 0;
         int ni = 0, state;
         pthread_mutex_lock(&S.mu);
@@ -132,13 +133,14 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         /* take the outbox */
         text = r->text; nt = r->text_len; r->text = NULL; r->text_len = r->text_cap = 0;
         ids = r->ids; prov = r->prov; ni = r->n_ids; r->ids = NULL; r->prov = NULL; r->n_ids = r->ids_cap = 0;
+        lps = r->lps; r->lps = NULL;
         state = r->state;
         pthread_mutex_unlock(&S.mu);
         int rc = 0;
-        if (st->first || nt || ni) rc = pend_add(st, srv_api_chunk(r, text, nt, ids, prov, ni, st->first, 0));
+        if (st->first || nt || ni) rc = pend_add(st, srv_api_chunk(r, text, nt, ids, prov, lps, ni, st->first, 0));
         st->first = 0;
         if (state == REQ_DONE && !rc) {
-            rc = pend_add(st, srv_api_chunk(r, "", 0, NULL, NULL, 0, 0, 1));
+            rc = pend_add(st, srv_api_chunk(r, "", 0, NULL, NULL, NULL, 0, 0, 1));
             if (!rc && r->include_usage) rc = pend_add(st, srv_api_usage_chunk(r));
             if (!rc) rc = pend_add(st, strdup("data: [DONE]\n\n"));
             st->ended = 1;
@@ -155,6 +157,7 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         free(text);
         free(ids);
         free(prov);
+        free(lps);
         if (rc) {
             pthread_mutex_lock(&S.mu);
             cancel_req(r);
@@ -222,7 +225,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, int chat, conn_ctx *cc
     if (!r->stream) {
         if (r->cancel) { srv_req_unref(r); pthread_mutex_unlock(&S.mu); return MHD_NO; }
         pthread_mutex_unlock(&S.mu); /* DONE: the scheduler no longer touches it */
-        char *body = srv_api_response(r, r->text ? r->text : "", r->text_len, r->ids, r->prov, r->n_ids);
+        char *body = srv_api_response(r, r->text ? r->text : "", r->text_len, r->ids, r->prov, r->lps, r->n_ids);
         pthread_mutex_lock(&S.mu);
         srv_req_unref(r);
         pthread_mutex_unlock(&S.mu);

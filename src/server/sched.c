@@ -184,8 +184,9 @@ static void row_leave(srv_req *r) {
     S.n_running--;
 }
 
-static int outbox_add(srv_req *r, const int32_t *ids, const uint8_t *prov, int k, const char *text, size_t nt) {
-    if (r->n_ids + k > r->ids_cap) {
+static int outbox_add(srv_req *r, const int32_t *ids, const uint8_t *prov, const srv_lp *lps, int k,
+                      const char *text, size_t nt) {
+    if (r->n_ids + k > r->ids_cap || (lps && !r->lps && k > 0)) {
         int nc = r->ids_cap ? r->ids_cap : 64;
         while (nc < r->n_ids + k) nc *= 2;
         int32_t *ni = realloc(r->ids, sizeof(int32_t) * (size_t)nc);
@@ -194,8 +195,14 @@ static int outbox_add(srv_req *r, const int32_t *ids, const uint8_t *prov, int k
         uint8_t *np = realloc(r->prov, (size_t)nc);
         if (!np) return TD_ENOMEM;
         r->prov = np;
+        if (lps) {
+            srv_lp *nl = realloc(r->lps, sizeof(srv_lp) * (size_t)nc);
+            if (!nl) return TD_ENOMEM;
+            r->lps = nl;
+        }
         r->ids_cap = nc;
     }
+    if (lps && k > 0) memcpy(r->lps + r->n_ids, lps, sizeof(srv_lp) * (size_t)k);
     memcpy(r->ids + r->n_ids, ids, sizeof(int32_t) * (size_t)k);
     memcpy(r->prov + r->n_ids, prov, (size_t)k);
     r->n_ids += k;
@@ -370,11 +377,19 @@ static void collect(srv_group *gr, int id, double now) {
     srv_req *r = gr->rows[id];
     int32_t ids[256];
     uint8_t prov[256];
+    static srv_lp lps[256];         /* scheduler thread only */
     char text[8192];
     for (;;) {
         size_t nt = 0;
         int done = 0;
         int k = td_spec_take(gr->g, id, ids, prov, 256, text, sizeof text, &nt, &done);
+        /* log-probabilities of the taken tokens: read before the row can be removed */
+        for (int j = 0; k > 0 && r->gp.logprobs && j < k; j++) {
+            srv_lp *l = &lps[j];
+            int na = td_spec_logprobs(gr->g, id, r->n_out + j, &l->lp, l->top_ids, l->top_lp);
+            if (na < 0) { k = na; break; }
+            l->n_top = na;
+        }
         if (k < 0) {
             row_leave(r);
             S.mx.requests_failed++;
@@ -394,7 +409,7 @@ static void collect(srv_group *gr, int id, double now) {
             r->n_out += k;
             S.mx.generation_tokens += (unsigned long)k;
         }
-        if ((k > 0 || nt > 0) && outbox_add(r, ids, prov, k, text, nt) != 0) {
+        if ((k > 0 || nt > 0) && outbox_add(r, ids, prov, r->gp.logprobs ? lps : NULL, k, text, nt) != 0) {
             row_leave(r);
             S.mx.requests_failed++;
             srv_req_fail(r, 500, "server_error", NULL, "out_of_memory", "out of memory buffering the output");

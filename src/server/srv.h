@@ -30,6 +30,14 @@ enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_DONE, REQ_FAILED };
 
 typedef struct srv_group srv_group;
 
+/* One emitted token's log-probabilities (td_spec_logprobs), when requested. */
+typedef struct srv_lp {
+    float lp;
+    int n_top;
+    int32_t top_ids[TD_MAX_TOP_LOGPROBS];
+    float top_lp[TD_MAX_TOP_LOGPROBS];
+} srv_lp;
+
 typedef struct srv_req {
     int refs;                       /* HTTP thread + scheduler (guarded by S.mu) */
     pthread_cond_t cv;              /* signalled on every state/outbox change */
@@ -37,6 +45,7 @@ typedef struct srv_req {
     uint64_t serial;
     char id[48];                    /* "cmpl-..." / "chatcmpl-..." */
     int chat, stream, provenance, include_usage;
+    int lp_top;                     /* alternatives per token (gp.logprobs set) */
     int32_t *prompt;
     int n_prompt;
     char *echo;                     /* prompt text to echo (completions), or NULL */
@@ -56,12 +65,15 @@ typedef struct srv_req {
     size_t text_len, text_cap;
     int32_t *ids;                   /* outbox: ids (and provenance) not yet consumed */
     uint8_t *prov;
+    srv_lp *lps;                    /* outbox: per id, when gp.logprobs (else NULL) */
     int n_ids, ids_cap;
     int n_out;                      /* completion tokens so far */
     int finish;                     /* TD_STOP_* when REQ_DONE */
     td_spec_stats st;               /* the row's statistics when done */
     char drafter_id[64];            /* drafter that served it ("none") */
     int eff_depth;
+    /* HTTP-thread private */
+    size_t lp_off;                  /* completions text_offset of the next token */
     /* scheduler-private */
     srv_group *grp;
     int row;
@@ -150,11 +162,11 @@ int srv_api_parse(int chat, const char *body, size_t len, srv_req **out, char **
 char *srv_api_error_json(const char *msg, const char *type, const char *param, const char *code);
 /* The whole non-streaming response body for a finished request. */
 char *srv_api_response(srv_req *r, const char *text, size_t n_text, const int32_t *ids,
-                       const uint8_t *prov, int n_ids);
+                       const uint8_t *prov, const srv_lp *lps, int n_ids);
 /* One SSE event ("data: {...}\n\n") for a stream piece; first = include the
  * assistant role; fin = include finish_reason and usage. */
 char *srv_api_chunk(srv_req *r, const char *text, size_t n_text, const int32_t *ids,
-                    const uint8_t *prov, int n_ids, int first, int fin);
+                    const uint8_t *prov, const srv_lp *lps, int n_ids, int first, int fin);
 char *srv_api_usage_chunk(srv_req *r);
 char *srv_api_models(void);
 char *srv_api_metrics(void);                  /* S.mu held */
