@@ -413,6 +413,15 @@ static void test_checkpoints(void) {
         td_draft_rows_free(&a);
         td_draft_rows_free(&b);
     }
+    /* a forged checkpoint naming a token outside the vocabulary is refused */
+    {
+        int32_t forged[2] = {5, 99999};
+        td_draft_checkpoint fk = {.ns = "ngram-v1", .size = sizeof forged, .data = (unsigned char *)forged};
+        T_REQUIRE(dn->vt->open_rows(dn->self, 1, 128, 4, NULL, &a, &err) == 0, "open");
+        T_CHECK(td_draft_rows_append(&a, NULL, 0, NULL, &fk, &err) == TD_EFORMAT && strstr(err.msg, "outside the vocabulary"),
+                "forged checkpoint: %s", err.msg);
+        td_draft_rows_free(&a);
+    }
 done:
     td_draft_checkpoint_free(ck);
     td_draft_rows_free(&a);

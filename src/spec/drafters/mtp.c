@@ -96,6 +96,9 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
     if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "mtp: row group is full (%d rows)", g->max_rows);
     if (n > 0 && !taps) return td_seterr(err, TD_EINVAL, "mtp: a row needs the target's taps of its prompt");
     if (n < 0 || n > g->max_ctx) return td_seterr(err, TD_ERANGE, "mtp: stream of %d tokens exceeds the context %d", n, g->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= g->V)
+            return td_seterr(err, TD_ERANGE, "mtp: token %d at position %d is outside the vocabulary", (int)tokens[i], i);
     mtp_row *r = &g->rows[g->n_rows];
     memset(r, 0, sizeof *r);
     r->cap = g->max_ctx + g->max_depth + 2;

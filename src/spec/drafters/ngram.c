@@ -7,6 +7,7 @@
  * most specific context wins). No probabilities: under the rejection rule the
  * group treats each proposal as a one-hot q. Streams grow by doubling. */
 #include "spec/draft.h"
+#include "model/model.h"
 #include "util/util.h"
 
 #include <stdio.h>
@@ -20,6 +21,7 @@ typedef struct {
 
 typedef struct {
     int n_min, n_max;
+    int n_vocab;   /* the target's: restored streams are checked against it */
 } ng_provider;
 
 typedef struct {
@@ -54,7 +56,12 @@ static int ng_append(void *gv, const int32_t *tokens, int n, const float *taps,
         if (strcmp(ck->ns, "ngram-v1") != 0 || ck->size % sizeof(int32_t))
             return td_seterr(err, TD_EFORMAT, "ngram: checkpoint of namespace '%s' (%zu bytes) is not an ngram-v1 checkpoint",
                              ck->ns, ck->size);
-        rc = row_push(r, (const int32_t *)ck->data, (int)(ck->size / sizeof(int32_t)));
+        const int32_t *ct = (const int32_t *)ck->data;
+        int cn = (int)(ck->size / sizeof(int32_t));
+        for (int i = 0; i < cn; i++)
+            if (ct[i] < 0 || ct[i] >= g->p->n_vocab)
+                return td_seterr(err, TD_EFORMAT, "ngram: checkpoint token %d at position %d is outside the vocabulary", (int)ct[i], i);
+        rc = row_push(r, ct, cn);
     } else {
         rc = n > 0 ? row_push(r, tokens, n) : 0;
     }
@@ -179,6 +186,7 @@ int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *ta
     if (!d || !p) { free(d); free(p); return td_seterr(err, TD_ENOMEM, "out of memory"); }
     p->n_min = lo;
     p->n_max = hi;
+    p->n_vocab = target->cfg.n_vocab;
     d->vt = &ng_vt;
     d->self = p;
     d->target = target;
