@@ -29,6 +29,32 @@ static uint64_t tm_rng(uint64_t *s) {
 
 typedef struct { char name[96]; int nd; long shape[2]; int norm; } tm_t;
 
+/* Append one decoder layer's tensors named "<prefix>.<suffix>" to t[*n]. */
+static void tm_layer_tensors(const tm_shape *s, const char *prefix, int qk_norm, tm_t *t, int *n) {
+    struct { const char *sfx; long d0, d1; int norm; } L[] = {
+        {"input_layernorm.weight", s->hidden, 0, 1},
+        {"self_attn.q_proj.weight", (long)s->heads * s->head_dim, s->hidden, 0},
+        {"self_attn.k_proj.weight", (long)s->kv_heads * s->head_dim, s->hidden, 0},
+        {"self_attn.v_proj.weight", (long)s->kv_heads * s->head_dim, s->hidden, 0},
+        {"self_attn.o_proj.weight", s->hidden, (long)s->heads * s->head_dim, 0},
+        {"self_attn.q_norm.weight", s->head_dim, 0, 1},
+        {"self_attn.k_norm.weight", s->head_dim, 0, 1},
+        {"post_attention_layernorm.weight", s->hidden, 0, 1},
+        {"mlp.gate_proj.weight", s->ffn, s->hidden, 0},
+        {"mlp.up_proj.weight", s->ffn, s->hidden, 0},
+        {"mlp.down_proj.weight", s->hidden, s->ffn, 0},
+    };
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
+        if (!qk_norm && strstr(L[i].sfx, "_norm.weight") && strstr(L[i].sfx, "self_attn")) continue;
+        tm_t *e = &t[(*n)++];
+        snprintf(e->name, sizeof e->name, "%s.%s", prefix, L[i].sfx);
+        e->nd = L[i].d1 ? 2 : 1;
+        e->shape[0] = L[i].d0;
+        e->shape[1] = L[i].d1;
+        e->norm = L[i].norm;
+    }
+}
+
 static int tm_tensors(const tm_shape *s, tm_t *t) {
     int n = 0;
 #define ADD(nm, d0, d1, isnorm) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].nd = ((d1) != 0) ? 2 : 1; \
@@ -38,21 +64,8 @@ static int tm_tensors(const tm_shape *s, tm_t *t) {
     ADD("model.norm.weight", s->hidden, 0, 1);
     if (!s->tied) ADD("lm_head.weight", s->vocab, s->hidden, 0);
     for (int l = 0; l < s->layers; l++) {
-#define L(suffix, d0, d1, isnorm) do { snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); ADD(nm, d0, d1, isnorm); } while (0)
-        L("input_layernorm.weight", s->hidden, 0, 1);
-        L("self_attn.q_proj.weight", s->heads * s->head_dim, s->hidden, 0);
-        L("self_attn.k_proj.weight", s->kv_heads * s->head_dim, s->hidden, 0);
-        L("self_attn.v_proj.weight", s->kv_heads * s->head_dim, s->hidden, 0);
-        L("self_attn.o_proj.weight", s->hidden, s->heads * s->head_dim, 0);
-        if (!s->llama) {
-            L("self_attn.q_norm.weight", s->head_dim, 0, 1);
-            L("self_attn.k_norm.weight", s->head_dim, 0, 1);
-        }
-        L("post_attention_layernorm.weight", s->hidden, 0, 1);
-        L("mlp.gate_proj.weight", s->ffn, s->hidden, 0);
-        L("mlp.up_proj.weight", s->ffn, s->hidden, 0);
-        L("mlp.down_proj.weight", s->hidden, s->ffn, 0);
-#undef L
+        snprintf(nm, sizeof nm, "model.layers.%d", l);
+        tm_layer_tensors(s, nm, !s->llama, t, &n);
     }
 #undef ADD
     return n;
@@ -147,19 +160,7 @@ static int tm_write_mtp(const char *dir, const tm_shape *s, int layers_claim, ui
     ADD("mtp.pre_fc_norm_embedding.weight", s->hidden, 0, 1);
     ADD("mtp.pre_fc_norm_hidden.weight", s->hidden, 0, 1);
     ADD("mtp.norm.weight", s->hidden, 0, 1);
-#define L(suffix, d0, d1, isnorm) do { snprintf(nm, sizeof nm, "mtp.layers.0.%s", suffix); ADD(nm, d0, d1, isnorm); } while (0)
-    L("input_layernorm.weight", s->hidden, 0, 1);
-    L("self_attn.q_proj.weight", s->heads * s->head_dim, s->hidden, 0);
-    L("self_attn.k_proj.weight", s->kv_heads * s->head_dim, s->hidden, 0);
-    L("self_attn.v_proj.weight", s->kv_heads * s->head_dim, s->hidden, 0);
-    L("self_attn.o_proj.weight", s->hidden, s->heads * s->head_dim, 0);
-    L("self_attn.q_norm.weight", s->head_dim, 0, 1);
-    L("self_attn.k_norm.weight", s->head_dim, 0, 1);
-    L("post_attention_layernorm.weight", s->hidden, 0, 1);
-    L("mlp.gate_proj.weight", s->ffn, s->hidden, 0);
-    L("mlp.up_proj.weight", s->ffn, s->hidden, 0);
-    L("mlp.down_proj.weight", s->hidden, s->ffn, 0);
-#undef L
+    tm_layer_tensors(s, "mtp.layers.0", 1, t, &n);
 #undef ADD
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     return tm_write_tensors(path, t, n, s->bf16, seed);
