@@ -27,7 +27,7 @@ static uint64_t tm_rng(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-typedef struct { char name[96]; int nd; long shape[2]; int norm; } tm_t;
+typedef struct { char name[160]; int nd; long shape[2]; int norm; } tm_t;
 
 /* Append one decoder layer's tensors named "<prefix>.<suffix>" to t[*n]. */
 static void tm_layer_tensors(const tm_shape *s, const char *prefix, int qk_norm, tm_t *t, int *n) {
@@ -141,7 +141,7 @@ static int tm_write(const char *dir, const tm_shape *s) {
 /* An MTP head (TandemMTP) for a target of shape s; layers_claim is written as
  * target_num_hidden_layers (pass s->layers, or another value to make a head
  * "trained for another target"). */
-static int tm_write_mtp(const char *dir, const tm_shape *s, int layers_claim, uint64_t seed) {
+static inline int tm_write_mtp(const char *dir, const tm_shape *s, int layers_claim, uint64_t seed) {
     mkdir(dir, 0755);
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -153,7 +153,6 @@ static int tm_write_mtp(const char *dir, const tm_shape *s, int layers_claim, ui
     fclose(f);
     tm_t t[16];
     int n = 0;
-    char nm[96];
 #define ADD(NM_, d0, d1, isnorm) do { snprintf(t[n].name, sizeof t[n].name, "%s", NM_); t[n].nd = ((d1) != 0) ? 2 : 1; \
     t[n].shape[0] = d0; t[n].shape[1] = d1; t[n].norm = isnorm; n++; } while (0)
     ADD("mtp.fc.weight", s->hidden, 2 * s->hidden, 0);
