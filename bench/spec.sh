@@ -3,18 +3,20 @@
 # held-out code prompts, batch 1 and 8, plus random-token prompts (nothing to
 # predict: the cost of speculation that cannot pay). One JSON object per line
 # (tandem bench spec --json), written to stdout.
-#   bench/spec.sh [LIMIT] [TOKENS]      (defaults 20 prompts, 128 tokens)
+#   bench/spec.sh [LIMIT] [TOKENS] [REPS]   (defaults 20 prompts, 128 tokens, 2 reps:
+#   plain and speculative runs alternate, the fastest of REPS counts per piece)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=build/tandem
 LIMIT=${1:-20}
 N=${2:-128}
+REPS=${3:-2}
 M=models/tiny-code
 for B in 1 8; do
   for d in ngram model:$M/draft model:$M/draft,vocab=2048 mtp:$M/mtp; do
-    $T bench spec -m $M/target --prompts bench/prompts/code.jsonl --limit "$LIMIT" -n "$N" --batch "$B" --draft "$d" --json
+    $T bench spec -m $M/target --prompts bench/prompts/code.jsonl --limit "$LIMIT" -n "$N" --batch "$B" --draft "$d" --reps "$REPS" --json
   done
 done
 for d in ngram model:$M/draft,vocab=2048 mtp:$M/mtp; do
-  $T bench spec -m $M/target --random "$LIMIT" -n "$N" --batch 1 --draft "$d" --json
+  $T bench spec -m $M/target --random "$LIMIT" -n "$N" --batch 1 --draft "$d" --reps "$REPS" --json
 done

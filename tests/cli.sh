@@ -45,6 +45,14 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   [ $rc -eq 0 ] && ! echo "$out" | grep -q 'return' && ok cli_run_stop_string || bad cli_run_stop_string "rc=$rc: $out"
   out=$($T run -m $M -p 'hello' -n 8 --chat 2>&1); rc=$?
   [ $rc -eq 0 ] && ok cli_run_chat || bad cli_run_chat "rc=$rc: $out"
+  # bench spec: interleaved reps; the JSON says the speculative tokens equal the plain ones
+  out=$($T bench spec -m $M --prompts bench/prompts/code.jsonl --limit 2 -n 24 --draft ngram --reps 2 --json 2>&1); rc=$?
+  if [ $rc -eq 0 ] && echo "$out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["reps"] == 2 and d["exact"] is True, d
+assert d["plain_tokens"] == d["spec_tokens"] == 48, d
+assert d["plain_tps"] > 0 and d["spec_tps"] > 0 and d["rounds"] > 0, d'; then ok cli_bench_spec_reps_json; else bad cli_bench_spec_reps_json "rc=$rc: $out"; fi
 else
   bad cli_bundled_model "models/tiny-code/target is missing"
 fi
