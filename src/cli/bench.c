@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,8 @@ static void result_add(bench_result *acc, const bench_result *r) {
     a->t_draft += b->t_draft; a->t_verify += b->t_verify; a->t_accept += b->t_accept; a->t_prefill += b->t_prefill;
 }
 
+static double round4(double x) { return round(x * 1e4) / 1e4; }
+
 /* Decode time of a result (prefill excluded). */
 static double decode_s(const bench_result *r) { return r->wall_s - r->prefill_s; }
 
@@ -249,18 +252,40 @@ int cmd_bench(int argc, char **argv) {
     double plain_tps = dp > 0 ? rp.tokens / dp : 0, spec_tps = ds > 0 ? rs.tokens / ds : 0;
     double mean_acc = td_spec_stats_mean_accepted(&rs.st);
     if (json) {
-        printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"prompts\": %d, \"batch\": %ld, \"max_tokens\": %d, "
-               "\"reps\": %ld, \"temperature\": %g, \"accept\": \"%s\", \"max_depth\": %d, \"fixed_depth\": %s, "
-               "\"plain_tokens\": %ld, \"spec_tokens\": %ld, \"plain_s\": %.4f, \"spec_s\": %.4f, "
-               "\"plain_tps\": %.2f, \"spec_tps\": %.2f, \"speedup\": %.4f, \"mean_accepted\": %.4f, "
-               "\"rounds\": %ld, \"drafted\": %ld, \"accepted\": %ld, \"acceptance_by_position\": [",
-               o.model_dir, td_drafter_id(d), np, batch, o.gp.max_tokens, reps, o.gp.sampling.temperature,
-               o.accept == TD_ACCEPT_MATCH ? "match" : "rejection", d ? o.depth : 0, o.fixed_depth ? "true" : "false",
-               rp.tokens, rs.tokens, dp, ds, plain_tps, spec_tps, plain_tps > 0 ? spec_tps / plain_tps : 0, mean_acc,
-               rs.st.rounds, rs.st.drafted, rs.st.accepted);
-        for (int j = 0; j < TD_SPEC_MAX_DEPTH && rs.st.drafted_at[j]; j++)
-            printf("%s%.4f", j ? ", " : "", (double)rs.st.accepted_at[j] / rs.st.drafted_at[j]);
-        printf("], \"t_draft\": %.4f, \"t_verify\": %.4f, \"exact\": %s}\n", rs.st.t_draft, rs.st.t_verify, exact ? "true" : "false");
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "model", o.model_dir);
+        cJSON_AddStringToObject(j, "drafter", td_drafter_id(d));
+        cJSON_AddStringToObject(j, "prompt_source", random_k ? "random" : prompts);
+        cJSON_AddNumberToObject(j, "prompts", np);
+        cJSON_AddNumberToObject(j, "batch", (double)batch);
+        cJSON_AddNumberToObject(j, "max_tokens", o.gp.max_tokens);
+        cJSON_AddNumberToObject(j, "reps", (double)reps);
+        cJSON_AddNumberToObject(j, "temperature", o.gp.sampling.temperature);
+        cJSON_AddStringToObject(j, "accept", o.accept == TD_ACCEPT_MATCH ? "match" : "rejection");
+        cJSON_AddNumberToObject(j, "max_depth", d ? o.depth : 0);
+        cJSON_AddBoolToObject(j, "fixed_depth", o.fixed_depth);
+        cJSON_AddNumberToObject(j, "plain_tokens", (double)rp.tokens);
+        cJSON_AddNumberToObject(j, "spec_tokens", (double)rs.tokens);
+        cJSON_AddNumberToObject(j, "plain_s", round4(dp));
+        cJSON_AddNumberToObject(j, "spec_s", round4(ds));
+        cJSON_AddNumberToObject(j, "plain_tps", round4(plain_tps));
+        cJSON_AddNumberToObject(j, "spec_tps", round4(spec_tps));
+        cJSON_AddNumberToObject(j, "speedup", round4(plain_tps > 0 ? spec_tps / plain_tps : 0));
+        cJSON_AddNumberToObject(j, "mean_accepted", round4(mean_acc));
+        cJSON_AddNumberToObject(j, "rounds", (double)rs.st.rounds);
+        cJSON_AddNumberToObject(j, "drafted", (double)rs.st.drafted);
+        cJSON_AddNumberToObject(j, "accepted", (double)rs.st.accepted);
+        cJSON *acc = cJSON_AddArrayToObject(j, "acceptance_by_position");
+        for (int k = 0; acc && k < TD_SPEC_MAX_DEPTH && rs.st.drafted_at[k]; k++)
+            cJSON_AddItemToArray(acc, cJSON_CreateNumber(round4((double)rs.st.accepted_at[k] / rs.st.drafted_at[k])));
+        cJSON_AddNumberToObject(j, "t_draft", round4(rs.st.t_draft));
+        cJSON_AddNumberToObject(j, "t_verify", round4(rs.st.t_verify));
+        cJSON_AddBoolToObject(j, "exact", exact);
+        char *txt = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        if (!txt) { fprintf(stderr, "tandem bench: out of memory\n"); goto out_ref; }
+        printf("%s\n", txt);
+        free(txt);
     } else {
         printf("prompts %d, batch %ld, drafter %s, depth %d%s, accept %s, temperature %g\n", np, batch, td_drafter_id(d),
                d ? o.depth : 0, o.fixed_depth ? " (fixed)" : "", o.accept == TD_ACCEPT_MATCH ? "match" : "rejection",
