@@ -160,6 +160,9 @@ static void run_exact_controlled(void) {
     snprintf(sub, sizeof sub, "model:%s/draft_same,vocab=150", g_dir);
     run_exact(sub, "model_same_vocab150", 0, 3, 4); /* drafts only from ids < 150 */
     run_exact(sub, "model_same_vocab150", 1, 3, 4);
+    snprintf(sub, sizeof sub, "mtp:%s/mtp,vocab=150", g_dir);
+    run_exact(sub, "mtp_vocab150", 0, 3, 4); /* the shared LM head cut to ids < 150 */
+    run_exact(sub, "mtp_vocab150", 1, 8, 4);
     g_fixed = 0;
     run_exact("ngram", "ngram_planned", 0, 3, 6);
     run_exact("ngram", "ngram_planned", 1, 8, 6);
@@ -527,6 +530,12 @@ static void test_bad_input(void) {
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && strstr(err.msg, "vocabulary"), "zero draft vocabulary: %s", err.msg);
     snprintf(spec, sizeof spec, "model:%s/draft_same,vocab=302", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && strstr(err.msg, "vocabulary"), "draft vocabulary past the model's: %s", err.msg);
+    snprintf(spec, sizeof spec, "mtp:%s/mtp,vocab=302", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "vocabulary"),
+            "MTP draft vocabulary past the target's: %s", err.msg);
+    snprintf(spec, sizeof spec, "mtp:%s/mtp,vocab=x", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "positive count"),
+            "MTP draft vocabulary not a number: %s", err.msg);
     T_CHECK(td_drafter_open(&d2, "model:/nonexistent/dir", g_target, &err) != 0 && d2 == NULL, "missing draft model dir");
     snprintf(spec, sizeof spec, "mtp:%s/mtp_wrong", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "trained for a target"),

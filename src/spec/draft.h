@@ -146,6 +146,6 @@ static inline int td_drafter_taps(const td_drafter *d, const int **layers) {
 /* Provider constructors, one per drafter file in spec/drafters/. */
 int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err);
 int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
-int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *target, td_err *err);
+int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
 
 #endif

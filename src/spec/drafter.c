@@ -1,5 +1,5 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR". Each kind lives in spec/drafters/. */
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]". Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "util/util.h"
 
@@ -12,23 +12,24 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
     if (!strcmp(spec, "none") || !*spec) return 0;
     if (!strcmp(spec, "ngram")) return td_drafter_ngram_open(out, NULL, target, err);
     if (!strncmp(spec, "ngram:", 6)) return td_drafter_ngram_open(out, spec + 6, target, err);
-    if (!strncmp(spec, "model:", 6)) {
-        /* model:DIR[,vocab=N] */
+    if (!strncmp(spec, "model:", 6) || !strncmp(spec, "mtp:", 4)) {
+        /* KIND:DIR[,vocab=N] */
+        int is_model = spec[1] == 'o';
         char dir[4096];
-        snprintf(dir, sizeof dir, "%s", spec + 6);
+        snprintf(dir, sizeof dir, "%s", spec + (is_model ? 6 : 4));
         int n_sub = 0;
         char *opt = strstr(dir, ",vocab=");
         if (opt) {
             char *end;
             long v = strtol(opt + 7, &end, 10);
             if (*end || end == opt + 7 || v < 1 || v > (1L << 24))
-                return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as model:DIR,vocab=4096", spec);
+                return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as %s:DIR,vocab=4096", spec,
+                                 is_model ? "model" : "mtp");
             n_sub = (int)v;
             *opt = 0;
         }
-        return td_drafter_model_open(out, dir, n_sub, target, err);
+        return is_model ? td_drafter_model_open(out, dir, n_sub, target, err) : td_drafter_mtp_open(out, dir, n_sub, target, err);
     }
-    if (!strncmp(spec, "mtp:", 4)) return td_drafter_mtp_open(out, spec + 4, target, err);
     return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR or mtp:DIR)", spec);
 }
 

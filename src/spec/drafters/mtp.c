@@ -17,6 +17,12 @@
  * pairing h_{|S|-1} with the pending token), then recurses; commit stores the
  * accepted window's taps and trims the recursive entries away.
  *
+ * A draft vocabulary (",vocab=N") cuts the shared LM head — the largest
+ * matrix a step reads, as big as the head's layer several times over — to ids
+ * 0..N-1 (byte-level BPE ids follow merge order, so these are the most frequent
+ * tokens); proposals then come from them only, which verification makes
+ * harmless to the output.
+ *
  * Files: config.json ("architectures": ["TandemMTP"], target_* fields checked
  * against the target) and model.safetensors with Qwen3-Next-style names
  * (mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*,
@@ -42,6 +48,7 @@ typedef struct {
     td_tensor fc;             /* [D][2D] */
     td_tensor norm_emb, norm_hid; /* [D] */
     int tap;                  /* target layer tapped (= n_layer) */
+    int n_sub;                /* draft vocabulary: ids 0..n_sub-1 (= n_vocab when unset) */
 } mtp_provider;
 
 typedef struct {
@@ -56,7 +63,9 @@ typedef struct {
     td_ctx *ctx;              /* owned: the head's KV */
     td_sampler *smp;          /* owned */
     mtp_row *rows;            /* [max_rows] */
-    int n_rows, max_rows, max_ctx, max_depth, D, V, max_tokens;
+    int n_rows, max_rows, max_ctx, max_depth, D, max_tokens;
+    int V;                    /* logits per draft position (the draft vocabulary) */
+    int n_vocab;              /* the target's full vocabulary */
     float *u;                 /* [max_tokens][D] head inputs */
     float *cat;               /* [2D] scratch */
     float *emb;               /* [D] scratch */
@@ -97,7 +106,7 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
     if (n > 0 && !taps) return td_seterr(err, TD_EINVAL, "mtp: a row needs the target's taps of its prompt");
     if (n < 0 || n > g->max_ctx) return td_seterr(err, TD_ERANGE, "mtp: stream of %d tokens exceeds the context %d", n, g->max_ctx);
     for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= g->V)
+        if (tokens[i] < 0 || tokens[i] >= g->n_vocab)
             return td_seterr(err, TD_ERANGE, "mtp: token %d at position %d is outside the vocabulary", (int)tokens[i], i);
     mtp_row *r = &g->rows[g->n_rows];
     memset(r, 0, sizeof *r);
@@ -189,9 +198,11 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
             if (q->probs) {
                 td_sampling sp = *q->sampling[i];
                 sp.seed ^= 0x6a09e667f3bcc908ull; /* the head's own draw stream */
-                float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->V;
+                float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->n_vocab;
                 d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
                 if (d < 0) return td_seterr(err, d, "mtp: sampling failed");
+                /* q is zero outside the draft vocabulary */
+                memset(pr + g->V, 0, sizeof(float) * (size_t)(g->n_vocab - g->V));
             } else {
                 d = argmax(lg, g->V);
             }
@@ -277,7 +288,8 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->max_ctx = max_ctx;
     g->max_depth = max_depth;
     g->D = p->head.cfg.n_embd;
-    g->V = p->head.cfg.n_vocab;
+    g->V = p->head.cfg.n_vocab; /* = p->n_sub */
+    g->n_vocab = p->target->cfg.n_vocab;
     g->max_tokens = max_rows * (MTP_CHUNK + 2);
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = max_rows;
@@ -349,9 +361,11 @@ static int cfg_int(const cJSON *j, const char *key, int *out) {
     return 1;
 }
 
-int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *target, td_err *err) {
+int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err) {
     *out = NULL;
     if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "mtp: give a directory, as mtp:DIR");
+    if (n_sub < 0 || n_sub > target->cfg.n_vocab)
+        return td_seterr(err, TD_EINVAL, "mtp %s: draft vocabulary %d outside [1, %d]", dir, n_sub, target->cfg.n_vocab);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *txt = NULL;
@@ -383,6 +397,7 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *targe
     if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
     p->target = target;
     p->tap = tc->n_layer;
+    p->n_sub = n_sub ? n_sub : tc->n_vocab;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
     /* the one-layer view: the target's config with one layer; its head and embeddings */
@@ -393,6 +408,8 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *targe
     h->cfg.attn_bias = 0;
     h->w.tok_embd = target->w.tok_embd;
     h->w.lm_head = target->w.lm_head;
+    h->cfg.n_vocab = p->n_sub;          /* LM head rows 0..n_sub-1 are its first n_sub rows */
+    h->w.lm_head.shape[0] = p->n_sub;
     h->w.layers = calloc(1, sizeof(td_layer_w));
     int D = tc->n_embd, Q = tc->n_head * tc->head_dim, KV = tc->n_kv_head * tc->head_dim, F = tc->n_ff, hd = tc->head_dim;
     td_layer_w *L = h->w.layers;
@@ -418,9 +435,10 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, const td_model *targe
     d->target = target;
     d->weight_bytes = p->file->map_len;
     /* a step reads the head's layer and the target's LM head */
-    d->step_cost_hint = 0.1 + ((double)p->file->map_len + (double)tc->n_vocab * tc->n_embd * 2.0) /
+    d->step_cost_hint = 0.1 + ((double)p->file->map_len + (double)p->n_sub * tc->n_embd * 2.0) /
                                   (double)(target->weight_bytes ? target->weight_bytes : 1);
-    snprintf(d->id, sizeof d->id, "mtp:%s", dir);
+    if (n_sub) snprintf(d->id, sizeof d->id, "mtp:%s,vocab=%d", dir, n_sub);
+    else snprintf(d->id, sizeof d->id, "mtp:%s", dir);
     snprintf(d->ns, sizeof d->ns, "mtp-v1");
     *out = d;
     return 0;
