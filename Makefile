@@ -42,6 +42,11 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# the AVX2 kernel path exists in every x86-64 build, whatever ARCH is (selected at run time)
+ifneq ($(filter x86_64%,$(shell $(CC) -dumpmachine)),)
+$(BUILD)/obj/src/nn/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -mno-avx512f
+endif
+
 $(BUILD)/libtandem.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^

@@ -171,7 +171,7 @@ typedef struct td_ctx_params {
     int max_ctx;     /* KV positions per row (<= model's n_ctx_train unless forced) */
     int max_tokens;  /* most new tokens in one forward, over all rows */
     int max_logits;  /* most positions with logits in one forward */
-    int n_threads;   /* 0 = number of online CPUs */
+    int n_threads;   /* 0 = td_ctx_default_threads() */
     const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads
                         instead of starting new ones (it must outlive this context, and the
                         two must not run forwards at the same time). Drafters share the
@@ -179,6 +179,10 @@ typedef struct td_ctx_params {
 } td_ctx_params;
 
 td_ctx_params td_ctx_default_params(void);
+/* The default thread count: physical cores among the CPUs this process may run
+ * on (hyper-thread siblings count once); the CPU count where the kernel does not
+ * describe its topology. */
+int td_ctx_default_threads(void);
 /* The model is borrowed and must outlive the context. */
 int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *p, td_err *err);
 void td_ctx_free(td_ctx *c);

@@ -4,11 +4,13 @@
  *   - a matrix product's row m has the same bits whether computed with M = 1,
  *     M = 7 (or any M), over any split of the output range, with 1 or 2 threads;
  *   - an attention query's output has the same bits alone or among others;
- *   - the AVX-512 path and the portable path produce the same bits (when the
- *     AVX-512 path is compiled in).
+ *   - every vector path the CPU supports (AVX-512, AVX2) produces the same bits
+ *     as the portable path (memcmp, ragged sizes), and passes the reference
+ *     comparison itself. TD_KERNELS picks the path of the first round.
  * Tolerances (relative to the sum of |terms|, the scale a float sum's rounding
  * error is proportional to): dot/matmul (n/16 + 6) * 2^-23; exp 3 ulp over
  * [-87, 88]; norms and swiglu 1e-6 relative. */
+#define _GNU_SOURCE
 #include "t.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
@@ -16,6 +18,7 @@
 #include "util/util.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 
 static const char *g_suffix = "";
@@ -62,11 +65,6 @@ static double dot_tol(int n, double mag) { return ((double)n / 16 + 6) * ldexp(1
 
 static const int SIZES[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 47, 64, 100, 127, 128, 129, 255, 384, 389, 1000, 1283};
 #define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
-
-static int have_avx512(void) {
-    int p = td_kernels_set_path(TD_KPATH_AVX512);
-    return p == TD_KPATH_AVX512;
-}
 
 static void test_dot(void) {
     tb("kernels_dot_vs_reference");
@@ -185,6 +183,37 @@ static void test_threads(void) {
 done:
     td_pool_free(p1);
     td_pool_free(p2);
+    t_end();
+}
+
+/* The default thread count = physical cores this process may use, computed here
+ * another way: distinct thread_siblings_list contents over the allowed CPUs
+ * (when every sibling of an allowed CPU is allowed, as in an unrestricted run). */
+static void test_default_threads(void) {
+    tb("pool_default_size_is_physical_cores");
+    cpu_set_t set;
+    int n = td_pool_default_size();
+    T_REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity");
+    T_CHECK(n >= 1 && n <= CPU_COUNT(&set), "default %d, %d CPUs allowed", n, CPU_COUNT(&set));
+    T_CHECK(td_ctx_default_threads() == n, "td_ctx_default_threads %d vs %d", td_ctx_default_threads(), n);
+    char seen[64][64];
+    int ns = 0, ok = 1;
+    for (int c = 0; c < CPU_SETSIZE && ok; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        char path[96], buf[64] = {0};
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+        FILE *f = fopen(path, "r");
+        if (!f) { ok = 0; break; }
+        if (!fgets(buf, sizeof buf, f)) ok = 0;
+        fclose(f);
+        int k = 0;
+        while (k < ns && strcmp(seen[k], buf)) k++;
+        if (k == ns && ns < 64) snprintf(seen[ns++], 64, "%s", buf);
+        else if (k == ns) ok = 0;
+    }
+    printf("  default threads %d (%d CPUs allowed, %d distinct sibling lists)\n", n, CPU_COUNT(&set), ok ? ns : -1);
+    if (ok) T_CHECK(n == ns, "default %d threads but %d physical cores", n, ns);
+done:
     t_end();
 }
 
@@ -314,81 +343,127 @@ static void test_attend(void) {
     t_end();
 }
 
-/* Every function: the AVX-512 path and the portable path give the same bits. */
-static void test_paths(void) {
-    tb("kernels_avx512_equals_portable");
-    if (!have_avx512()) { printf("  (AVX-512 path not compiled in: nothing to compare)\n"); t_end(); return; }
+/* Every function on path `path` and on the portable path: the same bits, on
+ * random inputs of ragged sizes (and exp over its whole clamped range, tails,
+ * infinities and NaN). Leaves the portable path in force. */
+#define ON(p, stmt) do { td_kernels_set_path(p); stmt; } while (0)
+static const char *PNAME[TD_KPATH_COUNT] = {[TD_KPATH_PORTABLE] = "portable", [TD_KPATH_AVX512] = "avx512", [TD_KPATH_AVX2] = "avx2"};
+
+static void test_path_equal(int path) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "kernels_%s_equals_portable", PNAME[path]);
+    t_begin(nm);
+    const int P = TD_KPATH_PORTABLE;
+    static const int KS[] = {1, 5, 8, 16, 23, 33, 100, 129, 389};
+    static const int NS[] = {1, 2, 3, 4, 5, 8, 13, 37};
     for (int dt = 0; dt < 3; dt++) {
-        int K = 389, N = 21, M = 9;
-        float *x = rand_f((size_t)M * K);
-        void *W = rand_w((size_t)N * K, dt);
-        float *ya = malloc(sizeof(float) * M * N), *yp = malloc(sizeof(float) * M * N);
-        td_kernels_set_path(TD_KPATH_AVX512);
-        td_matmul(ya, N, x, K, M, W, dt, K, 0, N, 0);
-        td_kernels_set_path(TD_KPATH_PORTABLE);
-        td_matmul(yp, N, x, K, M, W, dt, K, 0, N, 0);
-        T_CHECK(memcmp(ya, yp, sizeof(float) * M * N) == 0, "matmul %s differs between paths", dtn(dt));
-        float *na = malloc(sizeof(float) * K), *np = malloc(sizeof(float) * K);
-        td_kernels_set_path(TD_KPATH_AVX512);
-        td_rmsnorm(na, x, W, dt, K, 1e-5f);
-        td_kernels_set_path(TD_KPATH_PORTABLE);
-        td_rmsnorm(np, x, W, dt, K, 1e-5f);
-        T_CHECK(memcmp(na, np, sizeof(float) * K) == 0, "rmsnorm %s differs between paths", dtn(dt));
-        free(x); free(W); free(ya); free(yp); free(na); free(np);
+        /* dot, rmsnorm, to_f32 */
+        for (int si = 0; si < NSIZES; si++) {
+            int n = SIZES[si];
+            float *a = rand_f((size_t)n), *oa = malloc(sizeof(float) * n), *op = malloc(sizeof(float) * n);
+            void *w = rand_w((size_t)n, dt);
+            float da, dp;
+            ON(path, da = dt == TD_DTYPE_F32 ? td_dot(a, w, n) : dt == TD_DTYPE_BF16 ? td_dot_bf16(a, w, n) : td_dot_f16(a, w, n));
+            ON(P, dp = dt == TD_DTYPE_F32 ? td_dot(a, w, n) : dt == TD_DTYPE_BF16 ? td_dot_bf16(a, w, n) : td_dot_f16(a, w, n));
+            T_CHECK(memcmp(&da, &dp, 4) == 0, "dot %s n=%d: %.9g vs %.9g", dtn(dt), n, da, dp);
+            ON(path, td_rmsnorm(oa, a, w, dt, n, 1e-5f));
+            ON(P, td_rmsnorm(op, a, w, dt, n, 1e-5f));
+            T_CHECK(memcmp(oa, op, sizeof(float) * n) == 0, "rmsnorm %s n=%d differs", dtn(dt), n);
+            ON(path, td_to_f32(oa, w, dt, (size_t)n));
+            ON(P, td_to_f32(op, w, dt, (size_t)n));
+            T_CHECK(memcmp(oa, op, sizeof(float) * n) == 0, "to_f32 %s n=%d differs", dtn(dt), n);
+            free(a); free(oa); free(op); free(w);
+        }
+        /* matmul: every M up to 9, split and unsplit output ranges, add = 0 and 1 */
+        for (int ki = 0; ki < (int)(sizeof KS / sizeof KS[0]); ki++)
+            for (int ni = 0; ni < (int)(sizeof NS / sizeof NS[0]); ni++) {
+                int K = KS[ki], N = NS[ni];
+                float *x = rand_f((size_t)9 * K), *base = rand_f((size_t)9 * N);
+                void *W = rand_w((size_t)N * K, dt);
+                float *ya = malloc(sizeof(float) * 9 * N), *yp = malloc(sizeof(float) * 9 * N);
+                for (int M = 1; M <= 9; M++)
+                    for (int add = 0; add < 2; add++) {
+                        memcpy(ya, base, sizeof(float) * M * N);
+                        memcpy(yp, base, sizeof(float) * M * N);
+                        int sp = (M + add) % 3 ? N / 2 : 0;
+                        ON(path, td_matmul(ya, N, x, K, M, W, dt, K, 0, sp, add); td_matmul(ya, N, x, K, M, W, dt, K, sp, N, add));
+                        ON(P, td_matmul(yp, N, x, K, M, W, dt, K, 0, N, add));
+                        if (memcmp(ya, yp, sizeof(float) * M * N) != 0) {
+                            T_CHECK(0, "matmul %s K=%d N=%d M=%d add=%d differs", dtn(dt), K, N, M, add);
+                            M = 10;
+                            break;
+                        }
+                    }
+                free(x); free(base); free(W); free(ya); free(yp);
+            }
     }
+    /* exp (including the clamped tails, infinities, NaN) and swiglu */
     {
         enum { N = 4099 };
         float *x = malloc(sizeof(float) * N), *a = malloc(sizeof(float) * N), *p = malloc(sizeof(float) * N), *u = rand_f(N);
         for (int i = 0; i < N; i++) x[i] = -110.0f + 210.0f * (float)i / (N - 1);
-        td_kernels_set_path(TD_KPATH_AVX512);
-        td_exp(a, x, N);
-        td_kernels_set_path(TD_KPATH_PORTABLE);
-        td_exp(p, x, N);
-        T_CHECK(memcmp(a, p, sizeof(float) * N) == 0, "exp differs between paths");
+        x[5] = INFINITY; x[6] = -INFINITY; x[7] = NAN; x[8] = -0.0f; x[9] = -103.9f; x[10] = 88.7f;
+        for (int n = 1; n <= N; n += n < 40 ? 1 : 997) {
+            ON(path, td_exp(a, x, n));
+            ON(P, td_exp(p, x, n));
+            T_CHECK(memcmp(a, p, sizeof(float) * n) == 0, "exp n=%d differs between paths", n);
+        }
         for (int i = 0; i < N; i++) x[i] *= 0.2f;
-        td_kernels_set_path(TD_KPATH_AVX512);
-        td_swiglu(a, x, u, N);
-        td_kernels_set_path(TD_KPATH_PORTABLE);
-        td_swiglu(p, x, u, N);
-        T_CHECK(memcmp(a, p, sizeof(float) * N) == 0, "swiglu differs between paths");
+        x[7] = 0.5f;
+        for (int n = 1; n <= N; n += n < 40 ? 1 : 997) {
+            ON(path, td_swiglu(a, x, u, n));
+            ON(P, td_swiglu(p, x, u, n));
+            T_CHECK(memcmp(a, p, sizeof(float) * n) == 0, "swiglu n=%d differs between paths", n);
+        }
         free(x); free(a); free(p); free(u);
     }
-    static const int HDS[] = {16, 24, 64, 128};
-    for (int hi = 0; hi < 4; hi++) {
-        int hd = HDS[hi], ld = hd * 2, nq = 3, maxn = 200;
-        float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)nq * hd);
-        int nk[3] = {5, 77, 200};
-        float *oa = malloc(sizeof(float) * nq * hd), *op = malloc(sizeof(float) * nq * hd);
-        float *scr = malloc(sizeof(float) * (size_t)nq * (maxn + 16));
-        td_kernels_set_path(TD_KPATH_AVX512);
-        td_attend(oa, hd, q, hd, nq, nk, K, V, ld, hd, 0.125f, scr);
-        td_kernels_set_path(TD_KPATH_PORTABLE);
-        td_attend(op, hd, q, hd, nq, nk, K, V, ld, hd, 0.125f, scr);
-        T_CHECK(memcmp(oa, op, sizeof(float) * nq * hd) == 0, "attend hd=%d differs between paths", hd);
+    /* attention: head dims with and without a multiple of 16, ragged key counts */
+    static const int HDS[] = {8, 16, 24, 40, 64, 80, 128};
+    for (int hi = 0; hi < (int)(sizeof HDS / sizeof HDS[0]); hi++) {
+        int hd = HDS[hi], ld = hd * 2 + 1, maxn = 200;
+        enum { NQ = 10 };
+        int nk[NQ] = {1, 5, 7, 8, 9, 16, 17, 33, 77, 200};
+        float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)NQ * hd);
+        for (int i = 0; i < NQ * hd; i++) q[i] *= 3.0f;
+        float *oa = malloc(sizeof(float) * NQ * hd), *op = malloc(sizeof(float) * NQ * hd);
+        float *scr = malloc(sizeof(float) * (size_t)(maxn + 16));
+        ON(path, td_attend(oa, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
+        ON(P, td_attend(op, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
+        T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend hd=%d differs between paths", hd);
         free(K); free(V); free(q); free(oa); free(op); free(scr);
     }
-    td_kernels_set_path(TD_KPATH_AVX512);
+    td_kernels_set_path(P);
     t_end();
 }
 
 int main(void) {
+    int best = td_kernels_path();
     printf("  kernel path: %s\n", td_kernels_path_name());
     test_dot();
     test_matmul();
     test_threads();
+    test_default_threads();
     test_exp();
     test_norm_swiglu();
     test_attend();
-    test_paths();
-    /* the whole reference comparison again on the portable path */
-    if (have_avx512()) {
-        td_kernels_set_path(TD_KPATH_PORTABLE);
-        g_suffix = "_portable";
+    /* every other path the CPU supports: the same bits as portable, and the
+     * reference comparison again on it */
+    for (int p = 0; p < TD_KPATH_COUNT; p++) {
+        if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) {
+            printf("  (%s path not supported here: not compared)\n", PNAME[p]);
+            continue;
+        }
+        if (p != TD_KPATH_PORTABLE) test_path_equal(p);
+        if (p == best) continue;
+        td_kernels_set_path(p);
+        static char suf[32];
+        snprintf(suf, sizeof suf, "_%s", PNAME[p]);
+        g_suffix = suf;
         printf("  kernel path: %s\n", td_kernels_path_name());
         test_dot();
         test_matmul();
         test_attend();
-        td_kernels_set_path(TD_KPATH_AVX512);
     }
+    td_kernels_set_path(best);
     return t_exit();
 }

@@ -28,7 +28,7 @@ static void bf_help(void) {
            "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
            "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
            "  -m, --model DIR        model directory (default: the bundled target)\n"
-           "  -t, --threads N        threads (default: online CPUs)\n"
+           "  -t, --threads N        threads (default: physical cores)\n"
            "      --bw-mib N         bandwidth buffer size in MiB (default 1024)\n"
            "      --reps N           repeat every measurement N times and keep each one's best\n"
            "                         (for a machine shared with other work; default 1)\n"
@@ -180,10 +180,7 @@ int cmd_bench_forward(int argc, char **argv) {
         else { fprintf(stderr, "tandem bench forward: unknown option '%s' (see --help)\n", a); return 2; }
     }
     if (!model_dir) model_dir = cli_default_model_dir();
-    if (threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (n > 256 ? 256 : n) : 1;
-    }
+    if (threads <= 0) threads = td_ctx_default_threads() > 256 ? 256 : td_ctx_default_threads();
     td_err err = {0};
     td_model *m = NULL;
     if (td_model_open(&m, model_dir, &err) != 0) return cli_die(model_dir, &err);

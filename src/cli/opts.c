@@ -110,7 +110,7 @@ void cli_gen_opts_help(void) {
            "      --stop STR         stop at STR (repeatable, at most 16)\n"
            "      --ignore-eos       keep going past end-of-sequence tokens\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "  -t, --threads N        threads (default: all online CPUs)\n");
+           "  -t, --threads N        threads (default: physical cores)\n");
 }
 
 int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *ip) {

@@ -113,6 +113,8 @@ static void *alloc_f(size_t n, size_t m, int *fail) {
     return p;
 }
 
+int td_ctx_default_threads(void) { return td_pool_default_size(); }
+
 int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err *err) {
     *out = NULL;
     if (!m) return td_seterr(err, TD_EINVAL, "td_ctx_open: no model");
@@ -123,10 +125,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (p.max_ctx < 1 || p.max_ctx > (1 << 22)) return td_seterr(err, TD_EINVAL, "max_ctx %d out of range", p.max_ctx);
     if (p.max_tokens < 1 || p.max_tokens > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_tokens %d out of range", p.max_tokens);
     if (p.max_logits < 1 || p.max_logits > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_logits %d out of range", p.max_logits);
-    if (p.n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        p.n_threads = n > 0 ? (int)n : 1;
-    }
+    if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;
     if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;
     td_ctx *c = calloc(1, sizeof *c);

@@ -1,11 +1,14 @@
 /* kernels — see kernels.h for the invariance rule and the D16 dot order.
  *
- * Two paths, the same bits: AVX-512 (16 lanes = one zmm register) and portable C
- * (16 lanes emulated with fmaf). Every path-specific function below has a
- * portable twin that performs the same IEEE operations in the same order;
- * tests/test_kernels.c checks them against each other with memcmp. */
+ * Three paths, the same bits: AVX-512 (16 lanes = one zmm register), AVX2
+ * (kernels_avx2.c: two ymm registers) and portable C (16 lanes emulated with
+ * fmaf). Every path-specific function has a portable twin that performs the
+ * same IEEE operations in the same order; tests/test_kernels.c checks them
+ * against each other with memcmp. The AVX2 path hooks into each entry point
+ * with one AVX2_DO line. */
 #define _GNU_SOURCE
 #include "kernels.h"
+#include "kernels_avx2.h"
 #include "tandem.h"
 #include "util/util.h"
 
@@ -25,30 +28,58 @@
 
 static _Atomic int g_path = -1;
 
+static int best_path(void) {
+    if (td_kernels_supported(TD_KPATH_AVX512)) return TD_KPATH_AVX512;
+    if (td_kernels_supported(TD_KPATH_AVX2)) return TD_KPATH_AVX2;
+    return TD_KPATH_PORTABLE;
+}
+
 static int resolve_path(void) {
     int p = atomic_load_explicit(&g_path, memory_order_relaxed);
     if (p >= 0) return p;
-#ifdef TD_HAVE_AVX512
-    p = TD_KPATH_AVX512;
-#else
-    p = TD_KPATH_PORTABLE;
-#endif
     const char *e = getenv("TD_KERNELS");
-    if (e && !strcmp(e, "portable")) p = TD_KPATH_PORTABLE;
+    p = !e || !*e                  ? best_path()
+        : !strcmp(e, "avx512")     ? TD_KPATH_AVX512
+        : !strcmp(e, "avx2")       ? TD_KPATH_AVX2
+                                   : TD_KPATH_PORTABLE;
+    if (!td_kernels_supported(p)) p = TD_KPATH_PORTABLE;
     atomic_store_explicit(&g_path, p, memory_order_relaxed);
     return p;
 }
 
-int td_kernels_set_path(int path) {
-#ifndef TD_HAVE_AVX512
-    path = TD_KPATH_PORTABLE;
+int td_kernels_supported(int path) {
+    switch (path) {
+    case TD_KPATH_PORTABLE: return 1;
+#ifdef TD_HAVE_AVX512
+    case TD_KPATH_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
 #endif
-    if (path != TD_KPATH_AVX512) path = TD_KPATH_PORTABLE;
+#ifdef TD_HAVE_AVX2_PATH
+    case TD_KPATH_AVX2: return td_avx2_cpu_ok();
+#endif
+    default: return 0;
+    }
+}
+
+int td_kernels_set_path(int path) {
+    if (!td_kernels_supported(path)) path = TD_KPATH_PORTABLE;
     atomic_store(&g_path, path);
     return path;
 }
 int td_kernels_path(void) { return resolve_path(); }
-const char *td_kernels_path_name(void) { return resolve_path() == TD_KPATH_AVX512 ? "avx512" : "portable"; }
+const char *td_kernels_path_name(void) {
+    int p = resolve_path();
+    return p == TD_KPATH_AVX512 ? "avx512" : p == TD_KPATH_AVX2 ? "avx2" : "portable";
+}
+
+/* The AVX2 hook of an entry point: AVX2_DO(stmt) runs stmt when that path is in force. */
+#ifdef TD_HAVE_AVX2_PATH
+#define AVX2_DO(stmt) do { if (resolve_path() == TD_KPATH_AVX2) { stmt; } } while (0)
+#else
+#define AVX2_DO(stmt) ((void)0)
+#endif
 
 /* ---- portable path: the reference implementation of every order ---------- */
 
@@ -90,18 +121,6 @@ static float sum_p(const float *a, int n) {
         for (int l = 0; l < 16; l++) acc[l] = acc[l] + (k + l < n ? a[k + l] : 0.0f);
     return fold16_p(acc);
 }
-
-#define EXP_LO -104.0f
-#define EXP_HI 89.0f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_C1 0.693359375f
-#define EXP_C2 -2.12194440e-4f
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
 
 static float exp_p(float x) {
     x = x > EXP_LO ? x : EXP_LO;
@@ -438,18 +457,21 @@ static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const i
 #endif
 
 float td_dot(const float *a, const float *b, int n) {
+    AVX2_DO(return td_avx2_dot(a, b, TD_DTYPE_F32, n));
 #ifdef TD_HAVE_AVX512
     if (FAST()) return dot_v(a, (const char *)b, TD_DTYPE_F32, n);
 #endif
     return dot_p(a, b, TD_DTYPE_F32, n);
 }
 float td_dot_bf16(const float *a, const uint16_t *w, int n) {
+    AVX2_DO(return td_avx2_dot(a, w, TD_DTYPE_BF16, n));
 #ifdef TD_HAVE_AVX512
     if (FAST()) return dot_v(a, (const char *)w, TD_DTYPE_BF16, n);
 #endif
     return dot_p(a, w, TD_DTYPE_BF16, n);
 }
 float td_dot_f16(const float *a, const uint16_t *w, int n) {
+    AVX2_DO(return td_avx2_dot(a, w, TD_DTYPE_F16, n));
 #ifdef TD_HAVE_AVX512
     if (FAST()) return dot_v(a, (const char *)w, TD_DTYPE_F16, n);
 #endif
@@ -458,6 +480,7 @@ float td_dot_f16(const float *a, const uint16_t *w, int n) {
 
 void td_to_f32(float *dst, const void *src, int dtype, size_t n) {
     if (dtype == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    AVX2_DO(td_avx2_to_f32(dst, src, dtype, n); return);
     size_t i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -471,6 +494,7 @@ void td_to_f32(float *dst, const void *src, int dtype, size_t n) {
 void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype,
                int K, int n0, int n1, int add) {
     if (M <= 0 || n0 >= n1) return;
+    AVX2_DO(td_avx2_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { matmul_v(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return; }
 #endif
@@ -486,6 +510,7 @@ void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int
 void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, float eps) {
     float ss = td_dot(x, x, n);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
+    AVX2_DO(td_avx2_norm_apply(out, x, w, dtype, n, r); return);
     int i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -498,6 +523,7 @@ void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, flo
 }
 
 void td_exp(float *out, const float *x, int n) {
+    AVX2_DO(td_avx2_exp(out, x, n); return);
     int i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -513,6 +539,7 @@ void td_exp(float *out, const float *x, int n) {
 }
 
 void td_swiglu(float *out, const float *g, const float *u, int n) {
+    AVX2_DO(td_avx2_swiglu(out, g, u, n); return);
     int i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -529,6 +556,7 @@ void td_swiglu(float *out, const float *g, const float *u, int n) {
 
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch) {
+    AVX2_DO(td_avx2_attend(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch); return; }
 #endif

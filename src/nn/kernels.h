@@ -12,19 +12,24 @@
  * s8[i+4], s2[i] = s4[i] + s4[i+2], s = s2[0] + s2[1]. bf16/f16 weights are
  * converted exactly to f32 before the fma (no bf16 rounding of activations).
  *
- * Two implementations produce the same bits: an AVX-512 path (compiled when the
- * target has AVX-512F/BW/VL) and a portable C path that emulates the 16 lanes
- * with fmaf. td_kernels_set_path() forces one at run time (tests check they
- * agree bit for bit); TD_KERNELS=portable in the environment does the same. */
+ * Three implementations produce the same bits: an AVX-512 path (compiled when
+ * the target has AVX-512F/BW/VL), an AVX2+FMA path (kernels_avx2.c, in every
+ * x86-64 build) and a portable C path that emulates the 16 lanes with fmaf. The
+ * default is the best one the CPU supports; TD_KERNELS=portable|avx2|avx512 in
+ * the environment or td_kernels_set_path() forces one (tests check they agree
+ * bit for bit). */
 #ifndef TD_KERNELS_H
 #define TD_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-enum { TD_KPATH_PORTABLE = 0, TD_KPATH_AVX512 = 1 };
-/* Select the implementation (falls back to portable when not compiled in).
- * Returns the path in force. Not to be called while kernels run. */
+enum { TD_KPATH_PORTABLE = 0, TD_KPATH_AVX512 = 1, TD_KPATH_AVX2 = 2, TD_KPATH_COUNT = 3 };
+/* 1 when the path is compiled in and the CPU has its instructions. */
+int td_kernels_supported(int path);
+/* Select the implementation (falls back to portable when not supported; so
+ * does an unknown TD_KERNELS value). Returns the path in force. Not to be
+ * called while kernels run. */
 int td_kernels_set_path(int path);
 int td_kernels_path(void);
 const char *td_kernels_path_name(void);

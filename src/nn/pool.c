@@ -19,7 +19,9 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -154,4 +156,47 @@ void td_pool_run(td_pool *p, td_pool_fn fn, void *arg) {
         if (++spins < 2000) CPU_RELAX();
         else { sched_yield(); spins = 0; }
     }
+}
+
+/* The lowest CPU of `cpu`'s thread_siblings_list ("0,64", "0-1", "2-3,66-67")
+ * that is also in `set`; -2 when the file is missing or unreadable. */
+static int first_sibling_in(int cpu, const cpu_set_t *set) {
+    char path[96], buf[1024];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", cpu);
+    FILE *f = fopen(path, "r");
+    if (!f) return -2;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    char *s = buf, *end;
+    while (*s) {
+        long a = strtol(s, &end, 10), b;
+        if (end == s || a < 0) return -2;
+        s = end;
+        b = a;
+        if (*s == '-') {
+            b = strtol(s + 1, &end, 10);
+            if (end == s + 1 || b < a) return -2;
+            s = end;
+        }
+        for (long c = a; c <= b && c < CPU_SETSIZE; c++)
+            if (CPU_ISSET((int)c, set)) return (int)c;
+        if (*s == ',') s++;
+        else break;
+    }
+    return -1;
+}
+
+int td_pool_default_size(void) {
+    cpu_set_t set;
+    long onln = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return onln > 0 ? (int)onln : 1;
+    int allowed = CPU_COUNT(&set), cores = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        int f = first_sibling_in(c, &set);
+        if (f == -2) return allowed > 0 ? allowed : 1; /* no topology: count CPUs */
+        cores += f == c; /* one CPU per core counts: its lowest allowed sibling */
+    }
+    return cores > 0 ? cores : allowed > 0 ? allowed : 1;
 }

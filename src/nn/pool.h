@@ -22,5 +22,10 @@ int td_pool_open(td_pool **out, int n_threads);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);
+/* The default pool size: physical cores among the CPUs this process may run on
+ * (sched_getaffinity; hyper-threads of one core, from /sys/devices/system/cpu/
+ * cpuN/topology/thread_siblings_list, count once). Without that topology: the
+ * number of CPUs it may run on (or online). At least 1. */
+int td_pool_default_size(void);
 
 #endif

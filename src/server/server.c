@@ -42,7 +42,7 @@ static void serve_help(void) {
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"
            "      --accept RULE      match (exact, default) | rejection\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "  -t, --threads N        threads per context (default: all online CPUs)\n"
+           "  -t, --threads N        threads per context (default: physical cores)\n"
            "      --host ADDR        address to listen on (default 127.0.0.1)\n"
            "      --port N           port (default 8080; 0 = any free port)\n"
            "      --max-rows N       requests generating at once (default 8)\n"

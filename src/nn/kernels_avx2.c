@@ -1,0 +1,376 @@
+/* kernels_avx2 — the AVX2+FMA path: the D16 order of kernels.h on 256-bit registers.
+ *
+ * A D16 accumulator is a pair of ymm registers (lanes 0-7, 8-15); each lane does
+ * the portable path's fmas in the same order, and fold16 adds lo + hi (s8) and
+ * then the same tree as the AVX-512 fold. Tails (a length not a multiple of 16)
+ * are copied into zeroed 16-element buffers, so the padded lanes perform the
+ * portable path's fma(0, 0, acc) / acc + 0. exp: AVX2 has no scalef, so p * 2^n
+ * is done as two power-of-two multiplies, n = n1 + n2 with n1 = n >> 1: the first
+ * is exact (the product stays normal), the second rounds once, as ldexpf does.
+ *
+ * Matmul tiles: 1 x 4 outputs for one token (decode), 2 tokens x 3 outputs
+ * otherwise (12 accumulators + 2 weight registers of the 16 ymm). The weights of
+ * an output are loaded and converted once per 16-step and applied to every
+ * token of the tile; the activations come from L1. Attention scores: 4 keys at a
+ * time, 8 keys folded together (fold8x8: the D16 fold on shuffled registers).
+ *
+ * Compiled with -mavx2 -mfma -mf16c -mno-avx512f (Makefile, this file only) so the
+ * code is genuine AVX2 even in a -march=native build on an AVX-512 machine. */
+#include "kernels_avx2.h"
+
+#ifdef TD_HAVE_AVX2_PATH
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "kernels_avx2.c needs -mavx2 -mfma -mf16c (the Makefile adds them on x86-64)"
+#endif
+#include "tandem.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+int td_avx2_cpu_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+/* fold of one D16 accumulator (lo = lanes 0-7, hi = lanes 8-15) */
+AI float fold16(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi);                                              /* s8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* s4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                 /* s2 in lanes 0,1 */
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                  /* s2[0] + s2[1] */
+    return _mm_cvtss_f32(d);
+}
+
+/* The rest of the fold (s4, s2, s) for 8 keys at once: s8[u] holds key u's s8;
+ * lane u of the result = the fold of key u, the same additions in the same order. */
+AI __m256 fold8x8(const __m256 *s8) {
+    __m256 c[4], e[2];
+    for (int k = 0; k < 4; k++) /* s4: lanes 0-3 key 2k, lanes 4-7 key 2k+1 */
+        c[k] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * k], s8[2 * k + 1], 0x20),
+                             _mm256_permute2f128_ps(s8[2 * k], s8[2 * k + 1], 0x31));
+    for (int k = 0; k < 2; k++) /* s2: [4k (2 lanes), 4k+2 (2 lanes) | 4k+1, 4k+3] */
+        e[k] = _mm256_add_ps(_mm256_shuffle_ps(c[2 * k], c[2 * k + 1], 0x44),
+                             _mm256_shuffle_ps(c[2 * k], c[2 * k + 1], 0xEE));
+    /* s: [keys 0, 2, 4, 6 | 1, 3, 5, 7] */
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(e[0], e[1], 0x88), _mm256_shuffle_ps(e[0], e[1], 0xDD));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 8 weights from element k of w (dtype dt), exact f32 */
+AI __m256 ldw8(const void *w, size_t k, int dt) {
+    if (dt == TD_DTYPE_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k))), 16));
+    if (dt == TD_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k)));
+    return _mm256_loadu_ps((const float *)w + k);
+}
+
+AI size_t esize(int dt) { return dt == TD_DTYPE_F32 ? 4 : 2; }
+
+/* n - k (< 16) elements of size esz from p + k*esz into the zeroed 64-byte buf */
+AI void pad16(void *buf, const void *p, int k, int n, size_t esz) {
+    memset(buf, 0, 64);
+    memcpy(buf, (const char *)p + (size_t)k * esz, (size_t)(n - k) * esz);
+}
+
+float td_avx2_dot(const float *a, const void *w, int dt, int n) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), ldw8(w, (size_t)k, dt), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), ldw8(w, (size_t)k + 8, dt), hi);
+    }
+    if (k < n) {
+        float xa[16];
+        _Alignas(32) unsigned char wb[64];
+        pad16(xa, a, k, n, 4);
+        pad16(wb, w, k, n, esize(dt));
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(xa), ldw8(wb, 0, dt), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(xa + 8), ldw8(wb, 8, dt), hi);
+    }
+    return fold16(lo, hi);
+}
+
+void td_avx2_to_f32(float *dst, const void *src, int dt, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ldw8(src, i, dt));
+    for (; i < n; i++) {
+        _Alignas(32) unsigned char b[64] = {0};
+        memcpy(b, (const char *)src + i * esize(dt), esize(dt));
+        dst[i] = _mm256_cvtss_f32(ldw8(b, 0, dt));
+    }
+}
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+#define PF_PANELS 2 /* prefetch the weight panel this many tiles ahead */
+
+/* One 16-step of an MR x NR tile: x rows at stride ldx from element k, weight
+ * rows at stride wrow (bytes) from element kw. */
+AI void tile_step(int MR, int NR, int dt, __m256 (*lo)[4], __m256 (*hi)[4], const float *x, int ldx, int k,
+                  const char *w, size_t wrow, int kw) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+        __m256 w0 = ldw8(w + j * wrow, (size_t)kw, dt), w1 = ldw8(w + j * wrow, (size_t)kw + 8, dt);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+            lo[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * ldx + k), w0, lo[i][j]);
+            hi[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * ldx + k + 8), w1, hi[i][j]);
+        }
+    }
+}
+
+/* The register tile: MR tokens x NR outputs, each a D16 dot over all of K. */
+AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow,
+             int K, int add) {
+    __m256 lo[2][4], hi[2][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+    const size_t esz = esize(dt);
+    const char *pf = w + (size_t)NR * wrow * PF_PANELS;
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * esz, _MM_HINT_T0);
+        tile_step(MR, NR, dt, lo, hi, x, ldx, k, w, wrow, k);
+    }
+    if (k < K) {
+        float xb[2][16];
+        _Alignas(32) unsigned char wb[4][64];
+        for (int i = 0; i < MR; i++) pad16(xb[i], x + (size_t)i * ldx, k, K, 4);
+        for (int j = 0; j < NR; j++) pad16(wb[j], w + j * wrow, k, K, esz);
+        tile_step(MR, NR, dt, lo, hi, &xb[0][0], 16, 0, (const char *)wb, 64, 0);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            float s = fold16(lo[i][j], hi[i][j]);
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = add ? *yp + s : s;
+        }
+}
+
+typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add);
+#define TILE_INST(MR, NR, DT, SUF)                                                                      \
+    static void tile_##MR##x##NR##_##SUF(float *y, int ldy, const float *x, int ldx, const char *w,     \
+                                         size_t wrow, int K, int add) {                                 \
+        tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add);                                              \
+    }
+#define TILE_SET(DT, SUF)                                                                               \
+    TILE_INST(1, 1, DT, SUF) TILE_INST(2, 1, DT, SUF) TILE_INST(1, 3, DT, SUF) TILE_INST(2, 3, DT, SUF) \
+    TILE_INST(1, 4, DT, SUF)
+TILE_SET(TD_DTYPE_F32, f32)
+TILE_SET(TD_DTYPE_F16, f16)
+TILE_SET(TD_DTYPE_BF16, bf16)
+
+/* t[mr][wide]: mr tokens (1, 2) x 1 output (wide = 0) or 3 outputs (wide = 1) */
+typedef struct { tile_fn t[3][2]; tile_fn gemv4; } tile_set;
+#define TS(SUF) {{{0, 0}, {tile_1x1_##SUF, tile_1x3_##SUF}, {tile_2x1_##SUF, tile_2x3_##SUF}}, tile_1x4_##SUF}
+static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
+
+#define MBLOCK 64 /* tokens whose activations stay in L2 while a weight panel streams */
+
+void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt, int K, int n0,
+                    int n1, int add) {
+    size_t wrow = (size_t)K * esize(dt);
+    const char *wb = W;
+    const tile_set *ts = &TILES[dt];
+    if (M == 1) {
+        int n = n0;
+        for (; n + 4 <= n1; n += 4) ts->gemv4(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
+        for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
+        return;
+    }
+    for (int mb = 0; mb < M; mb += MBLOCK) {
+        int me = mb + MBLOCK < M ? mb + MBLOCK : M;
+        int n = n0;
+        for (; n + 3 <= n1; n += 3)
+            for (int m = mb; m < me; m += 2)
+                ts->t[me - m < 2 ? 1 : 2][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow,
+                                             wrow, K, add);
+        for (; n < n1; n++)
+            for (int m = mb; m < me; m += 2)
+                ts->t[me - m < 2 ? 1 : 2][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow,
+                                             wrow, K, add);
+    }
+}
+
+void td_avx2_norm_apply(float *out, const float *x, const void *w, int dt, int n, float r) {
+    __m256 vr = _mm256_set1_ps(r);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(ldw8(w, (size_t)i, dt), _mm256_mul_ps(_mm256_loadu_ps(x + i), vr)));
+    if (i < n) {
+        float xb[16], ob[8];
+        _Alignas(32) unsigned char wb[64];
+        pad16(xb, x, i, n, 4);
+        pad16(wb, w, i, n, esize(dt));
+        _mm256_storeu_ps(ob, _mm256_mul_ps(ldw8(wb, 0, dt), _mm256_mul_ps(_mm256_loadu_ps(xb), vr)));
+        memcpy(out + i, ob, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+/* ---- exp, swiglu -------------------------------------------------------------- */
+
+/* 2^e for integer lanes e in [-126, 127] */
+AI __m256 pow2i(__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23)); }
+
+AI __m256 exp_v(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_C1), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_C2), r);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    __m256 z = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, z, r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    /* p * 2^n, n in [-150, 129]: n1 = floor(n / 2) and n2 = n - n1 lie in [-75, 65] */
+    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);
+    return _mm256_mul_ps(_mm256_mul_ps(p, pow2i(n1)), pow2i(_mm256_sub_epi32(ni, n1)));
+}
+
+void td_avx2_exp(float *out, const float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp_v(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float b[16];
+        pad16(b, x, i, n, 4);
+        _mm256_storeu_ps(b, exp_v(_mm256_loadu_ps(b)));
+        memcpy(out + i, b, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+AI __m256 swiglu_v(__m256 g, __m256 u) {
+    __m256 e = exp_v(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void td_avx2_swiglu(float *out, const float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, swiglu_v(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gb[16], ub[16];
+        pad16(gb, g, i, n, 4);
+        pad16(ub, u, i, n, 4);
+        _mm256_storeu_ps(gb, swiglu_v(_mm256_loadu_ps(gb), _mm256_loadu_ps(ub)));
+        memcpy(out + i, gb, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+/* mask of the first r (0..8) lanes, for maskload/maskstore */
+AI __m256i lanes(int r) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* scores of keys j0 .. j0+7 (hd a multiple of 16): s8 of 4 keys at a time, then fold8x8 */
+AI __m256 scores8(const float *qi, const float *kb, int ldkv, int hd) {
+    __m256 s8[8];
+    for (int h = 0; h < 8; h += 4) {
+        __m256 lo[4], hi[4];
+        for (int u = 0; u < 4; u++) lo[u] = hi[u] = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            __m256 q0 = _mm256_loadu_ps(qi + d), q1 = _mm256_loadu_ps(qi + d + 8);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                const float *kr = kb + (size_t)(h + u) * ldkv + d;
+                lo[u] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr), lo[u]);
+                hi[u] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kr + 8), hi[u]);
+            }
+        }
+        for (int u = 0; u < 4; u++) s8[h + u] = _mm256_add_ps(lo[u], hi[u]);
+    }
+    return fold8x8(s8);
+}
+
+void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const float *K,
+                    const float *V, int ldkv, int hd, float scale, float *sc) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * ldq;
+        int n = n_keys[i];
+        float *oi = o + (size_t)i * ldo;
+        /* scores: D16 dots times scale */
+        int j = 0;
+        if ((hd & 15) == 0)
+            for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8(qi, K + (size_t)j * ldkv, ldkv, hd), vscale));
+        for (; j < n; j++) sc[j] = td_avx2_dot(qi, K + (size_t)j * ldkv, TD_DTYPE_F32, hd) * scale;
+        /* max (exact, order-free) */
+        __m256 vm = _mm256_set1_ps(-INFINITY);
+        for (j = 0; j + 8 <= n; j += 8) vm = _mm256_max_ps(_mm256_loadu_ps(sc + j), vm);
+        float m8[8], mx = -INFINITY;
+        _mm256_storeu_ps(m8, vm);
+        for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+        for (; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        /* exp and D16 sum (the tail's missing lanes add 0) */
+        __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_setzero_ps(), hi = lo;
+        for (j = 0; j + 16 <= n; j += 16) {
+            __m256 e0 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
+            __m256 e1 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(sc + j + 8), vmx));
+            _mm256_storeu_ps(sc + j, e0);
+            _mm256_storeu_ps(sc + j + 8, e1);
+            lo = _mm256_add_ps(lo, e0);
+            hi = _mm256_add_ps(hi, e1);
+        }
+        if (j < n) {
+            float b[16];
+            int r = n - j;
+            pad16(b, sc, j, n, 4);
+            __m256 e0 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(b), vmx));
+            __m256 e1 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(b + 8), vmx));
+            e0 = _mm256_and_ps(e0, _mm256_castsi256_ps(lanes(r)));
+            e1 = _mm256_and_ps(e1, _mm256_castsi256_ps(lanes(r - 8)));
+            _mm256_storeu_ps(b, e0);
+            _mm256_storeu_ps(b + 8, e1);
+            memcpy(sc + j, b, sizeof(float) * (size_t)r);
+            lo = _mm256_add_ps(lo, e0);
+            hi = _mm256_add_ps(hi, e1);
+        }
+        float inv = 1.0f / fold16(lo, hi);
+        /* o = sum_j p_j V_j, sequential in j, 8 blocks of 8 dims at a time */
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            int rem = hd - d0;
+            const float *vb = V + d0;
+            __m256 a[8];
+            for (int b = 0; b < 8; b++) a[b] = _mm256_setzero_ps();
+            if (rem >= 64) {
+                for (j = 0; j < n; j++) {
+                    __m256 p = _mm256_set1_ps(sc[j] * inv);
+                    const float *vj = vb + (size_t)j * ldkv;
+#pragma GCC unroll 8
+                    for (int b = 0; b < 8; b++) a[b] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * b), a[b]);
+                }
+                for (int b = 0; b < 8; b++) _mm256_storeu_ps(oi + d0 + 8 * b, a[b]);
+            } else {
+                int nb = (rem + 7) / 8;
+                __m256i ml = lanes(rem - 8 * (nb - 1)), all = lanes(8);
+                for (j = 0; j < n; j++) {
+                    __m256 p = _mm256_set1_ps(sc[j] * inv);
+                    const float *vj = vb + (size_t)j * ldkv;
+                    for (int b = 0; b < nb; b++)
+                        a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps(vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
+                }
+                for (int b = 0; b < nb; b++) _mm256_maskstore_ps(oi + d0 + 8 * b, b == nb - 1 ? ml : all, a[b]);
+            }
+        }
+    }
+}
+
+#else
+typedef int td_kernels_avx2_empty; /* not an x86-64 build: no AVX2 path */
+#endif
