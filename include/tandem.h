@@ -145,7 +145,10 @@ typedef struct td_model_info {
     int n_eos;
 } td_model_info;
 
-enum { TD_DTYPE_F32 = 0, TD_DTYPE_F16 = 1, TD_DTYPE_BF16 = 2 };
+/* Weight dtypes. Q8_0 / Q4_0 are GGUF's block formats (32 values per block with an
+ * f16 scale; see src/nn/quant.h); only 2-D matmul weights and embeddings use them. */
+enum { TD_DTYPE_F32 = 0, TD_DTYPE_F16 = 1, TD_DTYPE_BF16 = 2, TD_DTYPE_Q8_0 = 3, TD_DTYPE_Q4_0 = 4,
+       TD_DTYPE_COUNT = 5 };
 
 /* Open a model directory in Hugging Face layout: config.json, model.safetensors or
  * sharded model-*.safetensors + model.safetensors.index.json, and, when present,
@@ -157,6 +160,11 @@ void td_model_get_info(const td_model *m, td_model_info *info);
 /* The tokenizer loaded from the directory, or NULL when it has none.
  * Owned by the model; valid while the model lives. */
 const td_tokenizer *td_model_tokenizer(const td_model *m);
+/* Quantize the model's matmul weights in memory to dtype (TD_DTYPE_Q8_0 or
+ * TD_DTYPE_Q4_0); norms and biases stay as loaded, a q4_0 model's output
+ * matrix gets q8_0 (see src/model/quantize.c). Call before opening contexts.
+ * TD_EUNSUPPORTED when a matmul input width is not a multiple of 32. */
+int td_model_quantize(td_model *m, int dtype, td_err *err);
 /* Write a human description (config, tensor count, bytes, dtypes) to f. */
 void td_model_describe(const td_model *m, FILE *f);
 

@@ -34,6 +34,8 @@ static const char *md_dtype_name(int dt) {
     case TD_DTYPE_F32: return "F32";
     case TD_DTYPE_F16: return "F16";
     case TD_DTYPE_BF16: return "BF16";
+    case TD_DTYPE_Q8_0: return "Q8_0";
+    case TD_DTYPE_Q4_0: return "Q4_0";
     default: return "?";
     }
 }
@@ -295,10 +297,7 @@ static int md_open(td_model *m, const char *dir, td_err *err) {
         long total = 0;
         for (int i = 0; i < m->n_files; i++) total += m->files[i]->n_tensors;
         m->n_extra_tensors = (int)(total - m->n_tensors);
-        int best = TD_DTYPE_F32;
-        for (int d = 0; d < 3; d++)
-            if (m->dtype_bytes[d] > m->dtype_bytes[best]) best = d;
-        m->dtype = best;
+        td_model_main_dtype(m);
     }
     if (L.shard_names)
         for (int i = 0; i < m->n_files; i++) free(L.shard_names[i]);
@@ -329,6 +328,8 @@ void td_model_free(td_model *m) {
     for (int i = 0; i < m->n_files; i++) td_st_free(m->files[i]);
     free(m->files);
     free(m->w.layers);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m);
 }
 
@@ -402,7 +403,7 @@ void td_model_describe(const td_model *m, FILE *f) {
     fprintf(f, MD_LABEL "%zu (%.2f MiB)\n", "weight bytes:", m->weight_bytes, (double)m->weight_bytes / 1048576.0);
     fprintf(f, MD_LABEL, "dtypes:");
     int first = 1;
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < TD_DTYPE_COUNT; d++) {
         if (!m->dtype_count[d]) continue;
         fprintf(f, "%s%s x %d (%zu bytes)", first ? "" : ", ", md_dtype_name(d), m->dtype_count[d], m->dtype_bytes[d]);
         first = 0;

@@ -76,9 +76,17 @@ struct td_model {
     char dir[1024];
     int n_extra_tensors;   /* tensors in the files that the model does not use */
     int dtype;             /* TD_DTYPE_* holding the most weight bytes */
-    int dtype_count[3];    /* bound tensors per TD_DTYPE_* */
-    size_t dtype_bytes[3]; /* bound bytes per TD_DTYPE_* */
+    int dtype_count[TD_DTYPE_COUNT];    /* bound tensors per TD_DTYPE_* */
+    size_t dtype_bytes[TD_DTYPE_COUNT]; /* bound bytes per TD_DTYPE_* */
+    void **owned;          /* [n_owned] weight buffers made in memory (td_model_quantize), owned */
+    int n_owned;
 };
+
+/* Set m->dtype to the dtype holding the most weight bytes. */
+void td_model_main_dtype(td_model *m);
+/* The dtype a quantizer gives a matmul weight when asked for dtype: the output
+ * matrix (is_output: lm_head, or the embedding when tied) of q4_0 gets q8_0. */
+int td_model_quant_type(int dtype, int is_output);
 
 /* Parse config.json text into cfg (validates every value; names the bad field). */
 int td_config_parse(td_config *cfg, const char *json, size_t len, td_err *err);

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
+#include "nn/quant.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -415,12 +416,12 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
 
     int D = cfg->n_embd, F = cfg->n_ff;
     /* embeddings */
-    size_t esz = W->tok_embd.dtype == TD_DTYPE_F32 ? 4 : 2;
+    size_t erow = td_dtype_row_bytes(W->tok_embd.dtype, D); /* bytes per embedding row */
     if (b->embd)
         memcpy(c->x, b->embd, sizeof(float) * (size_t)T * D);
     else
         for (int t = 0; t < T; t++)
-            td_to_f32(c->x + (size_t)t * D, (const char *)W->tok_embd.data + (size_t)b->tokens[t] * D * esz,
+            td_to_f32(c->x + (size_t)t * D, (const char *)W->tok_embd.data + (size_t)b->tokens[t] * erow,
                       W->tok_embd.dtype, (size_t)D);
     for (int ti = 0; ti < b->n_taps; ti++)
         if (b->taps[ti] == 0)

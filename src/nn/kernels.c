@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "kernels.h"
 #include "kernels_avx2.h"
+#include "quant.h"
 #include "tandem.h"
 #include "util/util.h"
 
@@ -480,6 +481,7 @@ float td_dot_f16(const float *a, const uint16_t *w, int n) {
 
 void td_to_f32(float *dst, const void *src, int dtype, size_t n) {
     if (dtype == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    if (td_dtype_is_quant(dtype)) { td_dequantize_row(dtype, src, dst, (int64_t)n); return; }
     AVX2_DO(td_avx2_to_f32(dst, src, dtype, n); return);
     size_t i = 0;
 #ifdef TD_HAVE_AVX512
@@ -494,6 +496,7 @@ void td_to_f32(float *dst, const void *src, int dtype, size_t n) {
 void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype,
                int K, int n0, int n1, int add) {
     if (M <= 0 || n0 >= n1) return;
+    if (td_dtype_is_quant(dtype)) { td_quant_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return; }
     AVX2_DO(td_avx2_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { matmul_v(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return; }

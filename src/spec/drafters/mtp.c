@@ -32,6 +32,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
+#include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -78,9 +79,9 @@ typedef struct {
 static void head_input(mtp_group *g, int32_t x, const float *h, float *u) {
     const mtp_provider *p = g->p;
     const td_tensor *E = &p->target->w.tok_embd;
-    size_t esz = E->dtype == TD_DTYPE_F32 ? 4 : 2;
     int D = g->D;
-    td_to_f32(g->emb, (const char *)E->data + (size_t)x * D * esz, E->dtype, (size_t)D);
+    size_t erow = td_dtype_row_bytes(E->dtype, D);
+    td_to_f32(g->emb, (const char *)E->data + (size_t)x * erow, E->dtype, (size_t)D);
     td_rmsnorm(g->cat, g->emb, p->norm_emb.data, p->norm_emb.dtype, D, p->head.cfg.rms_eps);
     td_rmsnorm(g->cat + D, h, p->norm_hid.data, p->norm_hid.dtype, D, p->head.cfg.rms_eps);
     td_matmul(u, D, g->cat, 2 * D, 1, p->fc.data, p->fc.dtype, 2 * D, 0, D, 0);

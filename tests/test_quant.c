@@ -1,0 +1,523 @@
+#define _GNU_SOURCE
+/* test_quant — Q8_0 / Q4_0 weights: the f16 rounding, the GGUF block layouts,
+ * the quantizers' error bounds, every quantized product against td_matmul over
+ * the dequantized f32 matrix (memcmp: quant.h promises the same bits) and
+ * against the unquantized matrix (stated bounds), portable vs AVX-512 bits,
+ * ragged M and N, bad K, tensor size checks; then whole models quantized at
+ * load: batch invariance (T=1 / inside T=7 / ragged B=5, memcmp), speculative
+ * output == plain output, and the trained tiny target's top-1 agreement with
+ * its unquantized self. */
+#include "tandem.h"
+#include "t.h"
+#include "tmodel.h"
+#include "nn/kernels.h"
+#include "nn/quant.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <unistd.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+static uint64_t g_rng = 12345;
+static float frand(void) { return (float)((tm_rng(&g_rng) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
+static char g_dir[256];
+
+/* ---- formats -------------------------------------------------------------- */
+
+static void test_f16(void) {
+    t_begin("f16_round_nearest_even");
+    /* every finite f16 survives f16 -> f32 -> f16 */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaN */
+        if (td_f32_to_f16(td_f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    T_CHECK(bad == 0, "%d f16 values do not round-trip", bad);
+    /* ties go to even; overflow to inf; below half the smallest subnormal to 0 */
+    T_CHECK(td_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00, "tie 1+2^-11 -> 1");
+    T_CHECK(td_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02, "tie 1+3*2^-11 -> 1+2^-9");
+    T_CHECK(td_f32_to_f16(65520.0f) == 0x7c00 && td_f32_to_f16(65519.0f) == 0x7bff, "overflow boundary");
+    T_CHECK(td_f32_to_f16(ldexpf(1.0f, -25)) == 0 && td_f32_to_f16(ldexpf(1.5f, -25)) == 1, "subnormal rounding");
+    T_CHECK(td_f32_to_f16(-0.0f) == 0x8000, "negative zero");
+    float nan = NAN;
+    uint16_t hn = td_f32_to_f16(nan);
+    T_CHECK((hn & 0x7c00) == 0x7c00 && (hn & 0x3ff), "NaN stays NaN (%04x)", hn);
+#if defined(__F16C__)
+    /* the hardware conversion (round to nearest even) agrees on random bit patterns */
+    uint64_t st = 99;
+    int diff = 0;
+    for (int i = 0; i < 400000; i++) {
+        uint32_t u = (uint32_t)tm_rng(&st);
+        if (i & 1) u = (u & 0x807fffffu) | ((100u + (u >> 23) % 56u) << 23); /* mostly the f16 range */
+        float f;
+        memcpy(&f, &u, 4);
+        if (f != f) continue;
+        if (td_f32_to_f16(f) != (uint16_t)_cvtss_sh(f, 0)) diff++;
+    }
+    T_CHECK(diff == 0, "%d of 400000 differ from vcvtps2ph", diff);
+#endif
+    t_end();
+}
+
+static void test_layout(void) {
+    t_begin("block_layout_gguf");
+    /* Q8_0: d = amax/127 exactly when amax = 127 * 2^-6; q = x/d */
+    float x[32];
+    for (int j = 0; j < 32; j++) x[j] = (float)((j * 37) % 255 - 127) / 64.0f;
+    x[5] = 127.0f / 64.0f;
+    unsigned char b8[34], b4[18];
+    T_REQUIRE(td_quantize_row(TD_DTYPE_Q8_0, x, b8, 32) == 0, "q8 quantize");
+    uint16_t d;
+    memcpy(&d, b8, 2);
+    T_CHECK(d == td_f32_to_f16(1.0f / 64), "q8 scale %04x", d);
+    int ok = 1;
+    for (int j = 0; j < 32; j++) ok &= (int8_t)b8[2 + j] == (int8_t)((j * 37) % 255 - 127) || j == 5;
+    T_CHECK(ok && (int8_t)b8[2 + 5] == 127, "q8 values at bytes 2..33");
+    float y[32];
+    td_dequantize_row(TD_DTYPE_Q8_0, b8, y, 32);
+    T_CHECK(memcmp(x, y, sizeof x) == 0, "q8 round trip of representable values");
+    /* Q4_0: the value of largest magnitude is -8 d; nibble n(j) of value j sits in
+     * byte j (low) for j < 16 and byte j-16 (high) for j >= 16 */
+    int nib[32];
+    for (int j = 0; j < 32; j++) nib[j] = (j * 5 + 3) % 16;
+    nib[9] = 0;
+    for (int j = 0; j < 32; j++) x[j] = (float)(nib[j] - 8) * 0.25f;
+    T_REQUIRE(td_quantize_row(TD_DTYPE_Q4_0, x, b4, 32) == 0, "q4 quantize");
+    memcpy(&d, b4, 2);
+    T_CHECK(d == td_f32_to_f16(0.25f), "q4 scale %04x", d);
+    ok = 1;
+    for (int j = 0; j < 16; j++) ok &= b4[2 + j] == (nib[j] | nib[j + 16] << 4);
+    T_CHECK(ok, "q4 nibbles");
+    td_dequantize_row(TD_DTYPE_Q4_0, b4, y, 32);
+    T_CHECK(memcmp(x, y, sizeof x) == 0, "q4 round trip of representable values");
+    /* all-zero block: scale 0, values 0 */
+    memset(x, 0, sizeof x);
+    td_quantize_row(TD_DTYPE_Q4_0, x, b4, 32);
+    td_dequantize_row(TD_DTYPE_Q4_0, b4, y, 32);
+    T_CHECK((b4[0] | (b4[1] & 0x7f)) == 0 && y[0] == 0.0f && y[31] == 0.0f, "zero block (scale +-0)");
+    /* sizes */
+    T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q8_0, 64) == 68 && td_dtype_row_bytes(TD_DTYPE_Q4_0, 64) == 36, "row bytes");
+    T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q8_0, 48) == 0 && td_dtype_row_bytes(TD_DTYPE_Q4_0, 33) == 0, "bad n");
+done:
+    t_end();
+}
+
+static void test_quant_error(void) {
+    t_begin("quantize_error_bounds");
+    int K = 32 * 40;
+    float *x = malloc(sizeof(float) * K), *y = malloc(sizeof(float) * K);
+    unsigned char *q = malloc(td_dtype_row_bytes(TD_DTYPE_Q8_0, K));
+    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++) {
+        double worst = 0;
+        for (int rep = 0; rep < 20; rep++) {
+            float scale = ldexpf(1.0f, rep % 9 - 4);
+            for (int i = 0; i < K; i++) x[i] = frand() * scale * (i % 7 == 0 ? 3.0f : 1.0f);
+            T_CHECK(td_quantize_row(dt, x, q, K) == 0, "quantize");
+            td_dequantize_row(dt, q, y, K);
+            for (int b = 0; b < K / 32; b++) {
+                float amax = 0;
+                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+                /* q8_0: error <= d/2 of rounding + |q| * (f16 rounding of d); q4_0: values
+                 * of the sign opposite to the largest one clip at 7 d, so up to d */
+                float d = amax / (dt == TD_DTYPE_Q8_0 ? 127.0f : 8.0f);
+                float bound = d * (dt == TD_DTYPE_Q8_0 ? 0.5f + 127.0f / 2048 : 1.0f + 8.0f / 2048) * 1.0001f;
+                for (int j = 0; j < 32; j++) {
+                    float e = fabsf(y[b * 32 + j] - x[b * 32 + j]);
+                    if (e > bound) { T_CHECK(e <= bound, "dt %d block %d value %d err %g bound %g", dt, b, j, e, bound); rep = 99; break; }
+                    if (d > 0 && e / d > worst) worst = e / d;
+                }
+            }
+        }
+        printf("  %s: worst error %.3f d\n", td_dtype_name(dt), worst);
+    }
+    /* the td_to_f32 hook dequantizes */
+    td_quantize_row(TD_DTYPE_Q4_0, x, q, K);
+    float *z = malloc(sizeof(float) * K);
+    td_dequantize_row(TD_DTYPE_Q4_0, q, y, K);
+    td_to_f32(z, q, TD_DTYPE_Q4_0, (size_t)K);
+    T_CHECK(memcmp(y, z, sizeof(float) * K) == 0, "td_to_f32 == td_dequantize_row");
+    /* non-finite input gives a defined result */
+    x[3] = NAN; x[40] = INFINITY;
+    T_CHECK(td_quantize_row(TD_DTYPE_Q8_0, x, q, K) == 0 && td_quantize_row(TD_DTYPE_Q4_0, x, q, K) == 0, "nan input");
+    T_CHECK(td_quantize_row(TD_DTYPE_Q8_0, x, q, 40) == TD_EINVAL && td_quantize_row(TD_DTYPE_BF16, x, q, 32) == TD_EINVAL,
+            "bad n or dtype");
+    free(x); free(y); free(z); free(q);
+    t_end();
+}
+
+/* ---- products ------------------------------------------------------------- */
+
+static void test_matmul(void) {
+    t_begin("matmul_equals_dequantized_f32");
+    static const int Ms[] = {1, 2, 3, 5, 7, 8, 9, 13, 17, 70};
+    static const int Ns[] = {1, 2, 3, 5, 8, 11, 19, 37};
+    static const int Ks[] = {32, 64, 96, 352};
+    int paths[2] = {TD_KPATH_PORTABLE, TD_KPATH_AVX512}, npaths = td_kernels_set_path(TD_KPATH_AVX512) == TD_KPATH_AVX512 ? 2 : 1;
+    int fails = 0, checked = 0;
+    double e2[2] = {0, 0}, y2[2] = {0, 0};
+    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                int K = Ks[ki], N = Ns[ni], Mmax = 70;
+                size_t rb = td_dtype_row_bytes(dt, K);
+                float *W = malloc(sizeof(float) * N * K), *Wd = malloc(sizeof(float) * N * K);
+                float *x = malloc(sizeof(float) * Mmax * (K + 3));
+                char *Wq = malloc(rb * N);
+                for (int i = 0; i < N * K; i++) W[i] = frand();
+                for (int i = 0; i < Mmax * (K + 3); i++) x[i] = frand();
+                for (int n = 0; n < N; n++) {
+                    td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
+                    td_dequantize_row(dt, Wq + n * rb, Wd + (size_t)n * K, K);
+                }
+                int ldx = K + 3, ldy = N + 2;
+                float *ref = malloc(sizeof(float) * Mmax * ldy), *got = malloc(sizeof(float) * Mmax * ldy);
+                float *pathres[2] = {malloc(sizeof(float) * Mmax * ldy), malloc(sizeof(float) * Mmax * ldy)};
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                    int M = Ms[mi];
+                    for (int p = 0; p < npaths; p++) {
+                        td_kernels_set_path(paths[p]);
+                        for (int add = 0; add < 2; add++) {
+                            for (int i = 0; i < Mmax * ldy; i++) ref[i] = got[i] = (float)i * 0.25f;
+                            td_matmul(ref, ldy, x, ldx, M, Wd, TD_DTYPE_F32, K, 0, N, add);
+                            td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 0, N, add);
+                            checked++;
+                            if (memcmp(ref, got, sizeof(float) * Mmax * ldy)) {
+                                if (fails++ < 5) T_CHECK(0, "%s path %d M %d N %d K %d add %d: not the dequantized f32 bits",
+                                                         td_dtype_name(dt), paths[p], M, N, K, add);
+                            }
+                            if (!add) memcpy(pathres[p], got, sizeof(float) * Mmax * ldy);
+                        }
+                        /* an output sub-range gives the same bits as the full range */
+                        if (N > 2) {
+                            for (int i = 0; i < Mmax * ldy; i++) got[i] = -1.0f;
+                            td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 1, N - 1, 0);
+                            int same = 1;
+                            for (int m = 0; m < M; m++)
+                                same &= !memcmp(got + m * ldy + 1, pathres[p] + m * ldy + 1, sizeof(float) * (N - 2)) &&
+                                        got[m * ldy] == -1.0f && got[m * ldy + N - 1] == -1.0f;
+                            if (!same && fails++ < 5) T_CHECK(0, "%s M %d N %d K %d: sub-range differs", td_dtype_name(dt), M, N, K);
+                        }
+                    }
+                    if (npaths == 2 && memcmp(pathres[0], pathres[1], sizeof(float) * Mmax * ldy) && fails++ < 5)
+                        T_CHECK(0, "%s M %d N %d K %d: portable and AVX-512 bits differ", td_dtype_name(dt), M, N, K);
+                    /* against the unquantized matrix: |err| <= sum_k |x_k| * (quantization bound of w_k) */
+                    for (int m = 0; m < M; m++)
+                        for (int n = 0; n < N; n++) {
+                            double exact = 0, bound = 0;
+                            for (int k = 0; k < K; k++) {
+                                exact += (double)x[m * ldx + k] * W[(size_t)n * K + k];
+                                bound += fabs(x[m * ldx + k]) * fabs(Wd[(size_t)n * K + k] - W[(size_t)n * K + k]);
+                            }
+                            double e = fabs(pathres[0][m * ldy + n] - exact);
+                            double tol = bound + 1e-5 * K;
+                            if (e > tol && fails++ < 5) T_CHECK(0, "%s: error %g over bound %g", td_dtype_name(dt), e, tol);
+                            e2[dt - TD_DTYPE_Q8_0] += e * e;
+                            y2[dt - TD_DTYPE_Q8_0] += exact * exact;
+                        }
+                }
+                free(W); free(Wd); free(x); free(Wq); free(ref); free(got); free(pathres[0]); free(pathres[1]);
+            }
+    td_kernels_set_path(TD_KPATH_AVX512);
+    double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]);
+    printf("  %d products compared; rms error / rms output vs the unquantized matrix: q8_0 %.2e, q4_0 %.2e\n",
+           checked, r8, r4);
+    T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r4, "quantization error implausibly large");
+    t_end();
+}
+
+static void test_bad_sizes(void) {
+    t_begin("bad_k_and_tensor_sizes");
+    td_err err = {0};
+    T_CHECK(td_dtype_check_row(TD_DTYPE_Q8_0, 48, "w", &err) == TD_EFORMAT && strstr(err.msg, "48") &&
+                strstr(err.msg, "multiple of 32"), "K=48: %s", err.msg);
+    T_CHECK(td_dtype_check_row(TD_DTYPE_Q4_0, 64, "w", &err) == 0 && td_dtype_check_row(TD_DTYPE_BF16, 7, "w", &err) == 0,
+            "good rows");
+    T_CHECK(td_dtype_check_tensor(TD_DTYPE_Q8_0, 10, 64, 680, "w", &err) == 0, "right size");
+    T_CHECK(td_dtype_check_tensor(TD_DTYPE_Q8_0, 10, 64, 679, "blk.0.attn_q.weight", &err) == TD_EFORMAT &&
+                strstr(err.msg, "blk.0.attn_q.weight") && strstr(err.msg, "680") && strstr(err.msg, "679"),
+            "short: %s", err.msg);
+    T_CHECK(td_dtype_check_tensor(TD_DTYPE_Q4_0, 10, 64, 361, "w", &err) == TD_EFORMAT, "long");
+    T_CHECK(td_dtype_check_tensor(TD_DTYPE_Q4_0, (int64_t)1 << 62, 1 << 20, 0, "w", &err) == TD_EFORMAT, "overflow");
+    T_CHECK(td_dtype_check_tensor(9, 1, 32, 64, "w", &err) == TD_EFORMAT, "unknown dtype");
+    /* a product over a K that is not a multiple of 32 never returns numbers */
+    float x[48] = {0}, y[2] = {1, 1};
+    unsigned char w[2 * 34] = {0};
+    td_matmul(y, 2, x, 48, 1, w, TD_DTYPE_Q8_0, 48, 0, 2, 0);
+    T_CHECK(isnan(y[0]) && isnan(y[1]), "K=48 gives NaN");
+    t_end();
+}
+
+/* ---- models ----------------------------------------------------------------- */
+
+static td_model *open_q(const char *name, const tm_shape *s, int dt) {
+    char d[512];
+    snprintf(d, sizeof d, "%s/%s", g_dir, name);
+    if (tm_write(d, s) != 0) return NULL;
+    td_model *m = NULL;
+    td_err err = {0};
+    if (td_model_open(&m, d, &err) != 0) { printf("  open %s: %s\n", d, err.msg); return NULL; }
+    if (dt >= 0 && td_model_quantize(m, dt, &err) != 0) { printf("  quantize: %s\n", err.msg); td_model_free(m); return NULL; }
+    return m;
+}
+
+static td_ctx *open_ctx(const td_model *m, int rows, int threads) {
+    td_ctx_params p = td_ctx_default_params();
+    p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads;
+    td_ctx *c = NULL;
+    td_err err = {0};
+    if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);
+    return c;
+}
+
+static int feed(td_ctx *c, int row, const int32_t *toks, int n, float *out) {
+    uint8_t want[64];
+    memset(want, 1, sizeof want);
+    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks, .want = want};
+    td_err err = {0};
+    int rc = td_ctx_forward(c, &b, out, NULL, &err);
+    if (rc) printf("  forward: %s\n", err.msg);
+    return rc;
+}
+
+static const tm_shape QSHAPE = {.vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 32,
+                                .ffn = 160, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 5};
+
+/* logits at T=1 steps == inside one T=7 block == inside a ragged B=5 batch on 2 threads */
+static void test_invariance(int dt, int tied) {
+    char name[96];
+    snprintf(name, sizeof name, "invariance_%s_%s_%s", td_dtype_name(dt), tied ? "tied" : "untied", td_kernels_path_name());
+    t_begin(name);
+    tm_shape s = QSHAPE;
+    s.tied = tied;
+    s.seed = 5 + (uint64_t)dt * 2 + (uint64_t)tied;
+    td_model *m = open_q(name, &s, dt);
+    td_ctx *c1 = NULL, *c5 = NULL;
+    float *a = NULL, *bb = NULL, *cc = NULL;
+    T_REQUIRE(m != NULL, "model");
+    td_model_info in;
+    td_model_get_info(m, &in);
+    T_CHECK(in.dtype == dt, "main dtype %d", in.dtype);
+    int V = s.vocab;
+    int32_t seq[12];
+    uint64_t st = s.seed + 7;
+    for (int i = 0; i < 12; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    a = malloc(sizeof(float) * 64 * V); bb = malloc(sizeof(float) * 64 * V); cc = malloc(sizeof(float) * 64 * V);
+    c1 = open_ctx(m, 1, 1);
+    c5 = open_ctx(m, 5, 2);
+    T_REQUIRE(c1 && c5, "contexts");
+    int r;
+    td_ctx_row_add(c1, &r);
+    T_REQUIRE(feed(c1, r, seq, 5, a) == 0, "prefill");
+    for (int i = 5; i < 12; i++) T_REQUIRE(feed(c1, r, seq + i, 1, a + (size_t)(i - 5) * V) == 0, "step");
+    T_CHECK(td_ctx_row_trim(c1, r, 5) == 0, "trim");
+    T_REQUIRE(feed(c1, r, seq + 5, 7, bb) == 0, "block");
+    T_CHECK(memcmp(a, bb, sizeof(float) * 7 * V) == 0, "T=1 vs T=7 logits differ");
+    /* ragged batch: the row of interest is row 2 with 7 new tokens among 4 others */
+    int rows[5], nt[5] = {3, 1, 7, 2, 5};
+    for (int i = 0; i < 5; i++) td_ctx_row_add(c5, &rows[i]);
+    int32_t toks[64];
+    uint8_t want[64] = {0};
+    for (int i = 0; i < 5; i++) T_REQUIRE(feed(c5, rows[i], i == 2 ? seq : seq + i, 5, cc) == 0, "prefill B");
+    int T = 0, pos2 = 0;
+    for (int i = 0; i < 5; i++) {
+        for (int k = 0; k < nt[i]; k++) {
+            toks[T + k] = i == 2 ? seq[5 + k] : (int32_t)(tm_rng(&st) % (uint64_t)V);
+            want[T + k] = i == 2;
+        }
+        if (i == 2) pos2 = T;
+        T += nt[i];
+    }
+    (void)pos2;
+    td_batch b = {.n_rows = 5, .rows = rows, .n_tokens = nt, .tokens = toks, .want = want};
+    td_err err = {0};
+    T_REQUIRE(td_ctx_forward(c5, &b, cc, NULL, &err) == 0, "batch: %s", err.msg);
+    T_CHECK(memcmp(a, cc, sizeof(float) * 7 * V) == 0, "T=1 vs ragged B=5 logits differ");
+    int finite = 1;
+    for (int i = 0; i < 7 * V; i++) finite &= isfinite(a[i]);
+    T_CHECK(finite, "non-finite logits");
+done:
+    td_ctx_free(c1); td_ctx_free(c5); td_model_free(m);
+    free(a); free(bb); free(cc);
+    t_end();
+}
+
+static void test_reject_k(void) {
+    t_begin("quantize_rejects_width_not_multiple_of_32");
+    tm_shape s = QSHAPE;
+    s.hidden = 40; /* not a multiple of 32 */
+    td_model *m = open_q("badk", &s, -1);
+    T_REQUIRE(m != NULL, "model");
+    td_err err = {0};
+    T_CHECK(td_model_quantize(m, TD_DTYPE_Q8_0, &err) == TD_EUNSUPPORTED && strstr(err.msg, "hidden_size = 40"), "%s",
+            err.msg);
+    td_model_info in;
+    td_model_get_info(m, &in);
+    T_CHECK(in.dtype == TD_DTYPE_BF16, "model unchanged");
+    T_CHECK(td_model_quantize(m, TD_DTYPE_BF16, &err) == TD_EINVAL, "bf16 is not a quantized type");
+done:
+    td_model_free(m);
+    t_end();
+}
+
+/* plain decoding == speculative decoding (ngram drafter) on a quantized target */
+static void test_spec(int dt) {
+    char name[64];
+    snprintf(name, sizeof name, "spec_equals_plain_%s", td_dtype_name(dt));
+    t_begin(name);
+    tm_shape s = QSHAPE;
+    s.seed = 11;
+    td_model *m = open_q(name, &s, dt);
+    td_drafter *d = NULL;
+    td_ctx *c = NULL, *cp = NULL;
+    td_spec *g = NULL;
+    td_err err = {0};
+    T_REQUIRE(m != NULL, "model");
+    enum { NT = 48, B = 3 };
+    int32_t pr[B][32], ref[B][NT], got[B][NT];
+    int np[B], nref[B], ngot[B] = {0}, ids[B], fin[B] = {0};
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = NT};
+    for (int i = 0; i < B; i++) {
+        uint64_t st = 500 + (uint64_t)i;
+        np[i] = 12 + 5 * i;
+        for (int k = 0; k < np[i]; k++) pr[i][k] = (int32_t)(k % 4 == 3 ? tm_rng(&st) % 301 : (uint64_t)(7 + k % 3));
+        td_ctx_params pp = td_ctx_default_params();
+        pp.max_ctx = 128; pp.n_threads = 2;
+        T_REQUIRE(td_ctx_open(&cp, m, &pp, &err) == 0, "ctx: %s", err.msg);
+        td_gen_stats gs;
+        T_REQUIRE(cp && td_generate(cp, m, pr[i], np[i], &gp, NULL, NULL, ref[i], NT, &gs, &err) == 0, "plain: %s", err.msg);
+        nref[i] = gs.n_gen;
+        td_ctx_free(cp);
+        cp = NULL;
+    }
+    T_REQUIRE(td_drafter_open(&d, "ngram", m, &err) == 0, "drafter: %s", err.msg);
+    td_ctx_params p = td_ctx_default_params();
+    p.max_rows = B + 1; p.max_ctx = 128; p.max_tokens = 64; p.max_logits = 64; p.n_threads = 2;
+    T_REQUIRE(td_ctx_open(&c, m, &p, &err) == 0, "ctx: %s", err.msg);
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = 6;
+    sp.fixed_depth = 1;
+    T_REQUIRE(td_spec_open(&g, c, m, d, &sp, &err) == 0, "spec: %s", err.msg);
+    for (int i = 0; i < B; i++) T_REQUIRE(td_spec_add(g, pr[i], np[i], &gp, 1, &ids[i], &err) == 0, "add: %s", err.msg);
+    for (int round = 0; round < 400; round++) {
+        T_REQUIRE(td_spec_step(g, &err) >= 0, "step: %s", err.msg);
+        int all = 1;
+        for (int i = 0; i < B; i++) {
+            if (fin[i]) continue;
+            int done = 0;
+            int n = td_spec_take(g, ids[i], got[i] + ngot[i], NULL, NT - ngot[i], NULL, 0, NULL, &done);
+            T_REQUIRE(n >= 0, "take");
+            ngot[i] += n;
+            if (done) fin[i] = 1;
+            all &= fin[i];
+        }
+        if (all) break;
+    }
+    for (int i = 0; i < B; i++)
+        T_CHECK(fin[i] && ngot[i] == nref[i] && !memcmp(got[i], ref[i], sizeof(int32_t) * (size_t)nref[i]),
+                "row %d: speculative output differs from plain", i);
+    td_spec_stats sst;
+    td_spec_stats_get(g, -1, &sst);
+    printf("  %s: drafted %ld accepted %ld\n", name, sst.drafted, sst.accepted);
+    T_CHECK(sst.drafted > 0, "the drafter drafted nothing: the test would not test verification");
+done:
+    td_spec_free(g); td_ctx_free(c); td_ctx_free(cp); td_drafter_free(d); td_model_free(m);
+    t_end();
+}
+
+/* the trained tiny target: argmax of the quantized model's logits agrees with the
+ * unquantized model's along a greedy continuation of a code prompt */
+static void test_tiny_target(void) {
+    t_begin("tiny_target_top1_agreement");
+    const char *dir = "models/tiny-code/target";
+    td_model *mf = NULL, *mq[2] = {NULL, NULL};
+    td_ctx *c = NULL;
+    float *lf = NULL, *lq = NULL;
+    td_err err = {0};
+    if (access(dir, R_OK) != 0) { printf("  %s missing: skipped\n", dir); goto done; }
+    T_REQUIRE(td_model_open(&mf, dir, &err) == 0, "open: %s", err.msg);
+    for (int q = 0; q < 2; q++) {
+        T_REQUIRE(td_model_open(&mq[q], dir, &err) == 0, "open: %s", err.msg);
+        T_REQUIRE(td_model_quantize(mq[q], q ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0, &err) == 0, "quantize: %s", err.msg);
+    }
+    const td_tokenizer *tok = td_model_tokenizer(mf);
+    T_REQUIRE(tok != NULL, "tokenizer");
+    static const char *prompts[] = {"def fibonacci(n):\n", "import os\nimport sys\n\ndef main():\n",
+                                    "class Stack:\n    def __init__(self):\n", "for i in range(10):\n"};
+    enum { NP = 4, GEN = 48 };
+    td_model_info mi;
+    td_model_get_info(mf, &mi);
+    int V = mi.n_vocab;
+    int agree[2] = {0, 0}, total = 0;
+    lf = malloc(sizeof(float) * 64 * (size_t)V);
+    lq = malloc(sizeof(float) * 64 * (size_t)V);
+    for (int p = 0; p < NP; p++) {
+        int32_t seq[64 + GEN];
+        int n = td_tokenize(tok, prompts[p], strlen(prompts[p]), 0, seq, 64);
+        T_REQUIRE(n > 0 && n <= 16, "tokenize");
+        /* greedy continuation of the unquantized model */
+        td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = GEN};
+        td_gen_stats gs;
+        td_ctx_params cp = td_ctx_default_params();
+        cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 2;
+        T_REQUIRE(td_ctx_open(&c, mf, &cp, &err) == 0, "ctx: %s", err.msg);
+        T_REQUIRE(td_generate(c, mf, seq, n, &gp, NULL, NULL, seq + n, GEN, &gs, &err) == 0, "gen: %s", err.msg);
+        td_ctx_free(c);
+        c = NULL;
+        int len = n + gs.n_gen < 64 ? n + gs.n_gen : 64;
+        /* teacher-forced logits of every position, unquantized and quantized */
+        for (int q = -1; q < 2; q++) {
+            T_REQUIRE(td_ctx_open(&c, q < 0 ? mf : mq[q], &cp, &err) == 0, "ctx: %s", err.msg);
+            int r;
+            td_ctx_row_add(c, &r);
+            T_REQUIRE(feed(c, r, seq, len, q < 0 ? lf : lq) == 0, "forward");
+            td_ctx_free(c);
+            c = NULL;
+            if (q < 0) continue;
+            for (int t = n - 1; t < len; t++) {
+                int af = 0, aq = 0;
+                for (int v = 1; v < V; v++) {
+                    if (lf[(size_t)t * V + v] > lf[(size_t)t * V + af]) af = v;
+                    if (lq[(size_t)t * V + v] > lq[(size_t)t * V + aq]) aq = v;
+                }
+                agree[q] += af == aq;
+                if (q == 0) total++;
+            }
+        }
+    }
+    printf("  top-1 agreement over %d positions: q8_0 %.1f%%, q4_0 %.1f%%\n", total, 100.0 * agree[0] / total,
+           100.0 * agree[1] / total);
+    T_CHECK(agree[0] >= 0.95 * total, "q8_0 agreement %d of %d", agree[0], total);
+    T_CHECK(agree[1] >= 0.70 * total, "q4_0 agreement %d of %d", agree[1], total);
+done:
+    td_ctx_free(c);
+    td_model_free(mf); td_model_free(mq[0]); td_model_free(mq[1]);
+    free(lf); free(lq);
+    t_end();
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/td_test_quant_%d", (int)getpid());
+    mkdir(g_dir, 0755);
+    test_f16();
+    test_layout();
+    test_quant_error();
+    test_matmul();
+    test_bad_sizes();
+    for (int path = 0; path < 2; path++) {
+        int got = td_kernels_set_path(path ? TD_KPATH_AVX512 : TD_KPATH_PORTABLE);
+        if (path && got != TD_KPATH_AVX512) break;
+        test_invariance(TD_DTYPE_Q8_0, 1);
+        test_invariance(TD_DTYPE_Q4_0, 0);
+    }
+    test_invariance(TD_DTYPE_Q4_0, 1);
+    test_reject_k();
+    test_spec(TD_DTYPE_Q8_0);
+    test_spec(TD_DTYPE_Q4_0);
+    test_tiny_target();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd) != 0) printf("  could not remove %s\n", g_dir);
+    return t_exit();
+}
