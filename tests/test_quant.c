@@ -154,7 +154,9 @@ static void test_matmul(void) {
     static const int Ms[] = {1, 2, 3, 5, 7, 8, 9, 13, 17, 70};
     static const int Ns[] = {1, 2, 3, 5, 8, 11, 19, 37};
     static const int Ks[] = {32, 64, 96, 352};
-    int paths[2] = {TD_KPATH_PORTABLE, TD_KPATH_AVX512}, npaths = td_kernels_set_path(TD_KPATH_AVX512) == TD_KPATH_AVX512 ? 2 : 1;
+    int paths[TD_KPATH_COUNT], npaths = 0, deflt = td_kernels_path();
+    for (int p = 0; p < TD_KPATH_COUNT; p++)
+        if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
     int fails = 0, checked = 0;
     double e2[2] = {0, 0}, y2[2] = {0, 0};
     for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++)
@@ -173,7 +175,8 @@ static void test_matmul(void) {
                 }
                 int ldx = K + 3, ldy = N + 2;
                 float *ref = malloc(sizeof(float) * Mmax * ldy), *got = malloc(sizeof(float) * Mmax * ldy);
-                float *pathres[2] = {malloc(sizeof(float) * Mmax * ldy), malloc(sizeof(float) * Mmax * ldy)};
+                float *pathres[TD_KPATH_COUNT];
+                for (int p = 0; p < TD_KPATH_COUNT; p++) pathres[p] = malloc(sizeof(float) * Mmax * ldy);
                 for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                     int M = Ms[mi];
                     for (int p = 0; p < npaths; p++) {
@@ -200,8 +203,10 @@ static void test_matmul(void) {
                             if (!same && fails++ < 5) T_CHECK(0, "%s M %d N %d K %d: sub-range differs", td_dtype_name(dt), M, N, K);
                         }
                     }
-                    if (npaths == 2 && memcmp(pathres[0], pathres[1], sizeof(float) * Mmax * ldy) && fails++ < 5)
-                        T_CHECK(0, "%s M %d N %d K %d: portable and AVX-512 bits differ", td_dtype_name(dt), M, N, K);
+                    for (int p = 1; p < npaths; p++)
+                        if (memcmp(pathres[0], pathres[p], sizeof(float) * Mmax * ldy) && fails++ < 5)
+                            T_CHECK(0, "%s M %d N %d K %d: portable and path %d bits differ", td_dtype_name(dt), M, N, K,
+                                    paths[p]);
                     /* against the unquantized matrix: |err| <= sum_k |x_k| * (quantization bound of w_k) */
                     for (int m = 0; m < M; m++)
                         for (int n = 0; n < N; n++) {
@@ -217,9 +222,10 @@ static void test_matmul(void) {
                             y2[dt - TD_DTYPE_Q8_0] += exact * exact;
                         }
                 }
-                free(W); free(Wd); free(x); free(Wq); free(ref); free(got); free(pathres[0]); free(pathres[1]);
+                free(W); free(Wd); free(x); free(Wq); free(ref); free(got);
+                for (int p = 0; p < TD_KPATH_COUNT; p++) free(pathres[p]);
             }
-    td_kernels_set_path(TD_KPATH_AVX512);
+    td_kernels_set_path(deflt);
     double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]);
     printf("  %d products compared; rms error / rms output vs the unquantized matrix: q8_0 %.2e, q4_0 %.2e\n",
            checked, r8, r4);
@@ -505,12 +511,14 @@ int main(void) {
     test_quant_error();
     test_matmul();
     test_bad_sizes();
-    for (int path = 0; path < 2; path++) {
-        int got = td_kernels_set_path(path ? TD_KPATH_AVX512 : TD_KPATH_PORTABLE);
-        if (path && got != TD_KPATH_AVX512) break;
+    int deflt = td_kernels_path();
+    for (int path = 0; path < TD_KPATH_COUNT; path++) {
+        if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
+        td_kernels_set_path(path);
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q4_0, 0);
     }
+    td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
