@@ -162,9 +162,9 @@ void td_model_get_info(const td_model *m, td_model_info *info);
 const td_tokenizer *td_model_tokenizer(const td_model *m);
 /* Quantize the model's matmul weights in memory to dtype (TD_DTYPE_Q8_0 or
  * TD_DTYPE_Q4_0); norms and biases stay as loaded, a q4_0 model's output
- * matrix gets q8_0 (see src/model/quantize.c). Call before opening contexts.
+ * matrix gets q8_0 (see src/model/model_quant.c). Call before opening contexts.
  * TD_EUNSUPPORTED when a matmul input width is not a multiple of 32. */
-int td_model_quantize(td_model *m, int dtype, td_err *err);
+int td_model_quantize_weights(td_model *m, int dtype, td_err *err);
 /* Write a human description (config, tensor count, bytes, dtypes) to f. */
 void td_model_describe(const td_model *m, FILE *f);
 

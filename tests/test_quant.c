@@ -264,7 +264,7 @@ static td_model *open_q(const char *name, const tm_shape *s, int dt) {
     td_model *m = NULL;
     td_err err = {0};
     if (td_model_open(&m, d, &err) != 0) { printf("  open %s: %s\n", d, err.msg); return NULL; }
-    if (dt >= 0 && td_model_quantize(m, dt, &err) != 0) { printf("  quantize: %s\n", err.msg); td_model_free(m); return NULL; }
+    if (dt >= 0 && td_model_quantize_weights(m, dt, &err) != 0) { printf("  quantize: %s\n", err.msg); td_model_free(m); return NULL; }
     return m;
 }
 
@@ -356,12 +356,12 @@ static void test_reject_k(void) {
     td_model *m = open_q("badk", &s, -1);
     T_REQUIRE(m != NULL, "model");
     td_err err = {0};
-    T_CHECK(td_model_quantize(m, TD_DTYPE_Q8_0, &err) == TD_EUNSUPPORTED && strstr(err.msg, "hidden_size = 40"), "%s",
+    T_CHECK(td_model_quantize_weights(m, TD_DTYPE_Q8_0, &err) == TD_EUNSUPPORTED && strstr(err.msg, "hidden_size = 40"), "%s",
             err.msg);
     td_model_info in;
     td_model_get_info(m, &in);
     T_CHECK(in.dtype == TD_DTYPE_BF16, "model unchanged");
-    T_CHECK(td_model_quantize(m, TD_DTYPE_BF16, &err) == TD_EINVAL, "bf16 is not a quantized type");
+    T_CHECK(td_model_quantize_weights(m, TD_DTYPE_BF16, &err) == TD_EINVAL, "bf16 is not a quantized type");
 done:
     td_model_free(m);
     t_end();
@@ -445,7 +445,7 @@ static void test_tiny_target(void) {
     T_REQUIRE(td_model_open(&mf, dir, &err) == 0, "open: %s", err.msg);
     for (int q = 0; q < 2; q++) {
         T_REQUIRE(td_model_open(&mq[q], dir, &err) == 0, "open: %s", err.msg);
-        T_REQUIRE(td_model_quantize(mq[q], q ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0, &err) == 0, "quantize: %s", err.msg);
+        T_REQUIRE(td_model_quantize_weights(mq[q], q ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0, &err) == 0, "quantize: %s", err.msg);
     }
     const td_tokenizer *tok = td_model_tokenizer(mf);
     T_REQUIRE(tok != NULL, "tokenizer");

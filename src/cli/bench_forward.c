@@ -24,7 +24,7 @@
 #endif
 
 static void bf_help(void) {
-    printf("usage: tandem bench forward [-m DIR] [-t N] [--json]\n"
+    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant q8_0|q4_0] [--json]\n"
            "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
            "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
            "  -m, --model DIR        model directory (default: the bundled target)\n"
@@ -32,6 +32,7 @@ static void bf_help(void) {
            "      --bw-mib N         bandwidth buffer size in MiB (default 1024)\n"
            "      --reps N           repeat every measurement N times and keep each one's best\n"
            "                         (for a machine shared with other work; default 1)\n"
+           "      --quant TYPE       quantize the matmul weights to q8_0 or q4_0 at load\n"
            "      --json             print one JSON object\n"
            "  -h, --help             this help\n");
 }
@@ -168,7 +169,7 @@ int cmd_bench_forward(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv) {
     const char *model_dir = NULL;
     long threads = 0, bw_mib = 1024, reps = 1;
-    int json = 0;
+    int json = 0, quant = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bf_help(); return 0; }
@@ -177,6 +178,12 @@ int cmd_bench_forward(int argc, char **argv) {
         else if (!strcmp(a, "--bw-mib")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 16, 1 << 20, &bw_mib)) return 2; }
         else if (!strcmp(a, "--reps")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--quant")) {
+            if (!cli_need_arg(i, argc, a)) return 2;
+            const char *q = argv[++i];
+            quant = !strcmp(q, "q8_0") ? TD_DTYPE_Q8_0 : !strcmp(q, "q4_0") ? TD_DTYPE_Q4_0 : -2;
+            if (quant == -2) { fprintf(stderr, "tandem bench forward: --quant: '%s' is not q8_0 or q4_0\n", q); return 2; }
+        }
         else { fprintf(stderr, "tandem bench forward: unknown option '%s' (see --help)\n", a); return 2; }
     }
     if (!model_dir) model_dir = cli_default_model_dir();
@@ -184,6 +191,7 @@ int cmd_bench_forward(int argc, char **argv) {
     td_err err = {0};
     td_model *m = NULL;
     if (td_model_open(&m, model_dir, &err) != 0) return cli_die(model_dir, &err);
+    if (quant >= 0 && td_model_quantize_weights(m, quant, &err) != 0) { td_model_free(m); return cli_die(model_dir, &err); }
     td_model_info info;
     td_model_get_info(m, &info);
 
@@ -276,12 +284,13 @@ int cmd_bench_forward(int argc, char **argv) {
     double floor_s = (double)info.weight_bytes / (bw * 1e9);
     double floor_fraction = floor_s / (decode_s / DEC_N);
     if (json) {
-        printf("{\"model\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
+        static const char *dtn[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
+        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
                "\"bandwidth_gbs\": %.3f, \"floor_ms\": %.4f, \"prefill_tokens\": %d, \"prefill_tps\": %.2f, "
                "\"decode_tokens\": %d, \"decode_tps\": %.2f, \"decode_ms\": %.4f, \"decode_median_ms\": %.4f, \"floor_fraction\": %.4f, "
                "\"loadavg_before\": %.2f, \"loadavg_after\": %.2f, "
                "\"verify_ctx\": %d, \"verify_ms\": {",
-               model_dir, threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
+               model_dir, info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? dtn[info.dtype] : "?", threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
                DEC_N, decode_tps, decode_s / DEC_N * 1e3, decode_med_ms, floor_fraction, load0, load, CTX);
         for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_ms[i]);
         printf("}, \"verify_ratio_8_1\": %.4f, \"prefill_best_tps\": %.2f, \"decode_best_ms\": %.4f, "

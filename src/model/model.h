@@ -78,7 +78,7 @@ struct td_model {
     int dtype;             /* TD_DTYPE_* holding the most weight bytes */
     int dtype_count[TD_DTYPE_COUNT];    /* bound tensors per TD_DTYPE_* */
     size_t dtype_bytes[TD_DTYPE_COUNT]; /* bound bytes per TD_DTYPE_* */
-    void **owned;          /* [n_owned] weight buffers made in memory (td_model_quantize), owned */
+    void **owned;          /* [n_owned] weight buffers made in memory (td_model_quantize_weights), owned */
     int n_owned;
 };
 

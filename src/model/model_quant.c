@@ -1,6 +1,6 @@
-/* quantize — turn a loaded model's matmul weights into Q8_0 / Q4_0 in memory.
+/* model_quant — turn a loaded model's matmul weights into Q8_0 / Q4_0 in memory.
  *
- * Design: td_model_quantize walks the 2-D matmul weights (q/k/v/o, gate/up/down,
+ * Design: td_model_quantize_weights walks the 2-D matmul weights (q/k/v/o, gate/up/down,
  * the embedding and an untied lm_head), quantizes each row from its exact f32
  * value with td_quantize_row into one malloc'd buffer per tensor (owned by the
  * model, freed with it) and rebinds the tensor to it. Norm weights and biases
@@ -64,8 +64,8 @@ static int mq_tensor(td_model *m, td_tensor *t, int dt, const char *what, td_err
     return 0;
 }
 
-int td_model_quantize(td_model *m, int dtype, td_err *err) {
-    if (!m || !td_dtype_is_quant(dtype)) return td_seterr(err, TD_EINVAL, "td_model_quantize: no model or not a quantized dtype");
+int td_model_quantize_weights(td_model *m, int dtype, td_err *err) {
+    if (!m || !td_dtype_is_quant(dtype)) return td_seterr(err, TD_EINVAL, "td_model_quantize_weights: no model or not a quantized dtype");
     const td_config *c = &m->cfg;
     struct { const char *name; int v; } dims[] = {
         {"hidden_size", c->n_embd}, {"num_attention_heads*head_dim", c->n_head * c->head_dim},
