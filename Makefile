@@ -47,8 +47,10 @@ ifneq ($(filter x86_64%,$(shell $(CC) -dumpmachine)),)
 $(BUILD)/obj/src/nn/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -mno-avx512f
 endif
 
+# rebuilt from scratch: `ar r` would keep the members of source files since removed or renamed
 $(BUILD)/libtandem.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
+	@rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/tandem: $(CLI_OBJ) $(BUILD)/libtandem.a
