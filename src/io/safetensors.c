@@ -20,7 +20,7 @@
  * pointer is not aligned to its element size is REFUSED (TD_EUNSUPPORTED, naming
  * the tensor); files written by the safetensors library are always aligned.
  * Tensors are kept sorted by name, so td_st_find is a binary search. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE, MADV_POPULATE_READ */
 #include "io/safetensors.h"
 #include "util/util.h"
 
@@ -33,6 +33,49 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* Mapping: weights are read in full by every forward pass, so the mapping is
+ * placed at a 2 MiB-aligned address and advised MADV_HUGEPAGE: page-cache folios
+ * of 2 MiB (which large-folio file systems create on read-ahead, and this advice
+ * asks for on a page-cache miss) are then mapped with one PMD entry each instead
+ * of 512 4 KiB PTEs. Measured on this project's VM (nested paging): streaming a
+ * 1.2 GB model through 4 KiB mappings ran at 2-5 GB/s under load, through 2 MiB
+ * mappings at the speed of anonymous huge-page memory. The whole file is then
+ * pre-faulted (MADV_POPULATE_READ, else MADV_WILLNEED read-ahead), after the
+ * header is validated, so the first forward pass pays no page faults. All of
+ * this is advice: where the kernel lacks it the mapping works as before. */
+#define ST_ALIGN ((size_t)2 << 20)
+
+/* Map len bytes of fd read-only at a ST_ALIGN-aligned address (when len is at
+ * least ST_ALIGN; else wherever mmap puts it). MAP_FAILED on failure. */
+static void *st_map(int fd, size_t len) {
+    if (len < ST_ALIGN || len > SIZE_MAX - ST_ALIGN) return mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    /* reserve len + ST_ALIGN of address space, put the file at the aligned
+     * address inside it, give back the slack on both sides */
+    char *r = mmap(NULL, len + ST_ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    char *a = (char *)(((uintptr_t)r + ST_ALIGN - 1) & ~(uintptr_t)(ST_ALIGN - 1));
+    void *m = mmap(a, len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (m == MAP_FAILED) {
+        munmap(r, len + ST_ALIGN);
+        return mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    }
+    if (a > r) munmap(r, (size_t)(a - r));
+    size_t tail = (size_t)(r + len + ST_ALIGN - (a + len));
+    if (tail) munmap(a + len, tail);
+#ifdef MADV_HUGEPAGE
+    madvise(m, len, MADV_HUGEPAGE);
+#endif
+    return m;
+}
+
+/* Fault the whole mapping in now (advice; errors are ignored). */
+static void st_prefault(void *map, size_t len) {
+#ifdef MADV_POPULATE_READ
+    if (madvise(map, len, MADV_POPULATE_READ) == 0) return;
+#endif
+    madvise(map, len, MADV_WILLNEED);
+}
 
 #define ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 #define ST_MAX_DIMS 8
@@ -253,7 +296,7 @@ int td_st_open(td_st_file **out, const char *path, td_err *err) {
         goto fail;
     }
     f->map_len = (size_t)sb.st_size;
-    f->map = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    f->map = st_map(fd, f->map_len);
     if (f->map == MAP_FAILED) {
         f->map = NULL;
         rc = td_seterr(err, TD_EIO, "%s: mmap failed: %s", path, strerror(errno));
@@ -296,6 +339,7 @@ int td_st_open(td_st_file **out, const char *path, td_err *err) {
     rc = st_parse_header(f, hdr, (size_t)hlen, base + 8 + hlen, (uint64_t)f->map_len - 8 - hlen, err);
     if (rc) goto fail;
     free(hdr);
+    st_prefault(f->map, f->map_len);
     *out = f;
     return 0;
 fail:
