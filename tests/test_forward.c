@@ -39,7 +39,7 @@ static int feed(td_ctx *c, int row, const int32_t *toks, int n, float *out) {
 static void test_invariance(const char *name, const tm_shape *s, const char *dir) {
     t_begin(name);
     td_model *m = open_model(dir, s);
-    td_ctx *c1 = NULL, *c5 = NULL;
+    td_ctx *c1 = NULL, *c5 = NULL, *c3 = NULL;
     float *a = NULL, *bb = NULL, *cc = NULL, *dd = NULL;
     T_REQUIRE(m != NULL, "model did not open");
     int V = s->vocab;
@@ -86,9 +86,17 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     T_REQUIRE(td_ctx_forward(c5, &b, cc, NULL, &err) == 0, "batch forward: %s", err.msg);
     T_CHECK(memcmp(a, cc + (size_t)out_of_row1 * V, sizeof(float) * 7 * V) == 0, "B=5 logits differ from T=1");
     for (int i = 0; i < 5; i++) T_CHECK(td_ctx_row_len(c5, rows[i]) == (i == 1 ? 12 : 2 + 3 * i + ntok[i]), "row %d length", i);
+    /* (d) the T=7 block with 3 threads: the attention of one row then runs as two
+     * jobs (post-processing, then attention units) instead of one fused job */
+    c3 = open_ctx(m, 1, 3);
+    T_REQUIRE(c3 != NULL, "context of 3 threads");
+    td_ctx_row_add(c3, &r);
+    T_REQUIRE(feed(c3, r, seq, 5, dd) == 0, "prefill 3 threads");
+    T_REQUIRE(feed(c3, r, seq + 5, 7, dd) == 0, "block 3 threads");
+    T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=7 with 3 threads differs from T=1");
 done:
     free(a); free(bb); free(cc); free(dd);
-    td_ctx_free(c1); td_ctx_free(c5);
+    td_ctx_free(c1); td_ctx_free(c5); td_ctx_free(c3);
     td_model_free(m);
     t_end();
 }

@@ -426,7 +426,7 @@ static void test_path_equal(int path) {
         float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)NQ * hd);
         for (int i = 0; i < NQ * hd; i++) q[i] *= 3.0f;
         float *oa = malloc(sizeof(float) * NQ * hd), *op = malloc(sizeof(float) * NQ * hd);
-        float *scr = malloc(sizeof(float) * (size_t)(maxn + 16));
+        float *scr = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)(maxn + 16)); /* kernels.h: min(nq, QB) x max n */
         ON(path, td_attend(oa, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
         ON(P, td_attend(op, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
         T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend hd=%d differs between paths", hd);

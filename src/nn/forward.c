@@ -28,6 +28,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#define ATT_TC 8         /* tokens per attention call (queries share K/V loads) */
+#define NORM_INLINE_T 32 /* row norms of up to this many tokens run on the caller */
+
 struct td_ctx {
     const td_model *m;      /* borrowed */
     td_ctx_params p;
@@ -57,7 +60,12 @@ struct td_ctx {
     int *out_tok;           /* [max_logits] token index of each wanted position */
     float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
     int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
-    float *scores;          /* [n_threads][max_ctx] */
+    float *scores;          /* [n_threads][TD_ATTEND_QB * max_ctx] softmax scratch */
+    float *qg;              /* [n_threads][ATT_TC * q_dim] gathered queries of one attention unit */
+    float *og;              /* [n_threads][ATT_TC * q_dim] their outputs */
+    int *nkg;               /* [n_threads][ATT_TC * n_head] their key counts */
+    int *brow_t0;           /* [max_rows] first token of each batch row (this forward) */
+    int *brow_n;            /* [max_rows] its number of new tokens */
 };
 
 td_ctx_params td_ctx_default_params(void) {
@@ -102,7 +110,8 @@ void td_ctx_free(td_ctx *c) {
     free(c->rope_cos); free(c->rope_sin);
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
     free(c->hg); free(c->hu); free(c->xo); free(c->tok_row); free(c->tok_pos);
-    free(c->out_tok); free(c->wbuf); free(c->scores);
+    free(c->out_tok); free(c->wbuf); free(c->scores); free(c->qg); free(c->og); free(c->nkg);
+    free(c->brow_t0); free(c->brow_n);
     free(c);
 }
 
@@ -169,7 +178,13 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (c->q_dim > wmax) wmax = c->q_dim;
     c->wbuf_stride = wmax;
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
-    c->scores = alloc_f((size_t)p.n_threads, (size_t)p.max_ctx, &fail);
+    c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QB, (size_t)p.max_ctx, &fail);
+    c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
+    c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
+    c->nkg = calloc((size_t)p.n_threads * ATT_TC * (size_t)cfg->n_head, sizeof(int));
+    c->brow_t0 = calloc((size_t)p.max_rows, sizeof(int));
+    c->brow_n = calloc((size_t)p.max_rows, sizeof(int));
+    if (!c->nkg || !c->brow_t0 || !c->brow_n) fail = 1;
     if (fail) {
         td_ctx_free(c);
         return td_seterr(err, TD_ENOMEM, "out of memory allocating a context of %d rows x %d positions",
@@ -281,7 +296,7 @@ static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
         }
 }
 
-typedef struct { td_ctx *c; int T; int layer; } tok_job;
+typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
 
 static void rope_apply(float *v, const float *cs, const float *sn, int hd) {
     int half = hd / 2;
@@ -292,57 +307,106 @@ static void rope_apply(float *v, const float *cs, const float *sn, int hd) {
     }
 }
 
-/* q/k norm (Qwen3), RoPE, and K/V written into the cache, per token. */
-static void qkv_post_run(void *arg, int ith, int nth) {
-    tok_job *j = arg;
-    td_ctx *c = j->c;
+/* Token t, kv heads [h0, h1): q/k norm (Qwen3) and RoPE of those kv heads and
+ * of the query heads of their groups, then K/V of those heads into the cache. */
+static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
     const td_config *cfg = &c->m->cfg;
-    const td_layer_w *L = &c->m->w.layers[j->layer];
-    int hd = cfg->head_dim, half = hd / 2;
-    int t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
-    for (int t = t0; t < t1; t++) {
-        int pos = c->tok_pos[t], row = c->tok_row[t];
-        const float *cs = c->rope_cos + (size_t)pos * half, *sn = c->rope_sin + (size_t)pos * half;
-        float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
-        for (int h = 0; h < cfg->n_head; h++) {
-            if (cfg->qk_norm) td_rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, L->q_norm.dtype, hd, cfg->rms_eps);
-            rope_apply(q + h * hd, cs, sn, hd);
-        }
-        for (int h = 0; h < cfg->n_kv_head; h++) {
-            if (cfg->qk_norm) td_rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, L->k_norm.dtype, hd, cfg->rms_eps);
-            rope_apply(k + h * hd, cs, sn, hd);
-        }
-        size_t off = (size_t)row * c->row_stride + ((size_t)j->layer * c->p.max_ctx + pos) * c->kv_dim;
-        memcpy(c->k_cache + off, k, sizeof(float) * c->kv_dim);
-        memcpy(c->v_cache + off, c->v + (size_t)t * c->kv_dim, sizeof(float) * c->kv_dim);
+    const td_layer_w *L = &c->m->w.layers[layer];
+    int hd = cfg->head_dim, half = hd / 2, group = cfg->n_head / cfg->n_kv_head;
+    int pos = c->tok_pos[t], row = c->tok_row[t];
+    const float *cs = c->rope_cos + (size_t)pos * half, *sn = c->rope_sin + (size_t)pos * half;
+    float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
+    for (int h = h0 * group; h < h1 * group; h++) {
+        if (cfg->qk_norm) td_rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, L->q_norm.dtype, hd, cfg->rms_eps);
+        rope_apply(q + h * hd, cs, sn, hd);
     }
+    for (int h = h0; h < h1; h++) {
+        if (cfg->qk_norm) td_rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, L->k_norm.dtype, hd, cfg->rms_eps);
+        rope_apply(k + h * hd, cs, sn, hd);
+    }
+    size_t off = (size_t)row * c->row_stride + ((size_t)layer * c->p.max_ctx + pos) * c->kv_dim + (size_t)h0 * hd;
+    size_t n = sizeof(float) * (size_t)(h1 - h0) * hd;
+    memcpy(c->k_cache + off, k + (size_t)h0 * hd, n);
+    memcpy(c->v_cache + off, c->v + (size_t)t * c->kv_dim + (size_t)h0 * hd, n);
 }
 
-/* Attention for each (token, head): keys 0..pos of the token's row, in order. */
-static void attn_run(void *arg, int ith, int nth) {
+/* Per token, all heads (the split schedule's first job). */
+static void qkv_post_run(void *arg, int ith, int nth) {
     tok_job *j = arg;
-    td_ctx *c = j->c;
+    int t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
+    for (int t = t0; t < t1; t++) post_token(j->c, j->layer, t, 0, j->c->m->cfg.n_kv_head);
+}
+
+/* Attention of tokens [ta, tb) of batch row i for kv head kvh: the group's query
+ * heads of those tokens are gathered (token-major) into one td_attend call so
+ * they share the K/V loads; each query attends to keys 0..pos of its row. The
+ * bits of a query's output do not depend on the others (kernels.h). Scratch is
+ * chunk ith's. Tokens beyond ATT_TC are done ATT_TC at a time. */
+static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) {
     const td_config *cfg = &c->m->cfg;
     int hd = cfg->head_dim, group = cfg->n_head / cfg->n_kv_head;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = c->scores + (size_t)ith * c->p.max_ctx;
-    /* a unit is (token, kv head): the group of query heads sharing that KV head,
-     * so a thread reads each K/V row once per unit. Units are dealt round-robin,
-     * not in contiguous ranges: in a causal prefill later tokens have more keys. */
-    int units = j->T * cfg->n_kv_head;
-    int nk[64];
-    for (int u = ith; u < units; u += nth) {
-        int t = u / cfg->n_kv_head, kvh = u % cfg->n_kv_head;
-        int pos = c->tok_pos[t], row = c->tok_row[t];
-        size_t lo = (size_t)row * c->row_stride + (size_t)j->layer * c->p.max_ctx * c->kv_dim + kvh * hd;
-        const float *q = c->q + (size_t)t * c->q_dim + (size_t)kvh * group * hd;
-        float *o = c->att + (size_t)t * c->q_dim + (size_t)kvh * group * hd;
-        for (int g0 = 0; g0 < group; g0 += 64) {
-            int ng = group - g0 < 64 ? group - g0 : 64;
-            for (int i = 0; i < ng; i++) nk[i] = pos + 1;
-            td_attend(o + (size_t)g0 * hd, hd, q + (size_t)g0 * hd, hd, ng, nk, c->k_cache + lo, c->v_cache + lo,
-                      c->kv_dim, hd, scale, sc);
+    float *sc = c->scores + (size_t)ith * TD_ATTEND_QB * c->p.max_ctx;
+    float *qg = c->qg + (size_t)ith * ATT_TC * c->q_dim, *og = c->og + (size_t)ith * ATT_TC * c->q_dim;
+    int *nk = c->nkg + (size_t)ith * ATT_TC * cfg->n_head;
+    int row = c->tok_row[ta];
+    size_t lo = (size_t)row * c->row_stride + (size_t)layer * c->p.max_ctx * c->kv_dim + (size_t)kvh * hd;
+    for (int t0 = ta; t0 < tb; t0 += ATT_TC) {
+        int nt = tb - t0 < ATT_TC ? tb - t0 : ATT_TC, nq = nt * group;
+        for (int i = 0; i < nt; i++) {
+            memcpy(qg + (size_t)i * group * hd, c->q + (size_t)(t0 + i) * c->q_dim + (size_t)kvh * group * hd,
+                   sizeof(float) * (size_t)group * hd);
+            for (int g = 0; g < group; g++) nk[i * group + g] = c->tok_pos[t0 + i] + 1;
         }
+        td_attend(og, hd, qg, hd, nq, nk, c->k_cache + lo, c->v_cache + lo, c->kv_dim, hd, scale, sc);
+        for (int i = 0; i < nt; i++)
+            memcpy(c->att + (size_t)(t0 + i) * c->q_dim + (size_t)kvh * group * hd, og + (size_t)i * group * hd,
+                   sizeof(float) * (size_t)group * hd);
+    }
+}
+
+/* Split schedule, second job: units (batch row, kv head, block of ATT_TC tokens),
+ * dealt round-robin (in a causal prefill later blocks have more keys). */
+static void attn_run(void *arg, int ith, int nth) {
+    tok_job *j = arg;
+    td_ctx *c = j->c;
+    int nkv = c->m->cfg.n_kv_head, u = 0;
+    for (int i = 0; i < j->n_rows; i++)
+        for (int b = 0; b < c->brow_n[i]; b += ATT_TC)
+            for (int h = 0; h < nkv; h++, u++) {
+                if (u % nth != ith) continue;
+                int ta = c->brow_t0[i] + b, tb = ta + (c->brow_n[i] - b < ATT_TC ? c->brow_n[i] - b : ATT_TC);
+                attn_tokens(c, j->layer, ith, h, ta, tb);
+            }
+}
+
+/* Fused schedule, one job: units (batch row, kv head); a unit post-processes
+ * its head for all the row's new tokens, then runs their attention — it reads
+ * only K/V it wrote itself or that earlier forwards wrote, so no barrier is
+ * needed between the two. */
+static void fused_attn_run(void *arg, int ith, int nth) {
+    tok_job *j = arg;
+    td_ctx *c = j->c;
+    int nkv = c->m->cfg.n_kv_head;
+    for (int u = ith; u < j->n_rows * nkv; u += nth) {
+        int i = u / nkv, h = u % nkv, ta = c->brow_t0[i], tb = ta + c->brow_n[i];
+        for (int t = ta; t < tb; t++) post_token(c, j->layer, t, h, h + 1);
+        attn_tokens(c, j->layer, ith, h, ta, tb);
+    }
+}
+
+/* Post-processing and attention of one layer. The fused schedule costs one pool
+ * job instead of two, but has only (rows x kv heads) units: it is used when
+ * those keep every thread equally busy. Both give the same bits. */
+static void attention(td_ctx *c, int T, int layer, int n_rows) {
+    tok_job tj = {c, T, layer, n_rows};
+    int nth = td_pool_size(c->pool), units = n_rows * c->m->cfg.n_kv_head;
+    if (units % nth == 0 || units >= 4 * nth) {
+        td_pool_run(c->pool, fused_attn_run, &tj);
+    } else {
+        td_pool_run(c->pool, qkv_post_run, &tj);
+        /* new K/V are in the cache: row lengths as seen by attention include them */
+        td_pool_run(c->pool, attn_run, &tj);
     }
 }
 
@@ -358,7 +422,7 @@ static void norm_run(void *arg, int ith, int nth) {
 
 static void rmsnorm_rows(td_ctx *c, float *dst, const float *src, int T, const td_tensor *w, int n) {
     norm_job j = {c, T, w, dst, src, n};
-    if (T == 1) norm_run(&j, 0, 1);
+    if (T <= NORM_INLINE_T) norm_run(&j, 0, 1); /* less work than a pool round trip */
     else td_pool_run(c->pool, norm_run, &j);
 }
 
@@ -388,6 +452,8 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         if (n > c->p.max_ctx - c->row_len[r])
             return td_seterr(err, TD_EFULL, "batch: row %d would hold %d positions, context is %d",
                              r, c->row_len[r] + n, c->p.max_ctx);
+        c->brow_t0[i] = T;
+        c->brow_n[i] = n;
         for (int k = 0; k < n; k++) {
             c->tok_row[T + k] = r;
             c->tok_pos[T + k] = c->row_len[r] + k;
@@ -442,10 +508,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
             add_bias(c->k, c->kv_dim, T, &L->bk, c->kv_dim);
             add_bias(c->v, c->kv_dim, T, &L->bv, c->kv_dim);
         }
-        tok_job tj = {c, T, l};
-        td_pool_run(c->pool, qkv_post_run, &tj);
-        /* new K/V are in the cache: row lengths as seen by attention include them */
-        td_pool_run(c->pool, attn_run, &tj);
+        attention(c, T, l, b->n_rows);
         if (cfg->attn_bias && L->bo.data) {
             matmul(c, c->xb, D, c->att, T, &L->wo, c->q_dim, D);
             add_bias(c->xb, D, T, &L->bo, D);

@@ -235,6 +235,9 @@ AI float dot_v(const float *a, const char *w, int dt, int n) {
     return fold16(acc);
 }
 
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 #ifndef PF_PANELS
 #define PF_PANELS 2
 #endif
@@ -252,7 +255,7 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
     for (; k + 16 <= K; k += 16) {
         __m512 wv[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * esz, _MM_HINT_T0);
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * esz, PF_HINT);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) wv[j] = ldw(w + j * wrow, k, dt);
 #pragma GCC unroll 8
@@ -369,82 +372,163 @@ AI __m512 exp_v(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* Attention in blocks of qb queries (1, 2 or 4) that share every K and V load.
+ * Each query's scores, softmax and output are computed with exactly the
+ * operations of attend_p for that query alone (see kernels.h), so neither qb nor
+ * the other queries of the block change its bits. sc: qb rows of ss >= n floats. */
+
+/* Scores of the qb queries against keys [0, n) (n = the block's largest n_keys;
+ * a query's scores past its own n_keys are computed and ignored). Blocks of
+ * 16/qb keys x qb queries fill the 16 accumulators of one fold16x16: lane
+ * b*kb + u = fold16 of (query b, key j0 + u) — the D16 dot of attend_p. */
+AI void att_scores(int qb, float *sc, int ss, const float *q, int ldq, const float *K, int ldkv, int hd, int n,
+                   float scale) {
+    const int kb = 16 / qb;
+    int j0 = 0;
+    if ((hd & 15) == 0)
+        for (; j0 + kb <= n; j0 += kb) {
+            __m512 acc[16];
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 16) {
+                __m512 qv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < qb; b++) qv[b] = _mm512_loadu_ps(q + (size_t)b * ldq + d);
+                const float *kr = K + (size_t)j0 * ldkv + d;
+#pragma GCC unroll 16
+                for (int u = 0; u < kb; u++) {
+                    __m512 kv = _mm512_loadu_ps(kr + (size_t)u * ldkv);
+#pragma GCC unroll 4
+                    for (int b = 0; b < qb; b++) acc[b * kb + u] = _mm512_fmadd_ps(qv[b], kv, acc[b * kb + u]);
+                }
+            }
+            __m512 r = _mm512_mul_ps(fold16x16(acc), _mm512_set1_ps(scale));
+#pragma GCC unroll 4
+            for (int b = 0; b < qb; b++) /* lanes b*kb .. b*kb+kb-1 -> sc[b*ss + j0 ..] */
+                _mm512_mask_storeu_ps(sc + (size_t)b * ss + j0 - b * kb, (__mmask16)(tailmask(kb) << (b * kb)), r);
+        }
+    for (; j0 < n; j0++)
+        for (int b = 0; b < qb; b++)
+            sc[(size_t)b * ss + j0] = dot_v(q + (size_t)b * ldq, (const char *)(K + (size_t)j0 * ldkv), TD_DTYPE_F32, hd) * scale;
+}
+
+/* Softmax of one query's n scores in place (exp(s - max)); returns 1 / (D16 sum). */
+static float att_softmax(float *sc, int n) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(sc + j), vm);
+    float mx = _mm512_reduce_max_ps(vm); /* max is exact and order-free */
+    for (; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+    __m512 vmx = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m512 e = exp_v(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx));
+        _mm512_storeu_ps(sc + j, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (j < n) {
+        __mmask16 m = tailmask(n - j);
+        __m512 e = _mm512_maskz_mov_ps(m, exp_v(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), vmx)));
+        _mm512_mask_storeu_ps(sc + j, m, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return 1.0f / fold16(acc);
+}
+
+/* o_b = sum_j (e_bj * inv_b) V_j for the qb queries, sequential in j per query,
+ * 64 dimensions (4 vectors, the last masked) at a time; the keys all queries
+ * attend to are shared, each query then finishes its own remaining keys. */
+AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
+                   const float *V, int ldkv, int hd) {
+    int nmin = nk[0];
+    for (int b = 1; b < qb; b++) nmin = nk[b] < nmin ? nk[b] : nmin;
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        int rem = hd - d0;
+        int nb = rem >= 64 ? 4 : (rem + 15) / 16;
+        int last = rem - 16 * (nb - 1);
+        __mmask16 mk[4];
+        for (int v = 0; v < 4; v++) mk[v] = v < nb - 1 ? (__mmask16)0xFFFF : v == nb - 1 ? (last >= 16 ? (__mmask16)0xFFFF : tailmask(last)) : 0;
+        __m512 a[4][4];
+#pragma GCC unroll 4
+        for (int b = 0; b < qb; b++)
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) a[b][v] = _mm512_setzero_ps();
+        const float *vb = V + d0;
+        if (nb == 4 && mk[3] == 0xFFFF) {
+            for (int j = 0; j < nmin; j++) {
+                const float *vj = vb + (size_t)j * ldkv;
+                __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
+                       v3 = _mm512_loadu_ps(vj + 48);
+#pragma GCC unroll 4
+                for (int b = 0; b < qb; b++) {
+                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
+                    a[b][0] = _mm512_fmadd_ps(p, v0, a[b][0]);
+                    a[b][1] = _mm512_fmadd_ps(p, v1, a[b][1]);
+                    a[b][2] = _mm512_fmadd_ps(p, v2, a[b][2]);
+                    a[b][3] = _mm512_fmadd_ps(p, v3, a[b][3]);
+                }
+            }
+        } else {
+            for (int j = 0; j < nmin; j++) {
+                const float *vj = vb + (size_t)j * ldkv;
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) {
+                    if (v >= nb) break;
+                    __m512 vv = _mm512_maskz_loadu_ps(mk[v], vj + 16 * v);
+#pragma GCC unroll 4
+                    for (int b = 0; b < qb; b++)
+                        a[b][v] = _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]), vv, a[b][v]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < qb; b++) {
+            for (int j = nmin; j < nk[b]; j++) { /* this query's keys beyond the shared ones */
+                __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
+                const float *vj = vb + (size_t)j * ldkv;
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++)
+                    if (v < nb) a[b][v] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), a[b][v]);
+            }
+            float *ob = o + (size_t)b * ldo + d0;
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                if (v < nb) _mm512_mask_storeu_ps(ob + 16 * v, mk[v], a[b][v]);
+        }
+    }
+}
+
+AI void att_block(int qb, float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
+                  int ldkv, int hd, float scale, float *sc) {
+    int n = nk[0];
+    for (int b = 1; b < qb; b++) n = nk[b] > n ? nk[b] : n;
+    att_scores(qb, sc, n, q, ldq, K, ldkv, hd, n, scale);
+    float inv[4];
+    for (int b = 0; b < qb; b++) inv[b] = att_softmax(sc + (size_t)b * n, nk[b]);
+    att_values(qb, o, ldo, sc, n, inv, nk, V, ldkv, hd);
+}
+static void att_block4(float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
+                       int ldkv, int hd, float scale, float *sc) {
+    att_block(4, o, ldo, q, ldq, nk, K, V, ldkv, hd, scale, sc);
+}
+static void att_block2(float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
+                       int ldkv, int hd, float scale, float *sc) {
+    att_block(2, o, ldo, q, ldq, nk, K, V, ldkv, hd, scale, sc);
+}
+static void att_block1(float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
+                       int ldkv, int hd, float scale, float *sc) {
+    att_block(1, o, ldo, q, ldq, nk, K, V, ldkv, hd, scale, sc);
+}
+
 static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                      const float *K, const float *V, int ldkv, int hd, float scale, float *sc) {
-    for (int i = 0; i < nq; i++) {
-        const float *qi = q + (size_t)i * ldq;
-        int n = n_keys[i];
+    for (int i = 0; i < nq;) {
+        int qb = nq - i >= 4 ? 4 : nq - i >= 2 ? 2 : 1;
         float *oi = o + (size_t)i * ldo;
-        /* scores: D16 dots; 16 keys at a time share one transposed fold */
-        int j0 = 0;
-        if ((hd & 15) == 0)
-            for (; j0 + 16 <= n; j0 += 16) {
-                __m512 acc[16];
-                for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 16) {
-                    __m512 qv = _mm512_loadu_ps(qi + d);
-                    const float *kb = K + (size_t)j0 * ldkv + d;
-#pragma GCC unroll 16
-                    for (int u = 0; u < 16; u++)
-                        acc[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + (size_t)u * ldkv), acc[u]);
-                }
-                _mm512_storeu_ps(sc + j0, _mm512_mul_ps(fold16x16(acc), _mm512_set1_ps(scale)));
-            }
-        for (int j = j0; j < n; j++) sc[j] = dot_v(qi, (const char *)(K + (size_t)j * ldkv), TD_DTYPE_F32, hd) * scale;
-        /* max (exact, order-free) */
-        __m512 vm = _mm512_set1_ps(-INFINITY);
-        int j = 0;
-        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(sc + j), vm);
-        float mx = _mm512_reduce_max_ps(vm);
-        for (; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
-        /* exp and D16 sum */
-        __m512 vmx = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
-        for (j = 0; j + 16 <= n; j += 16) {
-            __m512 e = exp_v(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx));
-            _mm512_storeu_ps(sc + j, e);
-            acc = _mm512_add_ps(acc, e);
-        }
-        if (j < n) {
-            __mmask16 m = tailmask(n - j);
-            __m512 e = _mm512_maskz_mov_ps(m, exp_v(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), vmx)));
-            _mm512_mask_storeu_ps(sc + j, m, e);
-            acc = _mm512_add_ps(acc, e);
-        }
-        float inv = 1.0f / fold16(acc);
-        /* o = sum_j p_j V_j, sequential in j, 4 blocks of 16 dims at a time */
-        for (int d0 = 0; d0 < hd; d0 += 64) {
-            int rem = hd - d0;
-            int nb = rem >= 64 ? 4 : (rem + 15) / 16;
-            int last = rem - 16 * (nb - 1);
-            __mmask16 ml = last >= 16 ? (__mmask16)0xFFFF : tailmask(last);
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            const float *vb = V + d0;
-            if (nb == 4 && ml == 0xFFFF) {
-                for (j = 0; j < n; j++) {
-                    __m512 p = _mm512_set1_ps(sc[j] * inv);
-                    const float *vj = vb + (size_t)j * ldkv;
-                    a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj), a0);
-                    a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16), a1);
-                    a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 32), a2);
-                    a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 48), a3);
-                }
-                _mm512_storeu_ps(oi + d0, a0);
-                _mm512_storeu_ps(oi + d0 + 16, a1);
-                _mm512_storeu_ps(oi + d0 + 32, a2);
-                _mm512_storeu_ps(oi + d0 + 48, a3);
-            } else {
-                __m512 acc4[4] = {a0, a1, a2, a3};
-                for (j = 0; j < n; j++) {
-                    __m512 p = _mm512_set1_ps(sc[j] * inv);
-                    const float *vj = vb + (size_t)j * ldkv;
-                    for (int b = 0; b < nb; b++) {
-                        __mmask16 mk = b == nb - 1 ? ml : 0xFFFF;
-                        acc4[b] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(mk, vj + 16 * b), acc4[b]);
-                    }
-                }
-                for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(oi + d0 + 16 * b, b == nb - 1 ? ml : 0xFFFF, acc4[b]);
-            }
-        }
+        const float *qi = q + (size_t)i * ldq;
+        if (qb == 4) att_block4(oi, ldo, qi, ldq, n_keys + i, K, V, ldkv, hd, scale, sc);
+        else if (qb == 2) att_block2(oi, ldo, qi, ldq, n_keys + i, K, V, ldkv, hd, scale, sc);
+        else att_block1(oi, ldo, qi, ldq, n_keys + i, K, V, ldkv, hd, scale, sc);
+        i += qb;
     }
 }
 #endif /* TD_HAVE_AVX512 */

@@ -73,9 +73,13 @@ void td_swiglu(float *out, const float *g, const float *u, int n);
  *   sum = D16 sum of e_0..e_{n-1};  o_i[d] = sum over j in order of
  *   fma(e_j * (1/sum), V_j[d], o_i[d]) (sequential in j from 0).
  * So each query's output depends only on its own q, keys and n_keys — not on nq
- * or on which queries share the call. scratch: max n_keys floats (reused per
- * query). Scores of 16 keys at a time are folded together (fold16x16: the same
- * additions as the D16 fold, on shuffled registers). */
+ * or on which queries share the call. Every K and V row may be read up to
+ * max(n_keys) (all of them must be valid). scratch: min(nq, TD_ATTEND_QB) x
+ * max(n_keys) floats. The AVX-512 path takes the queries in blocks of up to
+ * TD_ATTEND_QB that share each K/V load; scores of 16 keys (16/qb keys x qb
+ * queries) are folded together (fold16x16: the same additions as the D16 fold,
+ * on shuffled registers). */
+#define TD_ATTEND_QB 4
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
 
