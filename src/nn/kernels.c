@@ -393,11 +393,15 @@ AI void att_scores(int qb, float *sc, int ss, const float *q, int ldq, const flo
             for (int d = 0; d < hd; d += 16) {
                 __m512 qv[4];
 #pragma GCC unroll 4
-                for (int b = 0; b < qb; b++) qv[b] = _mm512_loadu_ps(q + (size_t)b * ldq + d);
+                for (int b = 0; b < qb; b++) {
+                    qv[b] = _mm512_loadu_ps(q + (size_t)b * ldq + d);
+                    __asm__("" : "+v"(qv[b])); /* keep in a register: GCC would fold the load into every FMA */
+                }
                 const float *kr = K + (size_t)j0 * ldkv + d;
 #pragma GCC unroll 16
                 for (int u = 0; u < kb; u++) {
                     __m512 kv = _mm512_loadu_ps(kr + (size_t)u * ldkv);
+                    __asm__("" : "+v"(kv));
 #pragma GCC unroll 4
                     for (int b = 0; b < qb; b++) acc[b * kb + u] = _mm512_fmadd_ps(qv[b], kv, acc[b * kb + u]);
                 }
@@ -458,6 +462,7 @@ AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const flo
                 const float *vj = vb + (size_t)j * ldkv;
                 __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
                        v3 = _mm512_loadu_ps(vj + 48);
+                __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
 #pragma GCC unroll 4
                 for (int b = 0; b < qb; b++) {
                     __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
@@ -474,6 +479,7 @@ AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const flo
                 for (int v = 0; v < 4; v++) {
                     if (v >= nb) break;
                     __m512 vv = _mm512_maskz_loadu_ps(mk[v], vj + 16 * v);
+                    __asm__("" : "+v"(vv));
 #pragma GCC unroll 4
                     for (int b = 0; b < qb; b++)
                         a[b][v] = _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]), vv, a[b][v]);
