@@ -9,11 +9,21 @@
  * knows each token's row and absolute position.
  *
  * Batch invariance (../shared/design/exactness.md): matrix products go through
- * td_matmul_rows, whose per-element dot order depends only on K; attention for a
+ * td_matmul, whose per-element dot order depends only on K; attention for a
  * query scores keys 0..pos in order, takes the max, sums exponentials in order
  * and accumulates values in key order — independent of how many queries share
  * the call; threads split outputs, tokens or heads, never a reduction. So a
  * position's logits are the same bits alone, in a block of T, or among B rows.
+ *
+ * Pool jobs per layer (each costs a synchronisation of all threads): q/k/v;
+ * attention; o_proj (+ residual); gate/up (+ SwiGLU); down_proj (+ residual).
+ * Row norms of up to NORM_INLINE_T tokens run on the caller between jobs.
+ * Attention is one job of units (batch row, kv head) — q/k norm, RoPE and the
+ * cache write of that head for the row's new tokens, then attention of the
+ * group's queries of those tokens in one td_attend call (they share K/V loads) —
+ * when those units keep every thread equally busy; otherwise (few rows and kv
+ * heads, many threads) two jobs: post-processing per token, then attention
+ * units of up to ATT_TC tokens. The schedule never changes a bit.
  * Llama-3 and Qwen3 use the "rotate half" RoPE layout of Hugging Face. */
 #define _GNU_SOURCE
 #include "tandem.h"
