@@ -543,6 +543,12 @@ static void test_bad_input(void) {
     snprintf(spec, sizeof spec, "mtp:%s/target", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) != 0 && d2 == NULL && strstr(err.msg, "TandemMTP"),
             "a plain model is not an MTP head: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s/block_wrong", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "trained for a target"),
+            "a block drafter trained for another target: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s/block,prune=maybe", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "option"),
+            "a bad block option: %s", err.msg);
 done:
     td_spec_free(g);
     td_ctx_free(c);
@@ -575,9 +581,15 @@ int main(void) {
     tm_write_mtp(d1, &tgt, tgt.layers, 31);
     snprintf(d1, sizeof d1, "%s/mtp_wrong", g_dir);
     tm_write_mtp(d1, &tgt, tgt.layers + 1, 32);
+    snprintf(d1, sizeof d1, "%s/block", g_dir);
+    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41);
+    snprintf(d1, sizeof d1, "%s/block_wrong", g_dir);
+    tm_write_block(d1, &tgt, tgt.layers + 3, "[1, 2]", 2, "[]", 42);
     if (!g_target || !g_target_small_vocab) return 1;
-    char same[600], oth[600], mtp[600];
+    char same[600], oth[600], mtp[600], blk[600], blk_all[600];
     snprintf(mtp, sizeof mtp, "mtp:%s/mtp", g_dir);
+    snprintf(blk, sizeof blk, "block:%s/block", g_dir);
+    snprintf(blk_all, sizeof blk_all, "block:%s/block,prune=off", g_dir);
     snprintf(same, sizeof same, "model:%s/draft_same", g_dir);
     snprintf(oth, sizeof oth, "model:%s/draft_other", g_dir);
     int Bs[3] = {1, 3, 8};
@@ -591,6 +603,8 @@ int main(void) {
             run_exact(same, "model_same", temp, Bs[bi], 4);
             run_exact(oth, "model_other", temp, Bs[bi], 3);
             run_exact(mtp, "mtp_random", temp, Bs[bi], 3);
+            run_exact(blk, "block_random", temp, Bs[bi], 5);
+            run_exact(blk_all, "block_random_unpruned", temp, Bs[bi], 4);
         }
     test_rollback();
     if (!quick) {

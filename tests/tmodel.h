@@ -164,4 +164,40 @@ static inline int tm_write_mtp(const char *dir, const tm_shape *s, int layers_cl
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     return tm_write_tensors(path, t, n, s->bf16, seed);
 }
+
+/* A block drafter (TandemBlockDrafter, 2 layers, block of 6, Markov rank 4,
+ * confidence head, pruning thresholds `thr`: a JSON array or "[]") for a
+ * target of shape s; layers_claim is written as target_num_hidden_layers;
+ * taps: a JSON array of target layers. */
+static inline int tm_write_block(const char *dir, const tm_shape *s, int layers_claim, const char *taps, int n_taps,
+                                 const char *thr, uint64_t seed) {
+    mkdir(dir, 0755);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "{\"architectures\": [\"TandemBlockDrafter\"], \"target_hidden_size\": %d, \"target_num_hidden_layers\": %d, "
+               "\"target_vocab_size\": %d, \"tap_layers\": %s, \"block_size\": 6, \"mask_token_id\": 3, "
+               "\"num_hidden_layers\": 2, \"hidden_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+               "\"head_dim\": %d, \"intermediate_size\": %d, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, "
+               "\"markov_rank\": 4, \"confidence_head\": true, \"prune_thresholds\": %s}\n",
+            s->hidden, layers_claim, s->vocab, taps, s->hidden, s->heads, s->kv_heads, s->head_dim, s->ffn, thr);
+    fclose(f);
+    tm_t t[40];
+    int n = 0;
+#define ADD(NM_, d0, d1, isnorm) do { snprintf(t[n].name, sizeof t[n].name, "%s", NM_); t[n].nd = ((d1) != 0) ? 2 : 1; \
+    t[n].shape[0] = d0; t[n].shape[1] = d1; t[n].norm = isnorm; n++; } while (0)
+    ADD("fc.weight", s->hidden, (long)n_taps * s->hidden, 0);
+    ADD("hidden_norm.weight", s->hidden, 0, 1);
+    ADD("norm.weight", s->hidden, 0, 1);
+    ADD("markov.embed.weight", s->vocab, 4, 0);
+    ADD("markov.out.weight", s->vocab, 4, 0);
+    ADD("confidence.weight", 1, s->hidden, 0);
+    ADD("confidence.bias", 1, 0, 1);
+    tm_layer_tensors(s, "layers.0", 1, t, &n);
+    tm_layer_tensors(s, "layers.1", 1, t, &n);
+#undef ADD
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    return tm_write_tensors(path, t, n, s->bf16, seed);
+}
 #endif

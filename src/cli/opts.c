@@ -95,7 +95,7 @@ void cli_gen_opts_help(void) {
     printf("  -m, --model DIR        model directory (Hugging Face layout); default: the bundled model\n"
            "  -n, --n-predict N      new tokens at most (default 128)\n"
            "      --draft SPEC       none | ngram[:MIN-MAX] | model:DIR[,vocab=N] | mtp:DIR[,vocab=N]\n"
-           "                         (default: the bundled draft model\n"
+           "                         | block:DIR[,prune=on|off]  (default: the bundled draft model\n"
            "                         with the bundled target, else none)\n"
            "      --draft-depth N    most draft tokens per round, 0..16 (default 8; 0 = plain decoding)\n"
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"

@@ -1,5 +1,6 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]". Each kind lives in spec/drafters/. */
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off]".
+ * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "util/util.h"
 
@@ -30,7 +31,8 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
         }
         return is_model ? td_drafter_model_open(out, dir, n_sub, target, err) : td_drafter_mtp_open(out, dir, n_sub, target, err);
     }
-    return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR or mtp:DIR)", spec);
+    if (!strncmp(spec, "block:", 6)) return td_drafter_block_open(out, spec + 6, target, err);
+    return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR, mtp:DIR or block:DIR)", spec);
 }
 
 void td_drafter_free(td_drafter *d) {

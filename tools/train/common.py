@@ -18,6 +18,7 @@ later drafter-training scripts (MTP head, block drafter, KV-borrowing assistant)
 No network is used anywhere.  Deterministic: sorted walks, content hashes, fixed seeds.
 """
 import hashlib
+import math
 import json
 import os
 import re
@@ -392,3 +393,154 @@ def pack(out_dir, name, base, members):
         os.replace(tmp, os.path.join(out_dir, name))
     except Exception as e:  # noqa
         log("pack failed", repr(e))
+
+
+# ---------------------------------------------------------------------------------- training loop
+def train_loop(params, step_fn, t_end, peak_lr, warmup=50, wd=0.01, final_frac=0.1, clip=1.0,
+               log_every=100, betas=(0.9, 0.95)):
+    """The shared optimisation loop of the drafter stages (stage 4 on): AdamW (weight decay wd on
+    tensors of >= 2 dims), linear warmup, cosine decay to final_frac * peak_lr, gradient clipping.
+    The number of steps is fixed after step 40 from the measured speed of steps 10..40, so that the
+    cosine ends at the wall-clock time t_end (epoch seconds); training also stops at t_end.
+    step_fn(step) -> (loss tensor, {name: float}) runs one forward and returns the loss to minimise.
+    Returns {steps, planned_steps, stopped_by, train_seconds, history}; never raises (an exception
+    stops training and is reported in stopped_by)."""
+    import torch
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=peak_lr, betas=betas, eps=1e-8,
+                            **({"fused": True} if torch.cuda.is_available() else {}))
+    total, step, hist, stopped_by, t_meas = None, 0, [], "steps", None
+    acc, n_acc = {}, 0
+    t0 = time.time()
+    try:
+        while True:
+            if (total is not None and step >= total) or time.time() >= t_end:
+                stopped_by = "steps" if total is not None and step >= total else "deadline"
+                break
+            T = total or 10 ** 9
+            if step < warmup:
+                lr = peak_lr * (step + 1) / warmup
+            else:
+                pr = min(1.0, (step - warmup) / max(1, T - warmup))
+                lr = peak_lr * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * pr)))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss, info = step_fn(step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(params, clip)
+            opt.step()
+            step += 1
+            for k, v in info.items():  # tensors stay on the device until logged (no sync per step)
+                acc[k] = acc.get(k, 0.0) + (v.detach() if hasattr(v, "detach") else v)
+            n_acc += 1
+            if step == 10 and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if step == 10:
+                t_meas = time.time()
+            if step == 40 and total is None:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                sps = (time.time() - t_meas) / 30
+                total = 40 + int((t_end - time.time()) / sps * 0.97)
+                log(f"measured {sps * 1000:.1f} ms/step; total_steps={total}")
+            if step % log_every == 0 or step == 1:
+                rec = {"step": step, **{k: float(v) / n_acc for k, v in acc.items()}, "lr": lr, "grad_norm": float(gn),
+                       "t": round(time.time() - t0, 1)}
+                acc, n_acc = {}, 0
+                hist.append(rec)
+                log(rec)
+    except Exception as e:  # noqa
+        stopped_by = "exception: " + repr(e)
+        log("TRAIN EXCEPTION", repr(e))
+        import traceback
+        traceback.print_exc()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return {"steps": step, "planned_steps": total, "stopped_by": stopped_by,
+            "train_seconds": round(time.time() - t0, 1), "history": hist}
+
+
+# ------------------------------------------------------------------- target generations and taps
+class Taps:
+    """Forward hooks that capture the residual stream after k decoder layers (before the final norm) of
+    an HF decoder, for each k in layers (1..n_layer), while enabled.  of(ids) runs the base model (no
+    lm_head) and returns the taps concatenated in the order of layers: [B, N, len(layers) * hidden]."""
+
+    def __init__(self, model, layers):
+        self.model, self.layers, self.on, self.buf = model, list(layers), False, {}
+        self.hooks = [model.model.layers[k - 1].register_forward_hook(self._hook(k)) for k in self.layers]
+
+    def _hook(self, k):
+        def hook(mod, args, out):
+            if self.on:
+                self.buf[k] = out[0] if isinstance(out, (tuple, list)) else out
+        return hook
+
+    def run(self, fn):
+        """fn() runs a forward of the model; returns (fn's result, concatenated taps)."""
+        import torch
+        self.on = True
+        try:
+            res = fn()
+        finally:
+            self.on = False
+        return res, torch.cat([self.buf.pop(k) for k in self.layers], -1)
+
+    def of(self, ids):
+        import torch
+        with torch.no_grad():
+            return self.run(lambda: self.model.model(input_ids=ids, use_cache=False))[1]
+
+    def remove(self):
+        for h in self.hooks:
+            h.remove()
+
+
+def greedy_generate(model, prompts, n_new):
+    """prompts [B, P] (equal lengths) -> [B, P + n_new]: the model's greedy continuation with its KV
+    cache (argmax, lowest id on ties; <|endoftext|> does not stop a row)."""
+    import torch
+    with torch.no_grad():
+        try:
+            out = model(input_ids=prompts, use_cache=True, logits_to_keep=1)
+        except TypeError:
+            out = model(input_ids=prompts, use_cache=True)
+        pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+        toks = [nxt]
+        for _ in range(n_new - 1):
+            out = model(input_ids=nxt[:, None], past_key_values=pkv, use_cache=True)
+            pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+            toks.append(nxt)
+        return torch.cat([prompts, torch.stack(toks, 1)], 1)
+
+
+def generation_data(model, train_ids, valid_ids, specs, batch, seconds, n_valid, seed, device):
+    """Sequences for drafter training: random p_len-token windows of the train (valid) stream continued
+    greedily by the (frozen) target for n_new tokens, for each (p_len, n_new) in specs; batches of
+    `batch`, the specs taken in turn, until `seconds` have passed (at least one batch of each).
+    Returns (train, valid): {(p_len, n_new): int64 tensor [n, p_len + n_new] on the device}, valid with
+    n_valid sequences per spec."""
+    import numpy as np
+    import torch
+    rng = np.random.default_rng(seed)
+
+    def windows(ids, n, p_len):
+        st = rng.integers(0, len(ids) - p_len, n)
+        return torch.from_numpy(np.stack([ids[s:s + p_len] for s in st]).astype(np.int64)).to(device)
+
+    t0 = time.time()
+    data = {sp: [] for sp in specs}
+    i = 0
+    while time.time() - t0 < seconds or i < len(specs):
+        sp = specs[i % len(specs)]
+        data[sp].append(greedy_generate(model, windows(train_ids, batch, sp[0]), sp[1]))
+        i += 1
+    train = {sp: torch.cat(v) for sp, v in data.items()}
+    valid = {sp: greedy_generate(model, windows(valid_ids, n_valid, sp[0]), sp[1]) for sp in specs}
+    log(f"generated {sum(v.shape[0] for v in train.values())} train + {n_valid * len(specs)} valid sequences "
+        f"(prompt, generated) {list(specs)} in {time.time() - t0:.0f}s")
+    return train, valid

@@ -66,7 +66,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, c["rms_norm_eps"])
         self.k_norm = RMSNorm(hd, c["rms_norm_eps"])
 
-    def forward(self, x, cos, sin, eager):
+    def forward(self, x, cos, sin, eager, mask=None):
+        """mask: None = causal, or a bool [T, T] (True = may attend) for unrolled multi-step training."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)
@@ -79,13 +80,13 @@ class Attention(nn.Module):
         v = v.repeat_interleave(rep, dim=1)
         if eager:  # float32 reference path: explicit causal softmax attention (as HF eager)
             s = torch.matmul(q, k.transpose(2, 3)) * (self.hd ** -0.5)
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            s = s.masked_fill(mask, float("-inf"))
+            block = ~mask if mask is not None else torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            s = s.masked_fill(block, float("-inf"))
             p = torch.softmax(s.float(), dim=-1).to(q.dtype)
             o = torch.matmul(p, v)
         else:  # training path (bf16 autocast): the norms promote q/k to float32; SDPA wants one dtype
-            o = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True,
-                                               scale=self.hd ** -0.5)
+            o = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, attn_mask=mask,
+                                               is_causal=mask is None, scale=self.hd ** -0.5)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 
@@ -109,8 +110,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, eager=False):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, eager)
+    def forward(self, x, cos, sin, eager=False, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, eager, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -184,3 +185,38 @@ def load(d, dtype=torch.float32, device="cpu"):
     sd = load_file(os.path.join(d, "model.safetensors"))
     m.load_state_dict({k[len("mtp."):]: v.to(dtype) for k, v in sd.items()}, strict=True)
     return m.to(device=device, dtype=dtype).eval()
+
+
+# ------------------------------------------------------------------------- unrolled multi-step training
+def unrolled_mask(M, K, device):
+    """Entries (s, p) for steps s = 1..K and base positions p = 0..M-1, laid out step-major (index
+    (s-1)*M + p).  Query (s, p) may attend to (1, q) for q <= p and to (s', p) for 2 <= s' <= s: the
+    entries built from true taps up to its base position, and the recursive entries of its own drafting
+    round -- exactly what the C drafter's KV holds when it drafts step s after base position p."""
+    import torch
+    idx = torch.arange(K * M, device=device)
+    s, p = idx // M + 1, idx % M
+    qs, qp, ks, kp = s[:, None], p[:, None], s[None], p[None]
+    return ((ks == 1) & (kp <= qp)) | ((ks >= 2) & (ks <= qs) & (kp == qp))
+
+
+def unrolled_logits(head, h, x, K, E, eager=False):
+    """Teacher-forced K-step recursion over a whole sequence.  h [B,N,H] true taps, x [B,N] tokens.
+    Step s at base position p (p = 0..M-1, M = N-K-1) takes (y^{s-1}_p, x_{p+s}) (y^0 = h) at RoPE
+    position p+s-1 and predicts x_{p+s+1}.  Returns [(logits [B,M,V], labels [B,M]) for s = 1..K]."""
+    import torch
+    B, N, H = h.shape
+    M = N - K - 1
+    full = unrolled_mask(M, K, h.device)
+    pos = torch.cat([torch.arange(M, device=h.device) + s for s in range(K)])
+    cos, sin = rope_cos_sin(pos, head.c["head_dim"], head.c["rope_theta"], h.device)
+    us, out, y = [], [], h[:, :M]
+    for s in range(1, K + 1):
+        emb = F.embedding(x[:, s:s + M], E)
+        us.append(head.fc(torch.cat([head.pre_fc_norm_embedding(emb), head.pre_fc_norm_hidden(y)], dim=-1)))
+        Y = torch.cat(us, 1)
+        for layer in head.layers:
+            Y = layer(Y, cos[:s * M], sin[:s * M], eager, full[:s * M, :s * M])
+        y = Y[:, (s - 1) * M:]
+        out.append((head.logits(y, E), x[:, s + 1:s + 1 + M]))
+    return out

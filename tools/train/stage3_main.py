@@ -189,8 +189,23 @@ def main():
     del tgt, data, opt, head, E
     torch.cuda.empty_cache()
 
+    reference_phase(OUT, tok, valid_ids, metrics)
+
+
+def reference_phase(out, tok, valid_ids, metrics, dev="cuda"):
+    """Float32 phase, shared with stage 5: checks, validation metrics and the speculative reference
+    fixture of the head saved in `out` (config.json + model.safetensors); writes out/metrics.json and
+    out/ref.json + out/logits.f32."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    taps = {}
+
+    def tap_hook(mod, args, out_):
+        taps["h"] = out_[0] if isinstance(out_, (tuple, list)) else out_
+
     def dump_metrics():
-        with open(os.path.join(OUT, "metrics.json"), "w") as f:
+        with open(os.path.join(out, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=1)
             f.write("\n")
 
@@ -203,11 +218,11 @@ def main():
     for p in T.parameters():
         p.requires_grad_(False)
     E32 = T.model.embed_tokens.weight
-    hm = M.load(OUT, torch.float32, dev)
+    V = E32.shape[0]
+    hm = M.load(out, torch.float32, dev)
     for p in hm.parameters():
         p.requires_grad_(False)
-    taps.clear()
-    hk = T.model.layers[-1].register_forward_hook(tap_hook)
+    T.model.layers[-1].register_forward_hook(tap_hook)
     lin = {}
     hk2 = T.model.layers[-1].register_forward_pre_hook(
         lambda mod, args, kw: lin.__setitem__("x", args[0] if args else kw["hidden_states"]), with_kwargs=True)
@@ -367,7 +382,7 @@ def main():
                                 "prompt_ids": c["ids"], "n_prompt": len(c["ids"]), "min_top1_margin": c["min_margin"],
                                 "rounds": rounds, "final_S": c["S"], "final_t": c["t"]})
             log("fixture prompt", c["p"]["id"], "len", len(c["ids"]), "m per round", c["ms"], "min margin", c["min_margin"])
-        np.stack(rows_out).tofile(os.path.join(OUT, "logits.f32"))
+        np.stack(rows_out).tofile(os.path.join(out, "logits.f32"))
         fx["logits_file"] = "logits.f32"
         fx["logits_layout"] = ("little-endian float32, row-major [n_rows][vocab_size]; rounds[r].logits_rows[j] = the row "
                                "holding the full logits of draft step j+1 of that round (rounds 0.." + str(LOGIT_ROUNDS - 1)
@@ -402,7 +417,7 @@ def main():
             log("valid100 agreement", agree, "/ 100")
     except Exception as e:
         log("VALID100 FAILED", repr(e))
-    with open(os.path.join(OUT, "ref.json"), "w") as f:
+    with open(os.path.join(out, "ref.json"), "w") as f:
         json.dump(fx, f, indent=1)
         f.write("\n")
     dump_metrics()

@@ -1,0 +1,624 @@
+/* block — a DFlash-style block drafter with DSpark's options: one forward
+ * drafts a whole block, conditioned on tapped hidden states of a few target
+ * layers (the arithmetic is defined in tools/train/block.py).
+ *
+ * Context: for every committed position p the target's taps of the layers in
+ * config.json's tap_layers, concatenated, are projected once (fc, then the
+ * hidden_norm RMSNorm) into c_p, and every drafter layer l stores
+ *   K^l_p = RoPE_p(k_norm(Wk^l c_p)),  V^l_p = Wv^l c_p
+ * in the row's context rows. Rows grow only at commit (the accepted window's
+ * taps) and at append (the prompt's taps): rejected positions never enter.
+ * Block: G = block_size entries at positions L..L+G-1 (L = committed length):
+ * the anchor E[pending] and G-1 copies of E[mask_token_id]; each layer is a
+ * Qwen3 decoder layer whose queries attend to all context rows and to all G
+ * block entries (no causal mask inside the block). z_j = norm(x_j), j >= 1:
+ *   confidence_j = sigmoid(w . z_j + b)           (P(drafts 1..j accepted))
+ *   logits_j = lm_head(z_j) + markov.out @ markov.embed[prev_j]
+ * with prev_1 = the anchor, prev_j = d_{j-1}; lm_head and E are the target's
+ * (shared, never copied). Pruning: the round keeps the leading drafts whose
+ * confidence reaches config.json's prune_thresholds[j-1], so a row may draft
+ * fewer than asked (spec option prune=off keeps them all). The LM head runs
+ * once, over the kept positions only; the Markov bias is added in order.
+ *
+ * Rows own their context K/V ([layer][kv head][position][head_dim], with room
+ * for G block entries past the committed length, written during a draft and
+ * overwritten by the next commit). Matrix products run on the group's own
+ * thread pool, as many threads as the target's context uses (the two never
+ * run at once). Checkpoints ("block-v1") hold a row's context K/V, checked for
+ * size and finiteness on restore. */
+#define _POSIX_C_SOURCE 200809L
+#include "spec/draft.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "nn/kernels.h"
+#include "nn/pool.h"
+#include "util/util.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLK_CHUNK 64   /* context positions projected per pass */
+#define BLK_MAX_TAPS 8
+#define BLK_MAX_G 17   /* anchor + TD_SPEC_MAX_DEPTH drafts */
+
+typedef struct {
+    const td_model *target;   /* borrowed */
+    td_st_file *file;         /* owned mapping */
+    int D, V, n_layer, H, KVH, hd, F, G, mask_id, rank, n_taps, taps[BLK_MAX_TAPS];
+    float eps;
+    double theta;
+    td_tensor fc, hidden_norm, norm;   /* fc [D][n_taps*D] */
+    td_layer_w *L;                     /* [n_layer] owned array of views */
+    td_tensor mk_embed, mk_out;        /* [V][rank], or absent (rank 0) */
+    td_tensor conf_w, conf_b;          /* [1][D], [1], or absent */
+    float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
+    int n_thr, prune;
+} blk_provider;
+
+typedef struct {
+    float *K, *V;             /* [n_layer][KVH][cap][hd] context rows (+ block scratch) */
+    int len, cap;             /* committed positions held; capacity incl. G */
+} blk_row;
+
+typedef struct {
+    const blk_provider *p;
+    td_pool *pool;            /* owned */
+    td_sampler *smp;          /* owned */
+    blk_row *rows;            /* [max_rows] */
+    int n_rows, max_rows, max_ctx, max_depth, cap, max_tok;
+    float *rcos, *rsin;       /* [cap][hd/2] RoPE table */
+    float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
+    float *lg;                /* [max_rows*(G-1)][V] logits of kept positions */
+    float *a;                 /* [rank] Markov input */
+    float *scratch;           /* [cap] attention scores */
+    int *brow;                /* [max_rows] rows drafting this round */
+    int *nk;                  /* [G] keys per block query */
+} blk_group;
+
+/* ---- matrix products on the group's pool (outputs split in chunks of 8) */
+typedef struct { float *y; int ldy; const float *x; int ldx, M; const td_tensor *w; int K, N, add; } mm_job;
+
+static void mm_run(void *arg, int ith, int nth) {
+    const mm_job *j = arg;
+    int blocks = (j->N + 7) / 8;
+    int n0 = blocks * ith / nth * 8, n1 = blocks * (ith + 1) / nth * 8;
+    if (n1 > j->N) n1 = j->N;
+    if (n0 < n1) td_matmul(j->y, j->ldy, j->x, j->ldx, j->M, j->w->data, j->w->dtype, j->K, n0, n1, j->add);
+}
+/* y[M][N] (+)= x[M][K] W^T */
+static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int N, int add) {
+    mm_job j = {y, ldy, x, ldx, M, w, K, N, add};
+    td_pool_run(g->pool, mm_run, &j);
+}
+
+static void rope(float *v, const float *cs, const float *sn, int hd) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+    }
+}
+
+static size_t kv_at(const blk_group *g, int l, int h, int pos) {
+    return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
+}
+
+/* Project n context positions (taps [n][n_taps*D]) of row r into its K/V at r->len.. */
+static void project_context(blk_group *g, blk_row *r, const float *taps, int n) {
+    const blk_provider *p = g->p;
+    int D = p->D, hd = p->hd, KW = p->KVH * hd, half = hd / 2;
+    for (int done = 0; done < n; done += BLK_CHUNK) {
+        int m = n - done < BLK_CHUNK ? n - done : BLK_CHUNK;
+        mm(g, g->x, D, taps + (size_t)done * p->n_taps * D, p->n_taps * D, m, &p->fc, p->n_taps * D, D, 0);
+        for (int t = 0; t < m; t++)
+            td_rmsnorm(g->x + (size_t)t * D, g->x + (size_t)t * D, p->hidden_norm.data, p->hidden_norm.dtype, D, p->eps);
+        for (int l = 0; l < p->n_layer; l++) {
+            const td_layer_w *L = &p->L[l];
+            mm(g, g->kb, KW, g->x, D, m, &L->wk, D, KW, 0);
+            mm(g, g->vb, KW, g->x, D, m, &L->wv, D, KW, 0);
+            for (int t = 0; t < m; t++) {
+                int pos = r->len + done + t;
+                for (int h = 0; h < p->KVH; h++) {
+                    float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
+                    td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
+                    rope(k, g->rcos + (size_t)pos * half, g->rsin + (size_t)pos * half, hd);
+                    memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
+                    memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                }
+            }
+        }
+    }
+    r->len += n;
+}
+
+static int row_alloc(blk_group *g, blk_row *r) {
+    size_t n = (size_t)g->p->n_layer * g->p->KVH * g->cap * g->p->hd;
+    r->K = malloc(sizeof(float) * n);
+    r->V = malloc(sizeof(float) * n);
+    r->len = 0;
+    r->cap = g->cap;
+    if (!r->K || !r->V) { free(r->K); free(r->V); r->K = r->V = NULL; return TD_ENOMEM; }
+    return 0;
+}
+
+/* checkpoint "block-v1": [int32 len][int32 n_layer][int32 KVH*hd] then for each
+ * position, layer, kv head: K[hd] then V[hd] (float32). */
+static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
+                      const td_draft_checkpoint *ck, td_err *err) {
+    blk_group *g = gv;
+    const blk_provider *p = g->p;
+    int hd = p->hd, KVH = p->KVH;
+    if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "block: row group is full (%d rows)", g->max_rows);
+    if (ck) {
+        int32_t hdr[3];
+        if (strcmp(ck->ns, "block-v1") != 0 || ck->size < sizeof hdr)
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint of namespace '%s' is not a block-v1 checkpoint", ck->ns);
+        memcpy(hdr, ck->data, sizeof hdr);
+        size_t per = (size_t)p->n_layer * KVH * hd * 2;
+        if (hdr[1] != p->n_layer || hdr[2] != KVH * hd)
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint holds %d layers of width %d; this drafter has %d of %d",
+                             (int)hdr[1], (int)hdr[2], p->n_layer, KVH * hd);
+        if (hdr[0] < 0 || hdr[0] > g->max_ctx || ck->size != sizeof hdr + (size_t)hdr[0] * per * sizeof(float))
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint of %zu bytes does not hold %d positions (context %d)",
+                             ck->size, (int)hdr[0], g->max_ctx);
+        const float *src = (const float *)(ck->data + sizeof hdr);
+        for (size_t i = 0; i < (size_t)hdr[0] * per; i++)
+            if (!isfinite(src[i])) return td_seterr(err, TD_EFORMAT, "block: checkpoint value %zu is not finite", i);
+        blk_row *r = &g->rows[g->n_rows];
+        if (row_alloc(g, r)) return td_seterr(err, TD_ENOMEM, "block: no memory for a row");
+        for (int pos = 0; pos < hdr[0]; pos++)
+            for (int l = 0; l < p->n_layer; l++)
+                for (int h = 0; h < KVH; h++) {
+                    memcpy(r->K + kv_at(g, l, h, pos), src, sizeof(float) * (size_t)hd);
+                    memcpy(r->V + kv_at(g, l, h, pos), src + hd, sizeof(float) * (size_t)hd);
+                    src += 2 * hd;
+                }
+        r->len = hdr[0];
+        g->n_rows++;
+        return 0;
+    }
+    if (n < 0 || n > g->max_ctx) return td_seterr(err, TD_ERANGE, "block: stream of %d tokens exceeds the context %d", n, g->max_ctx);
+    if (n > 0 && !taps) return td_seterr(err, TD_EINVAL, "block: a row needs the target's taps of its prompt");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= p->V)
+            return td_seterr(err, TD_ERANGE, "block: token %d at position %d is outside the vocabulary", (int)tokens[i], i);
+    blk_row *r = &g->rows[g->n_rows];
+    if (row_alloc(g, r)) return td_seterr(err, TD_ENOMEM, "block: no memory for a row");
+    if (n) project_context(g, r, taps, n);
+    g->n_rows++;
+    return 0;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static float w_at(const td_tensor *t, size_t i) {
+    if (t->dtype == TD_DTYPE_F32) return ((const float *)t->data)[i];
+    if (t->dtype == TD_DTYPE_BF16) return td_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    return td_f16_to_f32(((const uint16_t *)t->data)[i]);
+}
+
+static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
+    blk_group *g = gv;
+    const blk_provider *p = g->p;
+    int D = p->D, G = p->G, hd = p->hd, half = hd / 2, H = p->H, KVH = p->KVH, V = p->V;
+    int QW = H * hd, KW = KVH * hd;
+    if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "block: draft for %d rows, group has %d", q->n_rows, g->n_rows);
+    q->has_probs = q->probs != NULL;
+    int nb = 0;
+    for (int i = 0; i < q->n_rows; i++) {
+        q->n_tokens[i] = 0;
+        if (q->depth[i] > 0) {
+            if (q->pending[i] < 0 || q->pending[i] >= V)
+                return td_seterr(err, TD_ERANGE, "block: pending token %d is outside the vocabulary", (int)q->pending[i]);
+            if (g->rows[i].len + G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+            g->brow[nb++] = i;
+        }
+    }
+    if (!nb) return 0;
+    int T = nb * G;
+    /* block inputs: E[anchor], E[mask] x (G-1) */
+    const td_tensor *E = &p->target->w.tok_embd;
+    size_t esz = E->dtype == TD_DTYPE_F32 ? 4 : 2;
+    for (int b = 0; b < nb; b++)
+        for (int j = 0; j < G; j++) {
+            int32_t id = j == 0 ? q->pending[g->brow[b]] : p->mask_id;
+            td_to_f32(g->x + (size_t)(b * G + j) * D, (const char *)E->data + (size_t)id * D * esz, E->dtype, (size_t)D);
+        }
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int l = 0; l < p->n_layer; l++) {
+        const td_layer_w *L = &p->L[l];
+        for (int t = 0; t < T; t++)
+            td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->attn_norm.data, L->attn_norm.dtype, D, p->eps);
+        mm(g, g->q, QW, g->n, D, T, &L->wq, D, QW, 0);
+        mm(g, g->kb, KW, g->n, D, T, &L->wk, D, KW, 0);
+        mm(g, g->vb, KW, g->n, D, T, &L->wv, D, KW, 0);
+        for (int b = 0; b < nb; b++) {
+            blk_row *r = &g->rows[g->brow[b]];
+            for (int j = 0; j < G; j++) {
+                int t = b * G + j, pos = r->len + j;
+                const float *cs = g->rcos + (size_t)pos * half, *sn = g->rsin + (size_t)pos * half;
+                for (int h = 0; h < H; h++) {
+                    float *qq = g->q + (size_t)t * QW + (size_t)h * hd;
+                    td_rmsnorm(qq, qq, L->q_norm.data, L->q_norm.dtype, hd, p->eps);
+                    rope(qq, cs, sn, hd);
+                }
+                for (int h = 0; h < KVH; h++) {
+                    float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
+                    td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
+                    rope(k, cs, sn, hd);
+                    memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
+                    memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                }
+            }
+            for (int j = 0; j < G; j++) g->nk[j] = r->len + G;
+            for (int h = 0; h < H; h++) {
+                int kh = h / (H / KVH);
+                td_attend(g->o + (size_t)b * G * QW + (size_t)h * hd, QW, g->q + (size_t)b * G * QW + (size_t)h * hd, QW, G, g->nk,
+                          r->K + kv_at(g, l, kh, 0), r->V + kv_at(g, l, kh, 0), hd, hd, scale, g->scratch);
+            }
+        }
+        mm(g, g->x, D, g->o, QW, T, &L->wo, QW, D, 1);
+        for (int t = 0; t < T; t++)
+            td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
+        mm(g, g->g, p->F, g->n, D, T, &L->w_gate, D, p->F, 0);
+        mm(g, g->u, p->F, g->n, D, T, &L->w_up, D, p->F, 0);
+        for (int t = 0; t < T; t++) td_swiglu(g->g + (size_t)t * p->F, g->g + (size_t)t * p->F, g->u + (size_t)t * p->F, p->F);
+        mm(g, g->x, D, g->g, p->F, T, &L->w_down, p->F, D, 1);
+    }
+    /* z_j = norm(x_j), j >= 1, gathered (kept positions only) into g->n; confidence prunes */
+    int nz = 0;
+    for (int b = 0; b < nb; b++) {
+        int i = g->brow[b];
+        int want = q->depth[i] < G - 1 ? q->depth[i] : G - 1;
+        int k = 0;
+        for (; k < want; k++) {
+            float *z = g->n + (size_t)(nz + k) * D;
+            td_rmsnorm(z, g->x + (size_t)(b * G + k + 1) * D, p->norm.data, p->norm.dtype, D, p->eps);
+            if (p->prune && p->n_thr && p->conf_w.data) {
+                const td_tensor *cw = &p->conf_w;
+                float s = cw->dtype == TD_DTYPE_F32    ? td_dot(z, cw->data, D)
+                          : cw->dtype == TD_DTYPE_BF16 ? td_dot_bf16(z, cw->data, D)
+                                                       : td_dot_f16(z, cw->data, D);
+                float c = 1.0f / (1.0f + expf(-(s + w_at(&p->conf_b, 0))));
+                if (!(c >= p->thr[k])) break;
+            }
+        }
+        q->n_tokens[i] = k; /* provisional: the count of kept positions */
+        nz += k;
+    }
+    if (nz) mm(g, g->lg, V, g->n, D, nz, &p->target->w.lm_head, D, V, 0);
+    size_t off = 0;
+    for (int b = 0; b < nb; b++) {
+        int i = g->brow[b], k = q->n_tokens[i];
+        int32_t prev = q->pending[i];
+        for (int j = 0; j < k; j++, off++) {
+            float *lg = g->lg + off * V;
+            if (p->rank) {
+                td_to_f32(g->a, (const char *)p->mk_embed.data + (size_t)prev * p->rank * (p->mk_embed.dtype == TD_DTYPE_F32 ? 4 : 2),
+                          p->mk_embed.dtype, (size_t)p->rank);
+                mm(g, lg, V, g->a, p->rank, 1, &p->mk_out, p->rank, V, 1);
+            }
+            int32_t d;
+            if (q->probs) {
+                td_sampling sp = *q->sampling[i];
+                sp.seed ^= 0x3c6ef372fe94f82bull; /* the drafter's own draw stream */
+                float *pr = q->probs + ((size_t)i * q->max_depth + j) * V;
+                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
+                if (d < 0) return td_seterr(err, d, "block: sampling failed");
+            } else {
+                d = argmax(lg, V);
+            }
+            q->tokens[(size_t)i * q->max_depth + j] = d;
+            prev = d;
+        }
+    }
+    return 0;
+}
+
+static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
+    blk_group *g = gv;
+    for (int i = 0; i < n_rows; i++) {
+        blk_row *r = &g->rows[i];
+        int m = cm[i].n_accepted;
+        if (m < 0 || r->len + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+        /* no taps: a row that finished and leaves before the next draft */
+        if (cm[i].taps) project_context(g, r, cm[i].taps, m + 1);
+    }
+    return 0;
+}
+
+static void blk_filter(void *gv, const int *keep, int n_keep) {
+    blk_group *g = gv;
+    int k = 0;
+    for (int i = 0; i < g->n_rows; i++) {
+        if (k < n_keep && keep[k] == i) { g->rows[k++] = g->rows[i]; continue; }
+        free(g->rows[i].K);
+        free(g->rows[i].V);
+    }
+    g->n_rows = n_keep;
+}
+
+static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err) {
+    blk_group *g = gv;
+    const blk_provider *p = g->p;
+    *out = NULL;
+    if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "block: no row %d", row);
+    blk_row *r = &g->rows[row];
+    int hd = p->hd;
+    int32_t hdr[3] = {r->len, p->n_layer, p->KVH * hd};
+    size_t per = (size_t)p->n_layer * p->KVH * hd * 2;
+    size_t bytes = sizeof hdr + (size_t)r->len * per * sizeof(float);
+    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck || !(ck->data = malloc(bytes))) { free(ck); return td_seterr(err, TD_ENOMEM, "out of memory"); }
+    snprintf(ck->ns, sizeof ck->ns, "block-v1");
+    memcpy(ck->data, hdr, sizeof hdr);
+    float *dst = (float *)(ck->data + sizeof hdr);
+    for (int pos = 0; pos < r->len; pos++)
+        for (int l = 0; l < p->n_layer; l++)
+            for (int h = 0; h < p->KVH; h++) {
+                memcpy(dst, r->K + kv_at(g, l, h, pos), sizeof(float) * (size_t)hd);
+                memcpy(dst + hd, r->V + kv_at(g, l, h, pos), sizeof(float) * (size_t)hd);
+                dst += 2 * hd;
+            }
+    ck->size = bytes;
+    *out = ck;
+    return 0;
+}
+
+static void blk_free_group(void *gv) {
+    blk_group *g = gv;
+    if (!g) return;
+    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].K); free(g->rows[i].V); }
+    td_pool_free(g->pool);
+    td_sampler_free(g->smp);
+    free(g->rows); free(g->rcos); free(g->rsin);
+    free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
+    free(g->lg); free(g->a); free(g->scratch); free(g->brow); free(g->nk);
+    free(g);
+}
+
+static const td_draft_rows_vt blk_rows_vt = {
+    .append = blk_append, .draft = blk_draft, .commit = blk_commit,
+    .filter = blk_filter, .capture = blk_capture, .free = blk_free_group,
+};
+
+static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, const td_ctx *target_ctx,
+                         td_draft_rows *out, td_err *err) {
+    blk_provider *p = self;
+    if (max_rows < 1 || max_ctx < 1 || max_depth < 0) return td_seterr(err, TD_EINVAL, "block: bad row group geometry");
+    blk_group *g = calloc(1, sizeof *g);
+    if (!g) return td_seterr(err, TD_ENOMEM, "out of memory");
+    g->p = p;
+    g->max_rows = max_rows;
+    g->max_ctx = max_ctx;
+    g->max_depth = max_depth;
+    g->cap = max_ctx + max_depth + 2 + p->G;
+    int T = max_rows * p->G;
+    g->max_tok = T > BLK_CHUNK ? T : BLK_CHUNK;
+    int half = p->hd / 2, D = p->D, W = p->H * p->hd > D ? p->H * p->hd : D;
+    size_t mt = (size_t)g->max_tok;
+    g->rows = calloc((size_t)max_rows, sizeof *g->rows);
+    g->rcos = malloc(sizeof(float) * (size_t)g->cap * half);
+    g->rsin = malloc(sizeof(float) * (size_t)g->cap * half);
+    g->x = malloc(sizeof(float) * mt * D);
+    g->n = malloc(sizeof(float) * mt * D);
+    g->q = malloc(sizeof(float) * mt * W);
+    g->kb = malloc(sizeof(float) * mt * p->KVH * p->hd);
+    g->vb = malloc(sizeof(float) * mt * p->KVH * p->hd);
+    g->o = malloc(sizeof(float) * mt * W);
+    g->g = malloc(sizeof(float) * mt * p->F);
+    g->u = malloc(sizeof(float) * mt * p->F);
+    g->lg = malloc(sizeof(float) * (size_t)max_rows * (p->G - 1) * p->V);
+    g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
+    g->scratch = malloc(sizeof(float) * (size_t)g->cap);
+    g->brow = malloc(sizeof(int) * (size_t)max_rows);
+    g->nk = malloc(sizeof(int) * (size_t)p->G);
+    int threads = target_ctx ? td_ctx_get_params(target_ctx).n_threads : 1;
+    if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+        !g->lg || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->V) != 0 ||
+        td_pool_open(&g->pool, threads > 0 ? threads : 1) != 0) {
+        blk_free_group(g);
+        return td_seterr(err, TD_ENOMEM, "out of memory");
+    }
+    for (int pos = 0; pos < g->cap; pos++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)pos / pow(p->theta, (2.0 * i) / p->hd);
+            g->rcos[(size_t)pos * half + i] = (float)cos(a);
+            g->rsin[(size_t)pos * half + i] = (float)sin(a);
+        }
+    *out = (td_draft_rows){&blk_rows_vt, g, 0};
+    return 0;
+}
+
+static int blk_tap_layers(void *self, const int **layers) {
+    blk_provider *p = self;
+    *layers = p->taps;
+    return p->n_taps;
+}
+
+static void blk_free(void *self) {
+    blk_provider *p = self;
+    if (!p) return;
+    free(p->L);
+    td_st_free(p->file);
+    free(p);
+}
+
+static const td_drafter_vt blk_vt = {.open_rows = blk_open_rows, .tap_layers = blk_tap_layers, .free = blk_free};
+
+/* Bind one tensor with an exact shape check (d1 = 0: a vector). */
+static int bind(blk_provider *p, td_tensor *t, const char *name, int64_t d0, int64_t d1, const char *path, td_err *err) {
+    const td_st_tensor *st = td_st_find(p->file, name);
+    if (!st) return td_seterr(err, TD_EFORMAT, "%s: tensor %s is missing", path, name);
+    if (st->dtype < 0) return td_seterr(err, TD_EUNSUPPORTED, "%s: tensor %s has dtype %s, which tandem cannot compute with", path, name, st->dtype_name);
+    int nd = d1 ? 2 : 1;
+    if (st->n_dims != nd || st->shape[0] != d0 || (nd == 2 && st->shape[1] != d1))
+        return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld%s%lld] (config.json and the weights disagree)",
+                         path, name, (long long)d0, nd == 2 ? ", " : "", nd == 2 ? (long long)d1 : 0LL);
+    t->data = st->data;
+    t->dtype = st->dtype;
+    t->n_dims = nd;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    return 0;
+}
+
+/* An integer field in [lo, hi]; names the field when it is missing or wrong. */
+static int cfg_int(const cJSON *j, const char *key, int lo, int hi, int *out, const char *path, td_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
+        return td_seterr(err, TD_EFORMAT, "%s: %s must be an integer in [%d, %d]", path, key, lo, hi);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int cfg_num(const cJSON *j, const char *key, double *out, const char *path, td_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0)
+        return td_seterr(err, TD_EFORMAT, "%s: %s must be a positive number", path, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int parse_config(blk_provider *p, const cJSON *j, const td_config *tc, const char *path, td_err *err) {
+    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
+    if (!cJSON_IsString(arch) || strcmp(arch->valuestring, "TandemBlockDrafter") != 0)
+        return td_seterr(err, TD_EUNSUPPORTED, "%s: architectures[0] must be \"TandemBlockDrafter\"", path);
+    int th, tl, tv, hs, rc;
+    if ((rc = cfg_int(j, "target_hidden_size", 1, 1 << 20, &th, path, err)) ||
+        (rc = cfg_int(j, "target_num_hidden_layers", 1, 1 << 16, &tl, path, err)) ||
+        (rc = cfg_int(j, "target_vocab_size", 1, 1 << 24, &tv, path, err)))
+        return rc;
+    if (th != tc->n_embd || tl != tc->n_layer || tv != tc->n_vocab)
+        return td_seterr(err, TD_EINVAL, "%s: this drafter was trained for a target with hidden size %d, %d layers, vocabulary %d; "
+                         "the target has %d, %d, %d", path, th, tl, tv, tc->n_embd, tc->n_layer, tc->n_vocab);
+    const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "tap_layers");
+    int nt = cJSON_GetArraySize(taps);
+    if (!cJSON_IsArray(taps) || nt < 1 || nt > BLK_MAX_TAPS)
+        return td_seterr(err, TD_EFORMAT, "%s: tap_layers must be an array of 1..%d layer indices", path, BLK_MAX_TAPS);
+    for (int i = 0; i < nt; i++) {
+        const cJSON *v = cJSON_GetArrayItem(taps, i);
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > tc->n_layer)
+            return td_seterr(err, TD_EINVAL, "%s: tap_layers[%d] is not a layer of the target (0..%d)", path, i, tc->n_layer);
+        p->taps[i] = (int)v->valuedouble;
+    }
+    p->n_taps = nt;
+    double eps, theta;
+    if ((rc = cfg_int(j, "hidden_size", 1, 1 << 20, &hs, path, err)) || (rc = cfg_int(j, "block_size", 2, BLK_MAX_G, &p->G, path, err)) ||
+        (rc = cfg_int(j, "mask_token_id", 0, tc->n_vocab - 1, &p->mask_id, path, err)) ||
+        (rc = cfg_int(j, "num_hidden_layers", 1, 64, &p->n_layer, path, err)) ||
+        (rc = cfg_int(j, "num_attention_heads", 1, 1024, &p->H, path, err)) ||
+        (rc = cfg_int(j, "num_key_value_heads", 1, 1024, &p->KVH, path, err)) ||
+        (rc = cfg_int(j, "head_dim", 2, 1024, &p->hd, path, err)) ||
+        (rc = cfg_int(j, "intermediate_size", 1, 1 << 20, &p->F, path, err)) ||
+        (rc = cfg_int(j, "markov_rank", 0, 4096, &p->rank, path, err)) ||
+        (rc = cfg_num(j, "rms_norm_eps", &eps, path, err)) || (rc = cfg_num(j, "rope_theta", &theta, path, err)))
+        return rc;
+    if (hs != tc->n_embd) return td_seterr(err, TD_EINVAL, "%s: hidden_size %d differs from the target's %d (the embeddings are shared)", path, hs, tc->n_embd);
+    if (p->H % p->KVH || p->hd % 2)
+        return td_seterr(err, TD_EFORMAT, "%s: num_attention_heads must be a multiple of num_key_value_heads and head_dim even", path);
+    p->eps = (float)eps;
+    p->theta = theta;
+    const cJSON *thr = cJSON_GetObjectItemCaseSensitive(j, "prune_thresholds");
+    p->n_thr = 0;
+    if (thr && !cJSON_IsNull(thr)) {
+        int n = cJSON_GetArraySize(thr);
+        if (!cJSON_IsArray(thr) || (n != 0 && n != p->G - 1))
+            return td_seterr(err, TD_EFORMAT, "%s: prune_thresholds must be an array of block_size-1 = %d numbers (or empty)", path, p->G - 1);
+        for (int i = 0; i < n; i++) {
+            const cJSON *v = cJSON_GetArrayItem(thr, i);
+            if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 2)
+                return td_seterr(err, TD_EFORMAT, "%s: prune_thresholds[%d] must be a number in [0, 2]", path, i);
+            p->thr[i] = (float)v->valuedouble;
+        }
+        p->n_thr = n;
+    }
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(j, "confidence_head");
+    if (p->n_thr && !cJSON_IsTrue(ch))
+        return td_seterr(err, TD_EFORMAT, "%s: prune_thresholds need a confidence head (confidence_head: true)", path);
+    return 0;
+}
+
+int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err) {
+    *out = NULL;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", spec ? spec : "");
+    int prune = 1;
+    char *opt = strchr(dir, ',');
+    if (opt) {
+        if (!strcmp(opt, ",prune=off")) prune = 0;
+        else if (strcmp(opt, ",prune=on") != 0)
+            return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off])", opt + 1);
+        *opt = 0;
+    }
+    if (!*dir) return td_seterr(err, TD_EINVAL, "block: give a directory, as block:DIR");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *txt = NULL;
+    int rc = td_read_file(path, &txt, NULL, err);
+    if (rc) return rc;
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    blk_provider *p = calloc(1, sizeof *p);
+    td_drafter *d = calloc(1, sizeof *d);
+    if (!p || !d) rc = td_seterr(err, TD_ENOMEM, "out of memory");
+    else if (!cJSON_IsObject(j)) rc = td_seterr(err, TD_EFORMAT, "%s: not a JSON object", path);
+    else rc = parse_config(p, j, &target->cfg, path, err);
+    int has_conf = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "confidence_head"));
+    cJSON_Delete(j);
+    if (rc) { free(p); free(d); return rc; }
+    p->target = target;
+    p->prune = prune;
+    p->D = target->cfg.n_embd;
+    p->V = target->cfg.n_vocab;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
+    int D = p->D, Q = p->H * p->hd, KV = p->KVH * p->hd, F = p->F, hd = p->hd;
+    p->L = calloc((size_t)p->n_layer, sizeof *p->L);
+    if (!p->L) rc = td_seterr(err, TD_ENOMEM, "out of memory");
+    if (!rc) rc = bind(p, &p->fc, "fc.weight", D, (int64_t)p->n_taps * D, path, err);
+    if (!rc) rc = bind(p, &p->hidden_norm, "hidden_norm.weight", D, 0, path, err);
+    if (!rc) rc = bind(p, &p->norm, "norm.weight", D, 0, path, err);
+    for (int l = 0; !rc && l < p->n_layer; l++) {
+        td_layer_w *L = &p->L[l];
+        char nm[128];
+#define B_(field, suffix, d0, d1) if (!rc) { snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix); rc = bind(p, &L->field, nm, d0, d1, path, err); }
+        B_(attn_norm, "input_layernorm.weight", D, 0)
+        B_(wq, "self_attn.q_proj.weight", Q, D)
+        B_(wk, "self_attn.k_proj.weight", KV, D)
+        B_(wv, "self_attn.v_proj.weight", KV, D)
+        B_(wo, "self_attn.o_proj.weight", D, Q)
+        B_(q_norm, "self_attn.q_norm.weight", hd, 0)
+        B_(k_norm, "self_attn.k_norm.weight", hd, 0)
+        B_(ffn_norm, "post_attention_layernorm.weight", D, 0)
+        B_(w_gate, "mlp.gate_proj.weight", F, D)
+        B_(w_up, "mlp.up_proj.weight", F, D)
+        B_(w_down, "mlp.down_proj.weight", D, F)
+#undef B_
+    }
+    if (!rc && p->rank) rc = bind(p, &p->mk_embed, "markov.embed.weight", p->V, p->rank, path, err);
+    if (!rc && p->rank) rc = bind(p, &p->mk_out, "markov.out.weight", p->V, p->rank, path, err);
+    if (!rc && has_conf) rc = bind(p, &p->conf_w, "confidence.weight", 1, D, path, err);
+    if (!rc && has_conf) rc = bind(p, &p->conf_b, "confidence.bias", 1, 0, path, err);
+    if (rc) { blk_free(p); free(d); return rc; }
+    d->vt = &blk_vt;
+    d->self = p;
+    d->target = target;
+    d->weight_bytes = p->file->map_len;
+    /* one draft runs the layers over the block and the LM head per kept token:
+     * per token about the LM head's share of a target forward, plus the layers */
+    d->step_cost_hint = 0.05 + ((double)p->file->map_len / p->G + (double)p->V * D * 2.0) /
+                                   (double)(target->weight_bytes ? target->weight_bytes : 1);
+    snprintf(d->id, sizeof d->id, "block:%.140s%s", dir, prune ? "" : ",prune=off");
+    snprintf(d->ns, sizeof d->ns, "block-v1");
+    *out = d;
+    return 0;
+}

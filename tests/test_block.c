@@ -1,0 +1,413 @@
+#define _GNU_SOURCE
+/* test_block — the block drafter against its PyTorch reference
+ * (tests/fixtures/tiny-code-block, made by tools/train/stage4), and its input
+ * checks.
+ *   - rounds: for 3 prompts, 6 greedy speculative rounds driven through the
+ *     draft contract directly (prefill taps -> append, draft at depth
+ *     block_size-1 with the drafter's confidence pruning, target verify with
+ *     taps, commit): per round the number of drafts, the drafts, the target's
+ *     greedy tokens and the accepted count m equal the reference's; after round
+ *     2 a captured checkpoint restored into a fresh group drafts round 3's drafts;
+ *   - logits: the unpruned round-0 block of each prompt (prune=off) drafted with
+ *     q at temperature 0.5: each position's q equals softmax(reference logits
+ *     / 0.5) within 1e-3 relative (a position is compared when the
+ *     sampled previous draft equals the reference's greedy one, since the
+ *     Markov bias reads it; seeds are tried until every position is compared);
+ *   - refusals: a drafter trained for another target (layers, hidden size,
+ *     vocabulary, a tap layer out of range), malformed config.json values, a
+ *     truncated weight file, bad checkpoints (namespace, size, non-finite). */
+#include "tandem.h"
+#include "t.h"
+#include "spec/draft.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FX "tests/fixtures/tiny-code-block"
+#define BLK "models/tiny-code/block"
+#define MAXK 16
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static td_model *g_m;
+static td_ctx *g_c;
+static float *g_logits, *g_taps;
+static int g_V, g_D;
+
+/* Prefill S[0..n) through the target with the drafter's taps and append it. */
+static int prefill_row(td_drafter *d, td_draft_rows *rows, int *row, const int32_t *S, int n, td_err *err) {
+    const int *tl;
+    int nt = td_drafter_taps(d, &tl);
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    td_ctx_row_add(g_c, row);
+    td_batch pb = {.n_rows = 1, .rows = row, .n_tokens = &n, .tokens = S, .want = ones, .taps = tl, .n_taps = nt, .skip_logits = 1};
+    int rc = td_ctx_forward(g_c, &pb, NULL, g_taps, err);
+    return rc ? rc : td_draft_rows_append(rows, S, n, g_taps, NULL, err);
+}
+
+static void test_rounds(cJSON *fx) {
+    t_begin("block_matches_pytorch_reference");
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_err err = {0};
+    T_REQUIRE(td_drafter_open(&d, "block:" BLK, g_m, &err) == 0, "block: %s", err.msg);
+    int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
+    T_REQUIRE(K >= 1 && K < MAXK, "block size");
+    const int *tl;
+    int nt = td_drafter_taps(d, &tl);
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    int rounds_ok = 0, rounds_total = 0, ckpt_checked = 0, pruned_rounds = 0;
+    cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
+        int N = cJSON_GetArraySize(ids);
+        int32_t S[256];
+        for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        int n = N - 1, row;
+        int32_t t = S[N - 1];
+        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &rows, &err) == 0, "open rows: %s", err.msg);
+        T_REQUIRE(prefill_row(d, &rows, &row, S, n, &err) == 0, "prefill: %s", err.msg);
+        cJSON *r;
+        cJSON_ArrayForEach(r, cJSON_GetObjectItem(p, "rounds")) {
+            rounds_total++;
+            int ok = cJSON_GetObjectItem(r, "S_len")->valueint == n && cJSON_GetObjectItem(r, "t")->valueint == t;
+            td_sampling sp = td_sampling_default();
+            const td_sampling *spp = &sp;
+            uint64_t pos = 0;
+            int depth = K, nd = 0;
+            int32_t drafts[MAXK];
+            td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = drafts,
+                              .n_tokens = &nd, .sampling = &spp, .out_pos = &pos};
+            T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+            cJSON *fd = cJSON_GetObjectItem(r, "drafts");
+            ok &= nd == cJSON_GetArraySize(fd);
+            for (int j = 0; ok && j < nd; j++) ok &= drafts[j] == cJSON_GetArrayItem(fd, j)->valueint;
+            pruned_rounds += nd < K;
+            int32_t win[MAXK + 1];
+            win[0] = t;
+            memcpy(win + 1, drafts, sizeof(int32_t) * (size_t)nd);
+            int nw = nd + 1;
+            td_batch vb = {.n_rows = 1, .rows = &row, .n_tokens = &nw, .tokens = win, .want = ones, .taps = tl, .n_taps = nt};
+            T_REQUIRE(td_ctx_forward(g_c, &vb, g_logits, g_taps, &err) == 0, "verify: %s", err.msg);
+            int32_t tg[MAXK + 1];
+            cJSON *ftg = cJSON_GetObjectItem(r, "target_greedy");
+            for (int i = 0; i <= nd; i++) {
+                tg[i] = argmax(g_logits + (size_t)i * g_V, g_V);
+                ok &= i < cJSON_GetArraySize(ftg) && tg[i] == cJSON_GetArrayItem(ftg, i)->valueint;
+            }
+            int mm = 0;
+            while (mm < nd && tg[mm] == drafts[mm]) mm++;
+            ok &= mm == cJSON_GetObjectItem(r, "m")->valueint;
+            if (!ok) printf("  prompt %s round %d differs (%d drafts)\n", cJSON_GetObjectItem(p, "id")->valuestring,
+                            cJSON_GetObjectItem(r, "round")->valueint, nd);
+            rounds_ok += ok;
+            td_draft_commit cm = {.old_pending = t, .accepted = drafts, .n_accepted = mm, .new_pending = tg[mm], .taps = g_taps};
+            T_REQUIRE(td_draft_rows_commit(&rows, &cm, &err) == 0, "commit: %s", err.msg);
+            td_ctx_row_trim(g_c, row, n + 1 + mm);
+            S[n] = t;
+            memcpy(S + n + 1, drafts, sizeof(int32_t) * (size_t)mm);
+            n += 1 + mm;
+            t = tg[mm];
+            if (cJSON_GetObjectItem(r, "round")->valueint == 2) {
+                /* a checkpoint restored into a fresh group drafts round 3's drafts */
+                td_draft_rows other = {0};
+                td_draft_checkpoint *ck = NULL;
+                int32_t b2[MAXK];
+                int nb2 = 0;
+                T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
+                T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
+                int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
+                td_draft_checkpoint_free(ck);
+                T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
+                td_draft_req qb = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = b2,
+                                   .n_tokens = &nb2, .sampling = &spp, .out_pos = &pos};
+                T_REQUIRE(td_draft_rows_draft(&other, &qb, &err) == 0, "draft restored: %s", err.msg);
+                cJSON *next = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 3), "drafts");
+                int same = nb2 == cJSON_GetArraySize(next);
+                for (int j = 0; same && j < nb2; j++) same = b2[j] == cJSON_GetArrayItem(next, j)->valueint;
+                T_CHECK(same, "restored block row drafts differently from the reference");
+                td_draft_rows_free(&other);
+                ckpt_checked++;
+            }
+        }
+        td_draft_rows_free(&rows);
+        td_ctx_row_remove(g_c, row);
+    }
+    printf("  %d of %d rounds identical (number of drafts, drafts, target tokens, m); %d rounds pruned below %d\n",
+           rounds_ok, rounds_total, pruned_rounds, K);
+    T_CHECK(rounds_total == 18 && rounds_ok == rounds_total, "rounds identical: %d of %d", rounds_ok, rounds_total);
+    T_CHECK(pruned_rounds > 0, "the reference rounds exercise pruning");
+    T_CHECK(ckpt_checked == 3, "checkpoint round trips: %d of 3", ckpt_checked);
+done:
+    td_draft_rows_free(&rows);
+    td_drafter_free(d);
+    t_end();
+}
+
+static void test_logits(cJSON *fx) {
+    t_begin("block_logits_match_pytorch");
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_err err = {0};
+    float *probs = NULL, *flog = NULL;
+    size_t fbytes = 0;
+    flog = (float *)t_slurp(FX "/logits.f32", &fbytes);
+    T_REQUIRE(flog, "missing " FX "/logits.f32");
+    T_REQUIRE(td_drafter_open(&d, "block:" BLK ",prune=off", g_m, &err) == 0, "block: %s", err.msg);
+    int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
+    probs = malloc(sizeof(float) * (size_t)K * g_V);
+    T_REQUIRE(probs, "memory");
+    double worst = 0;
+    int compared = 0, wanted = 0;
+    cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
+        int N = cJSON_GetArraySize(ids), row;
+        int32_t S[256];
+        for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 0);
+        cJSON *lr = cJSON_GetObjectItem(r0, "logits_rows"), *du = cJSON_GetObjectItem(r0, "drafts_unpruned");
+        T_REQUIRE(cJSON_GetArraySize(lr) == K && cJSON_GetArraySize(du) == K, "round 0 carries %d logits rows", K);
+        int32_t t = S[N - 1];
+        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &rows, &err) == 0, "open rows");
+        T_REQUIRE(prefill_row(d, &rows, &row, S, N - 1, &err) == 0, "prefill: %s", err.msg);
+        int seen[MAXK] = {0};
+        wanted += K;
+        /* greedy first: the unpruned drafts equal the reference's */
+        {
+            td_sampling sp = td_sampling_default();
+            const td_sampling *spp = &sp;
+            uint64_t pos = 0;
+            int depth = K, nd = 0;
+            int32_t dr[MAXK];
+            td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = dr,
+                              .n_tokens = &nd, .sampling = &spp, .out_pos = &pos};
+            T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft");
+            int same = nd == K;
+            for (int j = 0; same && j < K; j++) same = dr[j] == cJSON_GetArrayItem(du, j)->valueint;
+            T_CHECK(same, "unpruned greedy drafts of prompt %s equal the reference's", cJSON_GetObjectItem(p, "id")->valuestring);
+        }
+        /* Drafting does not change a block row's committed context, so the
+         * same round can be drafted again under other seeds. */
+        for (uint64_t seed = 1; seed <= 256; seed++) {
+            int all = 1;
+            for (int j = 0; j < K; j++) all &= seen[j];
+            if (all) break;
+            td_sampling sp = td_sampling_default();
+            sp.temperature = 0.5f; /* q = softmax(logits / 0.5): the argmax chain is sampled often */
+            sp.seed = seed;
+            const td_sampling *spp = &sp;
+            uint64_t pos = 0;
+            int depth = K, nd = 0;
+            int32_t dr[MAXK];
+            td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = dr,
+                              .n_tokens = &nd, .probs = probs, .sampling = &spp, .out_pos = &pos};
+            T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0 && q.has_probs && nd == K, "draft with q");
+            for (int j = 0; j < K; j++) {
+                if (j > 0 && dr[j - 1] != cJSON_GetArrayItem(du, j - 1)->valueint) break;
+                if (seen[j]) continue;
+                int fr = cJSON_GetArrayItem(lr, j)->valueint;
+                T_REQUIRE(fr >= 0 && (size_t)(fr + 1) * g_V * sizeof(float) <= fbytes, "logits row in range");
+                const float *ref = flog + (size_t)fr * g_V, *pr = probs + (size_t)j * g_V;
+                double mx = -1e30, s = 0, md = 0, pm = 0;
+                for (int v = 0; v < g_V; v++) mx = ref[v] > mx ? ref[v] : mx;
+                for (int v = 0; v < g_V; v++) s += exp((ref[v] - mx) / 0.5);
+                for (int v = 0; v < g_V; v++) {
+                    double pv = exp((ref[v] - mx) / 0.5) / s;
+                    if (fabs(pv - pr[v]) > md) md = fabs(pv - pr[v]);
+                    if (pv > pm) pm = pv;
+                }
+                if (md / pm > worst) worst = md / pm;
+                seen[j] = 1;
+                compared++;
+            }
+        }
+        td_draft_rows_free(&rows);
+        td_ctx_row_remove(g_c, row);
+    }
+    printf("  %d of %d block positions compared; worst relative error of the draft distribution %.2e\n", compared, wanted, worst);
+    T_CHECK(compared == wanted, "every position compared: %d of %d", compared, wanted);
+    T_CHECK(worst <= 1e-3, "draft distribution differs from PyTorch by %.2e relative", worst);
+done:
+    free(probs);
+    free(flog);
+    td_draft_rows_free(&rows);
+    td_drafter_free(d);
+    t_end();
+}
+
+/* ---- refusals ------------------------------------------------------------ */
+
+static char g_tmp[256];
+
+static int copy_file(const char *from, const char *to) {
+    size_t n = 0;
+    char *b = t_slurp(from, &n);
+    FILE *f = fopen(to, "wb");
+    int ok = b && f && fwrite(b, 1, n, f) == n;
+    if (f) fclose(f);
+    free(b);
+    return ok ? 0 : -1;
+}
+
+/* A copy of the trained drafter whose config.json has `from` replaced by `to`. */
+static int variant(const char *name, const char *from, const char *to, char *dir, size_t cap) {
+    snprintf(dir, cap, "%s/%s", g_tmp, name);
+    mkdir(dir, 0755);
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (copy_file(BLK "/model.safetensors", path)) return -1;
+    char *cfg = t_slurp(BLK "/config.json", NULL);
+    if (!cfg) return -1;
+    char *at = strstr(cfg, from);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f || !at) { free(cfg); if (f) fclose(f); return -1; }
+    fprintf(f, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+    fclose(f);
+    free(cfg);
+    return 0;
+}
+
+static void expect_refusal(const char *name, const char *from, const char *to, int code, const char *msg) {
+    char dir[400], spec[420];
+    td_err err = {0};
+    td_drafter *d = NULL;
+    if (variant(name, from, to, dir, sizeof dir)) { T_CHECK(0, "%s: could not make the variant (is '%s' in config.json?)", name, from); return; }
+    snprintf(spec, sizeof spec, "block:%s", dir);
+    int rc = td_drafter_open(&d, spec, g_m, &err);
+    T_CHECK(rc == code && d == NULL && strstr(err.msg, msg), "%s: rc %d, message: %s", name, rc, err.msg);
+    td_drafter_free(d);
+}
+
+static void test_refusals(void) {
+    t_begin("block_refuses_bad_drafters");
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/td_block_XXXXXX");
+    T_REQUIRE(mkdtemp(g_tmp), "tmp dir");
+    expect_refusal("layers", "\"target_num_hidden_layers\": 10", "\"target_num_hidden_layers\": 12", TD_EINVAL, "trained for a target");
+    expect_refusal("hidden", "\"target_hidden_size\": 384", "\"target_hidden_size\": 512", TD_EINVAL, "trained for a target");
+    expect_refusal("vocab", "\"target_vocab_size\": 16384", "\"target_vocab_size\": 151936", TD_EINVAL, "trained for a target");
+    expect_refusal("tap", "\"tap_layers\": [", "\"tap_layers\": [11, ", TD_EINVAL, "tap_layers[0]");
+    expect_refusal("arch", "TandemBlockDrafter", "Qwen3ForCausalLM", TD_EUNSUPPORTED, "TandemBlockDrafter");
+    expect_refusal("block0", "\"block_size\": ", "\"block_size\": 1, \"x\": ", TD_EFORMAT, "block_size");
+    expect_refusal("mask", "\"mask_token_id\": ", "\"mask_token_id\": 99999, \"x\": ", TD_EFORMAT, "mask_token_id");
+    expect_refusal("heads", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", TD_EFORMAT, "multiple");
+    expect_refusal("eps", "\"rms_norm_eps\": ", "\"rms_norm_eps\": -1, \"x\": ", TD_EFORMAT, "rms_norm_eps");
+    expect_refusal("thr_len", "\"prune_thresholds\": [", "\"prune_thresholds\": [0.5, ", TD_EFORMAT, "prune_thresholds");
+    expect_refusal("thr_val", "\"prune_thresholds\": [", "\"prune_thresholds\": [\"high\", ", TD_EFORMAT, "prune_thresholds");
+    expect_refusal("layers_count", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3", TD_EFORMAT, "layers.2");
+    expect_refusal("ffn", "\"intermediate_size\": 1280", "\"intermediate_size\": 1024", TD_EFORMAT, "shape");
+    expect_refusal("rank", "\"markov_rank\": 32", "\"markov_rank\": 16", TD_EFORMAT, "markov");
+    /* a truncated weight file */
+    {
+        char dir[400], path[600], spec[420];
+        td_err err = {0};
+        td_drafter *d = NULL;
+        T_REQUIRE(variant("trunc", "{", "{", dir, sizeof dir) == 0, "variant");
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        T_REQUIRE(truncate(path, 4096) == 0, "truncate");
+        snprintf(spec, sizeof spec, "block:%s", dir);
+        T_CHECK(td_drafter_open(&d, spec, g_m, &err) != 0 && d == NULL, "truncated weights refused: %s", err.msg);
+        printf("  truncated weights: %s\n", err.msg);
+    }
+    {
+        td_err err = {0};
+        td_drafter *d = NULL;
+        T_CHECK(td_drafter_open(&d, "block:", g_m, &err) == TD_EINVAL && !d, "empty directory: %s", err.msg);
+        T_CHECK(td_drafter_open(&d, "block:/nonexistent", g_m, &err) != 0 && !d, "missing directory: %s", err.msg);
+    }
+done:;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    if (system(cmd) != 0) printf("  could not remove %s\n", g_tmp);
+    t_end();
+}
+
+static void test_checkpoints(void) {
+    t_begin("block_checkpoints_untrusted");
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0}, other = {0};
+    td_draft_checkpoint *ck = NULL;
+    td_err err = {0};
+    T_REQUIRE(td_drafter_open(&d, "block:" BLK, g_m, &err) == 0, "block: %s", err.msg);
+    int32_t S[12] = {100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100, 1200};
+    int row;
+    T_REQUIRE(d->vt->open_rows(d->self, 2, 64, 7, g_c, &rows, &err) == 0, "open rows");
+    T_REQUIRE(prefill_row(d, &rows, &row, S, 12, &err) == 0, "prefill: %s", err.msg);
+    T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture");
+    T_REQUIRE(d->vt->open_rows(d->self, 1, 8, 7, g_c, &other, &err) == 0, "open small group");
+    /* longer than the receiving group's context */
+    T_CHECK(td_draft_rows_append(&other, NULL, 0, NULL, ck, &err) == TD_EFORMAT && strstr(err.msg, "positions"),
+            "checkpoint past the context: %s", err.msg);
+    td_draft_rows_free(&other);
+    T_REQUIRE(d->vt->open_rows(d->self, 1, 64, 7, g_c, &other, &err) == 0, "open group");
+    td_draft_checkpoint bad = *ck;
+    snprintf(bad.ns, sizeof bad.ns, "mtp-v1");
+    T_CHECK(td_draft_rows_append(&other, NULL, 0, NULL, &bad, &err) == TD_EFORMAT && strstr(err.msg, "namespace"), "namespace: %s", err.msg);
+    bad = *ck;
+    bad.size -= 4;
+    T_CHECK(td_draft_rows_append(&other, NULL, 0, NULL, &bad, &err) == TD_EFORMAT, "short checkpoint: %s", err.msg);
+    bad.size = 8;
+    T_CHECK(td_draft_rows_append(&other, NULL, 0, NULL, &bad, &err) == TD_EFORMAT, "header only: %s", err.msg);
+    int32_t len;
+    memcpy(&len, ck->data, 4);
+    int32_t neg = -5;
+    memcpy(ck->data, &neg, 4);
+    T_CHECK(td_draft_rows_append(&other, NULL, 0, NULL, ck, &err) == TD_EFORMAT, "negative length: %s", err.msg);
+    memcpy(ck->data, &len, 4);
+    float nan = NAN;
+    memcpy(ck->data + ck->size - 4, &nan, 4);
+    T_CHECK(td_draft_rows_append(&other, NULL, 0, NULL, ck, &err) == TD_EFORMAT && strstr(err.msg, "finite"), "NaN: %s", err.msg);
+    T_CHECK(other.n_rows == 0, "no row was added by a refused checkpoint");
+    int32_t badtok[2] = {1, 99999};
+    T_CHECK(td_draft_rows_append(&other, badtok, 2, g_taps, NULL, &err) == TD_ERANGE, "token outside the vocabulary: %s", err.msg);
+done:
+    td_draft_checkpoint_free(ck);
+    td_draft_rows_free(&other);
+    td_draft_rows_free(&rows);
+    td_drafter_free(d);
+    t_end();
+}
+
+int main(void) {
+    td_err err = {0};
+    char *txt = t_slurp(FX "/ref.json", NULL);
+    cJSON *fx = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    if (!fx || td_model_open(&g_m, "models/tiny-code/target", &err) != 0) {
+        printf("FAIL block_setup: fixture or target missing (%s)\n", err.msg);
+        return 1;
+    }
+    td_model_info info;
+    td_model_get_info(g_m, &info);
+    g_V = info.n_vocab;
+    g_D = info.n_embd;
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_ctx = 256;
+    cp.max_tokens = 128;
+    cp.max_logits = 128;
+    g_logits = malloc(sizeof(float) * 128 * (size_t)g_V);
+    g_taps = malloc(sizeof(float) * 128 * 8 * (size_t)g_D);
+    if (!g_logits || !g_taps || td_ctx_open(&g_c, g_m, &cp, &err) != 0) {
+        printf("FAIL block_setup: %s\n", err.msg);
+        return 1;
+    }
+    test_rounds(fx);
+    test_logits(fx);
+    test_refusals();
+    test_checkpoints();
+    cJSON_Delete(fx);
+    td_ctx_free(g_c);
+    td_model_free(g_m);
+    free(g_logits);
+    free(g_taps);
+    return t_exit();
+}
