@@ -115,6 +115,13 @@ struct td_drafter {
     const td_model *target;   /* borrowed */
 };
 
+/* Bind tensor `name` of a drafter's weight file f to t, with an exact shape
+ * check ([d0] when d1 == 0, else [d0][d1]); path names the file in errors. */
+struct td_st_file;
+struct td_tensor;
+int td_draft_bind(const struct td_st_file *f, struct td_tensor *t, const char *name, int64_t d0, int64_t d1,
+                  const char *path, td_err *err);
+
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
                                        const td_draft_checkpoint *ck, td_err *err) {

@@ -2,6 +2,8 @@
  * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
+#include "io/safetensors.h"
+#include "model/model.h"
 #include "util/util.h"
 
 #include <stdlib.h>
@@ -48,4 +50,26 @@ void td_draft_checkpoint_free(td_draft_checkpoint *ck) {
     if (!ck) return;
     free(ck->data);
     free(ck);
+}
+
+int td_draft_bind(const struct td_st_file *f, struct td_tensor *t, const char *name, int64_t d0, int64_t d1,
+                  const char *path, td_err *err) {
+    const td_st_tensor *st = td_st_find(f, name);
+    if (!st) return td_seterr(err, TD_EFORMAT, "%s: tensor %s is missing", path, name);
+    if (st->dtype < 0)
+        return td_seterr(err, TD_EUNSUPPORTED, "%s: tensor %s has dtype %s, which tandem cannot compute with", path, name, st->dtype_name);
+    int nd = d1 ? 2 : 1;
+    if (st->n_dims != nd || st->shape[0] != d0 || (nd == 2 && st->shape[1] != d1)) {
+        if (nd == 2)
+            return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld, %lld] (the drafter must be trained for this target)",
+                             path, name, (long long)d0, (long long)d1);
+        return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld] (the drafter must be trained for this target)",
+                         path, name, (long long)d0);
+    }
+    t->data = st->data;
+    t->dtype = st->dtype;
+    t->n_dims = nd;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    return 0;
 }

@@ -334,25 +334,8 @@ static void mtp_free(void *self) {
 
 static const td_drafter_vt mtp_vt = {.open_rows = mtp_open_rows, .tap_layers = mtp_tap_layers, .free = mtp_free};
 
-/* Bind one tensor of the head file with an exact shape check. */
 static int bind(mtp_provider *p, td_tensor *t, const char *name, int64_t d0, int64_t d1, const char *path, td_err *err) {
-    const td_st_tensor *st = td_st_find(p->file, name);
-    if (!st) return td_seterr(err, TD_EFORMAT, "%s: tensor %s is missing", path, name);
-    if (st->dtype < 0) return td_seterr(err, TD_EUNSUPPORTED, "%s: tensor %s has dtype %s, which tandem cannot compute with", path, name, st->dtype_name);
-    int nd = d1 ? 2 : 1;
-    if (st->n_dims != nd || st->shape[0] != d0 || (nd == 2 && st->shape[1] != d1)) {
-        if (nd == 2)
-            return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld, %lld] (the head must be trained for this target)",
-                             path, name, (long long)d0, (long long)d1);
-        return td_seterr(err, TD_EFORMAT, "%s: tensor %s: shape does not match [%lld] (the head must be trained for this target)",
-                         path, name, (long long)d0);
-    }
-    t->data = st->data;
-    t->dtype = st->dtype;
-    t->n_dims = nd;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    return 0;
+    return td_draft_bind(p->file, t, name, d0, d1, path, err);
 }
 
 static int cfg_int(const cJSON *j, const char *key, int *out) {
