@@ -73,7 +73,7 @@ typedef struct {
     float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
     float *lg;                /* [max_rows*(G-1)][V] logits of kept positions */
     float *a;                 /* [rank] Markov input */
-    float *scratch;           /* [cap] attention scores */
+    float *scratch;           /* [TD_ATTEND_QB][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
     int *nk;                  /* [G] keys per block query */
 } blk_group;
@@ -418,7 +418,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->u = malloc(sizeof(float) * mt * p->F);
     g->lg = malloc(sizeof(float) * (size_t)max_rows * (p->G - 1) * p->V);
     g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
-    g->scratch = malloc(sizeof(float) * (size_t)g->cap);
+    g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->nk = malloc(sizeof(int) * (size_t)p->G);
     int threads = target_ctx ? td_ctx_get_params(target_ctx).n_threads : 1;
