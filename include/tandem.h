@@ -153,7 +153,10 @@ enum { TD_DTYPE_F32 = 0, TD_DTYPE_F16 = 1, TD_DTYPE_BF16 = 2, TD_DTYPE_Q8_0 = 3,
 /* Open a model directory in Hugging Face layout: config.json, model.safetensors or
  * sharded model-*.safetensors + model.safetensors.index.json, and, when present,
  * generation_config.json, tokenizer.json, tokenizer_config.json. Weights are
- * mmapped; every header field, offset, shape and dtype is validated. */
+ * mmapped; every header field, offset, shape and dtype is validated.
+ * dir may also be a llama.cpp GGUF file (architectures qwen3, llama; config and
+ * tokenizer from its metadata), or a directory without config.json holding
+ * exactly one .gguf file. */
 int td_model_open(td_model **out, const char *dir, td_err *err);
 void td_model_free(td_model *m);
 void td_model_get_info(const td_model *m, td_model_info *info);
@@ -167,6 +170,12 @@ const td_tokenizer *td_model_tokenizer(const td_model *m);
 int td_model_quantize_weights(td_model *m, int dtype, td_err *err);
 /* Write a human description (config, tensor count, bytes, dtypes) to f. */
 void td_model_describe(const td_model *m, FILE *f);
+/* Write the model as a GGUF file that llama.cpp loads (llama.cpp's tensor names
+ * and metadata, the tokenizer as tokenizer.ggml.*). type: "f32", "f16", "bf16",
+ * "q8_0" or "q4_0" for the matrices (q4_0: the output matrix q8_0, as
+ * td_model_quantize does; 1-D tensors are always f32). Written to path + ".tmp",
+ * then renamed; nothing is left behind on failure. */
+int td_model_quantize(const td_model *m, const char *path, const char *type, td_err *err);
 
 /* ---- forward over batched rows ---------------------------------------- */
 

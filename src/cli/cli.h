@@ -39,5 +39,6 @@ int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i);
 void cli_gen_opts_help(void);
 
 int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

@@ -206,6 +206,7 @@ static void main_help(void) {
            "commands:\n"
            "  run       generate text from a prompt\n"
            "  inspect   describe a model directory\n"
+           "  quantize  write a model as a GGUF file (llama.cpp's layout)\n"
            "  bench     benchmarks (bench spec: plain vs speculative decoding)\n"
            "  serve     OpenAI-compatible HTTP server (continuous batching, speculation per request)\n");
 }
@@ -218,6 +219,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return td_serve_main(argc - 1, argv + 1);
     fprintf(stderr, "tandem: unknown command '%s' (see tandem --help)\n", argv[1]);
     return 2;

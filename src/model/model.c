@@ -13,13 +13,17 @@
  * then ignored, as transformers does). Tensors the model does not use are
  * ignored but counted. Finally tokenizer.json (+ tokenizer_config.json) is
  * loaded when present; its vocabulary must fit in the model's.
+ * A path to a file, or a directory without config.json holding one .gguf file,
+ * is opened as GGUF by model_gguf.c.
  * All failures free everything, leave *out NULL and name the file/tensor/field. */
 #define _POSIX_C_SOURCE 200809L
 #include "model/model.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,50 +119,59 @@ static int md_bind(md_loader *L, td_tensor *t, const char *name, int n_dims, int
     return 0;
 }
 
+int td_weight_specs(td_model *m, int layer, td_wspec *s) {
+    const td_config *c = &m->cfg;
+    const int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff, D = c->head_dim;
+    const int64_t Q = (int64_t)c->n_head * D, K = (int64_t)c->n_kv_head * D;
+    if (layer < 0) {
+        const td_wspec g[] = {
+            {&m->w.tok_embd, "model.embed_tokens.weight", "token_embd.weight", 2, V, E, 1, 0},
+            {&m->w.out_norm, "model.norm.weight", "output_norm.weight", 1, E, 0, 1, 0},
+            {&m->w.lm_head, "lm_head.weight", "output.weight", 2, V, E, !c->tied, 0},
+        };
+        memcpy(s, g, sizeof g);
+        return (int)(sizeof g / sizeof g[0]);
+    }
+    td_layer_w *l = &m->w.layers[layer];
+    const td_wspec t[] = {
+        {&l->attn_norm, "input_layernorm.weight", "attn_norm.weight", 1, E, 0, 1, 0},
+        {&l->wq, "self_attn.q_proj.weight", "attn_q.weight", 2, Q, E, 1, TD_WSPEC_Q},
+        {&l->wk, "self_attn.k_proj.weight", "attn_k.weight", 2, K, E, 1, TD_WSPEC_K},
+        {&l->wv, "self_attn.v_proj.weight", "attn_v.weight", 2, K, E, 1, 0},
+        {&l->wo, "self_attn.o_proj.weight", "attn_output.weight", 2, E, Q, 1, 0},
+        {&l->bq, "self_attn.q_proj.bias", "attn_q.bias", 1, Q, 0, c->attn_bias, TD_WSPEC_Q},
+        {&l->bk, "self_attn.k_proj.bias", "attn_k.bias", 1, K, 0, c->attn_bias, TD_WSPEC_K},
+        {&l->bv, "self_attn.v_proj.bias", "attn_v.bias", 1, K, 0, c->attn_bias, 0},
+        {&l->bo, "self_attn.o_proj.bias", "attn_output.bias", 1, E, 0, c->attn_bias, 0},
+        {&l->q_norm, "self_attn.q_norm.weight", "attn_q_norm.weight", 1, D, 0, c->qk_norm, 0},
+        {&l->k_norm, "self_attn.k_norm.weight", "attn_k_norm.weight", 1, D, 0, c->qk_norm, 0},
+        {&l->ffn_norm, "post_attention_layernorm.weight", "ffn_norm.weight", 1, E, 0, 1, 0},
+        {&l->w_gate, "mlp.gate_proj.weight", "ffn_gate.weight", 2, F, E, 1, 0},
+        {&l->w_up, "mlp.up_proj.weight", "ffn_up.weight", 2, F, E, 1, 0},
+        {&l->w_down, "mlp.down_proj.weight", "ffn_down.weight", 2, E, F, 1, 0},
+    };
+    memcpy(s, t, sizeof t);
+    return (int)(sizeof t / sizeof t[0]);
+}
+
 static int md_bind_all(md_loader *L) {
     td_model *m = L->m;
     const td_config *c = &m->cfg;
     int rc;
     char nm[256];
-    const int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff, D = c->head_dim;
-    const int64_t Q = (int64_t)c->n_head * D, K = (int64_t)c->n_kv_head * D;
-    if ((rc = md_bind(L, &m->w.tok_embd, "model.embed_tokens.weight", 2, V, E))) return rc;
-    if ((rc = md_bind(L, &m->w.out_norm, "model.norm.weight", 1, E, 0))) return rc;
-    if (c->tied) m->w.lm_head = m->w.tok_embd;
-    else if ((rc = md_bind(L, &m->w.lm_head, "lm_head.weight", 2, V, E))) return rc;
+    td_wspec s[TD_WSPEC_MAX];
     m->w.layers = calloc((size_t)c->n_layer, sizeof *m->w.layers);
     if (!m->w.layers) return td_seterr(L->err, TD_ENOMEM, "out of memory for %d layers", c->n_layer);
-    for (int i = 0; i < c->n_layer; i++) {
-        td_layer_w *l = &m->w.layers[i];
-        struct {
-            td_tensor *t;
-            const char *suffix;
-            int nd;
-            int64_t d0, d1;
-            int when;
-        } b[] = {
-            {&l->attn_norm, "input_layernorm.weight", 1, E, 0, 1},
-            {&l->wq, "self_attn.q_proj.weight", 2, Q, E, 1},
-            {&l->wk, "self_attn.k_proj.weight", 2, K, E, 1},
-            {&l->wv, "self_attn.v_proj.weight", 2, K, E, 1},
-            {&l->wo, "self_attn.o_proj.weight", 2, E, Q, 1},
-            {&l->bq, "self_attn.q_proj.bias", 1, Q, 0, c->attn_bias},
-            {&l->bk, "self_attn.k_proj.bias", 1, K, 0, c->attn_bias},
-            {&l->bv, "self_attn.v_proj.bias", 1, K, 0, c->attn_bias},
-            {&l->bo, "self_attn.o_proj.bias", 1, E, 0, c->attn_bias},
-            {&l->q_norm, "self_attn.q_norm.weight", 1, D, 0, c->qk_norm},
-            {&l->k_norm, "self_attn.k_norm.weight", 1, D, 0, c->qk_norm},
-            {&l->ffn_norm, "post_attention_layernorm.weight", 1, E, 0, 1},
-            {&l->w_gate, "mlp.gate_proj.weight", 2, F, E, 1},
-            {&l->w_up, "mlp.up_proj.weight", 2, F, E, 1},
-            {&l->w_down, "mlp.down_proj.weight", 2, E, F, 1},
-        };
-        for (size_t j = 0; j < sizeof b / sizeof b[0]; j++) {
-            if (!b[j].when) continue;
-            snprintf(nm, sizeof nm, "model.layers.%d.%s", i, b[j].suffix);
-            if ((rc = md_bind(L, b[j].t, nm, b[j].nd, b[j].d0, b[j].d1))) return rc;
+    for (int i = -1; i < c->n_layer; i++) {
+        int n = td_weight_specs(m, i, s);
+        for (int j = 0; j < n; j++) {
+            if (!s[j].when) continue;
+            if (i < 0) snprintf(nm, sizeof nm, "%s", s[j].hf);
+            else snprintf(nm, sizeof nm, "model.layers.%d.%s", i, s[j].hf);
+            if ((rc = md_bind(L, s[j].t, nm, s[j].nd, s[j].d0, s[j].d1))) return rc;
         }
     }
+    if (c->tied) m->w.lm_head = m->w.tok_embd;
     return 0;
 }
 
@@ -251,6 +264,25 @@ static int md_load_tokenizer(td_model *m, td_err *err) {
     return 0;
 }
 
+/* The one *.gguf file in dir, into path. */
+static int md_find_gguf(const char *dir, char *path, td_err *err) {
+    DIR *d = opendir(dir);
+    if (!d) return td_seterr(err, TD_EIO, "%s: %s", dir, strerror(errno));
+    int n = 0, rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 6 || strcmp(e->d_name + l - 5, ".gguf") != 0) continue;
+        char p[MD_PATH_MAX];
+        if (md_join(p, dir, e->d_name, err) || !md_is_file(p)) continue;
+        if (n++ == 0) memcpy(path, p, strlen(p) + 1);
+    }
+    closedir(d);
+    if (n == 0) rc = td_seterr(err, TD_EIO, "%s: no config.json (Hugging Face layout) and no .gguf file", dir);
+    else if (n > 1) rc = td_seterr(err, TD_EINVAL, "%s: no config.json and %d .gguf files; name the one to open", dir, n);
+    return rc;
+}
+
 static int md_open(td_model *m, const char *dir, td_err *err) {
     size_t dl = strlen(dir);
     while (dl > 1 && dir[dl - 1] == '/') dl--; /* "dir/" -> "dir" */
@@ -260,13 +292,18 @@ static int md_open(td_model *m, const char *dir, td_err *err) {
     m->dir[dl] = 0;
     struct stat sb;
     if (stat(m->dir, &sb) != 0) return td_seterr(err, TD_EIO, "%s: %s", m->dir, strerror(errno));
-    if (!S_ISDIR(sb.st_mode)) return td_seterr(err, TD_EIO, "%s: not a directory", m->dir);
+    if (S_ISREG(sb.st_mode)) return td_model_open_gguf(m, m->dir, err);
+    if (!S_ISDIR(sb.st_mode)) return td_seterr(err, TD_EIO, "%s: not a directory or a file", m->dir);
 
     char path[MD_PATH_MAX];
-    char *txt = NULL;
-    size_t len = 0;
     int rc;
     if ((rc = md_join(path, m->dir, "config.json", err))) return rc;
+    if (!md_is_file(path)) { /* a directory holding one .gguf file */
+        if ((rc = md_find_gguf(m->dir, path, err))) return rc;
+        return td_model_open_gguf(m, path, err);
+    }
+    char *txt = NULL;
+    size_t len = 0;
     if ((rc = td_read_file(path, &txt, &len, err))) return rc;
     td_err ce = {0};
     rc = td_config_parse(&m->cfg, txt, len, &ce);
@@ -327,6 +364,7 @@ void td_model_free(td_model *m) {
     if (m->tok) td_tokenizer_free(m->tok);
     for (int i = 0; i < m->n_files; i++) td_st_free(m->files[i]);
     free(m->files);
+    td_gguf_free(m->gguf);
     free(m->w.layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -409,9 +447,12 @@ void td_model_describe(const td_model *m, FILE *f) {
         first = 0;
     }
     fprintf(f, "\n");
-    fprintf(f, MD_LABEL "%d\n", "files:", m->n_files);
+    fprintf(f, MD_LABEL "%d\n", "files:", m->n_files + (m->gguf != NULL));
     for (int i = 0; i < m->n_files; i++)
         fprintf(f, "  %s (%d tensors, %zu bytes)\n", m->files[i]->path, m->files[i]->n_tensors, m->files[i]->map_len);
+    if (m->gguf)
+        fprintf(f, "  %s (GGUF v%u, %d tensors, %d metadata keys, %zu bytes)\n", m->gguf->path, m->gguf->version,
+                m->gguf->n_tensors, m->gguf->n_kvs, m->gguf->map_len);
     if (m->tok)
         fprintf(f, MD_LABEL "%d ids, chat style %s\n", "tokenizer:", td_tokenizer_n_vocab(m->tok),
                 md_chat_name(m->chat));

@@ -70,6 +70,7 @@ struct td_model {
     /* mappings of the safetensors shards (owned) */
     struct td_st_file **files;
     int n_files;
+    struct td_gguf_file *gguf; /* the GGUF file, when opened from one (owned) */
     int n_tensors;         /* distinct weight tensors the model binds */
     size_t weight_bytes;
     size_t n_params;
@@ -87,6 +88,31 @@ void td_model_main_dtype(td_model *m);
 /* The dtype a quantizer gives a matmul weight when asked for dtype: the output
  * matrix (is_output: lm_head, or the embedding when tied) of q4_0 gets q8_0. */
 int td_model_quant_type(int dtype, int is_output);
+
+/* One weight tensor the forward binds: where it goes, its names, its shape
+ * (row-major [d0][d1], as Hugging Face stores it; GGUF lists [d1, d0]). */
+enum { TD_WSPEC_Q = 1, TD_WSPEC_K = 2 }; /* q / k projection: rows rope-permuted in llama GGUFs */
+#define TD_WSPEC_MAX 16
+typedef struct td_wspec {
+    td_tensor *t;       /* into m->w */
+    const char *hf;     /* name ("model.layers.N." + hf for layers) */
+    const char *gguf;   /* llama.cpp name ("blk.N." + gguf for layers) */
+    int nd;
+    int64_t d0, d1;
+    int when;           /* 0 = this model has no such tensor */
+    int qk;             /* TD_WSPEC_Q / TD_WSPEC_K / 0 */
+} td_wspec;
+/* The weights of layer `layer` (or the global ones when layer < 0) into
+ * s[TD_WSPEC_MAX]; returns how many. m->cfg must be set and, for layer >= 0,
+ * m->w.layers allocated. */
+int td_weight_specs(td_model *m, int layer, td_wspec *s);
+
+/* Open a GGUF file into m (model_gguf.c): config from its metadata, weights
+ * bound by llama.cpp's names, the tokenizer from tokenizer.ggml.*. */
+int td_model_open_gguf(td_model *m, const char *path, td_err *err);
+
+/* Llama 3 rope frequency factors (llama.cpp's rope_freqs) of c into out[head_dim/2]. */
+int td_llama3_rope_factors(const td_config *c, float *out);
 
 /* Parse config.json text into cfg (validates every value; names the bad field). */
 int td_config_parse(td_config *cfg, const char *json, size_t len, td_err *err);
