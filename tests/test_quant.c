@@ -14,6 +14,7 @@
 #include "nn/quant.h"
 #include "util/util.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <unistd.h>
 #if defined(__F16C__)
@@ -144,6 +145,65 @@ static void test_quant_error(void) {
     T_CHECK(td_quantize_row(TD_DTYPE_Q8_0, x, q, 40) == TD_EINVAL && td_quantize_row(TD_DTYPE_BF16, x, q, 32) == TD_EINVAL,
             "bad n or dtype");
     free(x); free(y); free(z); free(q);
+    t_end();
+}
+
+/* llama.cpp's own quantizers (libggml-base.so of the pinned npm package
+ * node-llama-cpp, see scripts/test-deps) produce the same bytes; its
+ * dequantizers the same values. TD_GGML_LIB overrides the library's path. */
+static void test_ggml_oracle(void) {
+    t_begin("ggml_reference_quantizers_agree");
+    const char *lib = getenv("TD_GGML_LIB");
+    if (!lib) lib = ".cache/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so";
+    void *h = NULL;
+    float *x = NULL, *y = NULL, *z = NULL;
+    unsigned char *a = NULL, *b = NULL;
+    if (access(lib, R_OK) != 0) {
+        printf("  %s not installed: skipped (scripts/test-deps installs it on x86-64 Linux)\n", lib);
+        goto done;
+    }
+    h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    T_REQUIRE(h != NULL, "dlopen %s: %s", lib, dlerror());
+    typedef void (*qfn)(const float *, void *, int64_t);
+    typedef void (*dqfn)(const void *, float *, int64_t);
+    typedef uint16_t (*hfn)(float);
+    qfn q8 = (qfn)dlsym(h, "quantize_row_q8_0_ref"), q4 = (qfn)dlsym(h, "quantize_row_q4_0_ref");
+    dqfn d8 = (dqfn)dlsym(h, "dequantize_row_q8_0"), d4 = (dqfn)dlsym(h, "dequantize_row_q4_0");
+    hfn f16 = (hfn)dlsym(h, "ggml_fp32_to_fp16");
+    T_REQUIRE(q8 && q4 && d8 && d4 && f16, "symbols missing from %s", lib);
+    enum { K = 32 * 256 };
+    x = malloc(sizeof(float) * K); y = malloc(sizeof(float) * K); z = malloc(sizeof(float) * K);
+    a = malloc(34 * K / 32); b = malloc(34 * K / 32);
+    int bad[2] = {0, 0}, badv[2] = {0, 0}, badh = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        float scale = ldexpf(1.0f, rep % 13 - 6);
+        for (int i = 0; i < K; i++) {
+            x[i] = frand() * scale;
+            int kind = (int)(tm_rng(&g_rng) % 16);
+            if (kind == 0) x[i] = 0.0f;
+            else if (kind == 1) x[i] = roundf(x[i] * 8) / 8; /* ties of the rounding */
+            else if (kind == 2) x[i] = -x[(i + 7) % K];      /* equal magnitudes, both signs */
+        }
+        if (rep % 5 == 0) memset(x + 64, 0, sizeof(float) * 32); /* an all-zero block */
+        for (int t = 0; t < 2; t++) {
+            int dt = t ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0;
+            size_t nb = td_dtype_row_bytes(dt, K);
+            td_quantize_row(dt, x, a, K);
+            (t ? q4 : q8)(x, b, K);
+            bad[t] += memcmp(a, b, nb) != 0;
+            td_dequantize_row(dt, a, y, K);
+            (t ? d4 : d8)(a, z, K);
+            badv[t] += memcmp(y, z, sizeof(float) * K) != 0;
+        }
+        for (int i = 0; i < K; i++) badh += td_f32_to_f16(x[i] * 1000) != f16(x[i] * 1000);
+    }
+    T_CHECK(bad[0] == 0 && bad[1] == 0, "quantized bytes differ from ggml's (q8_0 %d, q4_0 %d of 40 rows)", bad[0], bad[1]);
+    T_CHECK(badv[0] == 0 && badv[1] == 0, "dequantized values differ from ggml's (q8_0 %d, q4_0 %d)", badv[0], badv[1]);
+    T_CHECK(badh == 0, "%d f16 conversions differ from ggml_fp32_to_fp16", badh);
+    if (!bad[0] && !bad[1]) printf("  40 rows of %d values: q8_0 and q4_0 bytes identical to %s\n", K, strrchr(lib, '/') + 1);
+done:
+    if (h) dlclose(h);
+    free(x); free(y); free(z); free(a); free(b);
     t_end();
 }
 
@@ -509,6 +569,7 @@ int main(void) {
     test_f16();
     test_layout();
     test_quant_error();
+    test_ggml_oracle();
     test_matmul();
     test_bad_sizes();
     int deflt = td_kernels_path();
