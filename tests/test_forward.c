@@ -5,6 +5,7 @@
 #include "tandem.h"
 #include "t.h"
 #include "tmodel.h"
+#include "tctx.h"
 
 #include <unistd.h>
 
@@ -14,26 +15,6 @@ static td_model *open_model(const char *dir, const tm_shape *s) {
     td_err err = {0};
     if (td_model_open(&m, dir, &err) != 0) { printf("  open %s: %s\n", dir, err.msg); return NULL; }
     return m;
-}
-
-static td_ctx *open_ctx(td_model *m, int rows, int threads) {
-    td_ctx_params p = td_ctx_default_params();
-    p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads;
-    td_ctx *c = NULL;
-    td_err err = {0};
-    if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);
-    return c;
-}
-
-/* Feed n tokens to row as one block; logits of every position into out. */
-static int feed(td_ctx *c, int row, const int32_t *toks, int n, float *out) {
-    uint8_t want[64];
-    memset(want, 1, sizeof want);
-    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks, .want = want};
-    td_err err = {0};
-    int rc = td_ctx_forward(c, &b, out, NULL, &err);
-    if (rc) printf("  forward: %s\n", err.msg);
-    return rc;
 }
 
 static void test_invariance(const char *name, const tm_shape *s, const char *dir) {
@@ -48,17 +29,17 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     for (int i = 0; i < 12; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
     a = malloc(sizeof(float) * 64 * V); bb = malloc(sizeof(float) * 64 * V);
     cc = malloc(sizeof(float) * 64 * V); dd = malloc(sizeof(float) * 64 * V);
-    c1 = open_ctx(m, 1, 1);
-    c5 = open_ctx(m, 5, 2);
+    c1 = tc_open_ctx(m, 1, 1);
+    c5 = tc_open_ctx(m, 5, 2);
     T_REQUIRE(c1 && c5, "contexts");
     /* (a) T=1 steps after a 5-token prefill, one thread */
     int r;
     td_ctx_row_add(c1, &r);
-    T_REQUIRE(feed(c1, r, seq, 5, a) == 0, "prefill");
-    for (int i = 5; i < 12; i++) T_REQUIRE(feed(c1, r, seq + i, 1, a + (size_t)(i - 5) * V) == 0, "step");
+    T_REQUIRE(tc_feed(c1, r, seq, 5, a) == 0, "prefill");
+    for (int i = 5; i < 12; i++) T_REQUIRE(tc_feed(c1, r, seq + i, 1, a + (size_t)(i - 5) * V) == 0, "step");
     /* (b) one block of T=7, same context after trim */
     T_CHECK(td_ctx_row_trim(c1, r, 5) == 0, "trim");
-    T_REQUIRE(feed(c1, r, seq + 5, 7, bb) == 0, "block");
+    T_REQUIRE(tc_feed(c1, r, seq + 5, 7, bb) == 0, "block");
     T_CHECK(memcmp(a, bb, sizeof(float) * 7 * V) == 0, "T=1 and T=7 logits differ");
     /* (c) inside a ragged batch of B=5 rows, two threads */
     int rows[5], ntok[5] = {3, 7, 1, 9, 2};
@@ -67,8 +48,8 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     for (int i = 0; i < 5; i++) {
         int32_t hist[16];
         for (int k = 0; k < 16; k++) hist[k] = (int32_t)(tm_rng(&st) % (uint64_t)V);
-        if (i == 1) T_REQUIRE(feed(c5, rows[i], seq, 5, dd) == 0, "prefill b5");
-        else T_REQUIRE(feed(c5, rows[i], hist, 2 + 3 * i, dd) == 0, "prefill other");
+        if (i == 1) T_REQUIRE(tc_feed(c5, rows[i], seq, 5, dd) == 0, "prefill b5");
+        else T_REQUIRE(tc_feed(c5, rows[i], hist, 2 + 3 * i, dd) == 0, "prefill other");
     }
     int32_t toks[32];
     uint8_t want[32];
@@ -88,11 +69,11 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     for (int i = 0; i < 5; i++) T_CHECK(td_ctx_row_len(c5, rows[i]) == (i == 1 ? 12 : 2 + 3 * i + ntok[i]), "row %d length", i);
     /* (d) the T=7 block with 3 threads: the attention of one row then runs as two
      * jobs (post-processing, then attention units) instead of one fused job */
-    c3 = open_ctx(m, 1, 3);
+    c3 = tc_open_ctx(m, 1, 3);
     T_REQUIRE(c3 != NULL, "context of 3 threads");
     td_ctx_row_add(c3, &r);
-    T_REQUIRE(feed(c3, r, seq, 5, dd) == 0, "prefill 3 threads");
-    T_REQUIRE(feed(c3, r, seq + 5, 7, dd) == 0, "block 3 threads");
+    T_REQUIRE(tc_feed(c3, r, seq, 5, dd) == 0, "prefill 3 threads");
+    T_REQUIRE(tc_feed(c3, r, seq + 5, 7, dd) == 0, "block 3 threads");
     T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=7 with 3 threads differs from T=1");
 done:
     free(a); free(bb); free(cc); free(dd);
@@ -108,7 +89,7 @@ static void test_rollback(const tm_shape *s, const char *dir) {
     float *ref = NULL, *got = NULL, *tmp = NULL;
     T_REQUIRE(m != NULL, "model");
     int V = s->vocab;
-    c = open_ctx(m, 2, 2);
+    c = tc_open_ctx(m, 2, 2);
     T_REQUIRE(c != NULL, "ctx");
     ref = malloc(sizeof(float) * 64 * V); got = malloc(sizeof(float) * 64 * V); tmp = malloc(sizeof(float) * 64 * V);
     int32_t seq[20], alt[8];
@@ -119,14 +100,14 @@ static void test_rollback(const tm_shape *s, const char *dir) {
     td_ctx_row_add(c, &r0);
     td_ctx_row_add(c, &r1);
     /* reference: never goes past */
-    T_REQUIRE(feed(c, r0, seq, 20, ref) == 0, "ref");
+    T_REQUIRE(tc_feed(c, r0, seq, 20, ref) == 0, "ref");
     /* decode, wander off 8 wrong tokens, trim back, continue */
-    T_REQUIRE(feed(c, r1, seq, 10, tmp) == 0, "prefix");
-    T_REQUIRE(feed(c, r1, alt, 8, tmp) == 0, "wrong branch");
+    T_REQUIRE(tc_feed(c, r1, seq, 10, tmp) == 0, "prefix");
+    T_REQUIRE(tc_feed(c, r1, alt, 8, tmp) == 0, "wrong branch");
     T_CHECK(td_ctx_row_len(c, r1) == 18, "len after branch");
     T_CHECK(td_ctx_row_trim(c, r1, 10) == 0, "trim");
     T_CHECK(td_ctx_row_len(c, r1) == 10, "len after trim");
-    for (int i = 10; i < 20; i++) T_REQUIRE(feed(c, r1, seq + i, 1, got + (size_t)(i - 10) * V) == 0, "redo");
+    for (int i = 10; i < 20; i++) T_REQUIRE(tc_feed(c, r1, seq + i, 1, got + (size_t)(i - 10) * V) == 0, "redo");
     T_CHECK(memcmp(ref + (size_t)10 * V, got, sizeof(float) * 10 * V) == 0, "logits after rollback differ");
     T_CHECK(td_ctx_row_trim(c, r1, 21) == TD_ERANGE, "trim past the end must fail");
 done:
@@ -142,7 +123,7 @@ static void test_bad_batches(const tm_shape *s, const char *dir) {
     td_ctx *c = NULL;
     float *lg = NULL;
     T_REQUIRE(m != NULL, "model");
-    c = open_ctx(m, 2, 1);
+    c = tc_open_ctx(m, 2, 1);
     T_REQUIRE(c != NULL, "ctx");
     lg = malloc(sizeof(float) * 64 * s->vocab);
     int r;
@@ -184,7 +165,7 @@ static void test_taps(const tm_shape *s, const char *dir) {
     td_ctx *c = NULL;
     float *lg = NULL, *tp = NULL, *tp2 = NULL;
     T_REQUIRE(m != NULL, "model");
-    c = open_ctx(m, 1, 2);
+    c = tc_open_ctx(m, 1, 2);
     T_REQUIRE(c != NULL, "ctx");
     lg = malloc(sizeof(float) * 64 * s->vocab);
     tp = malloc(sizeof(float) * 64 * 3 * s->hidden);

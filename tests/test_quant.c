@@ -10,6 +10,7 @@
 #include "tandem.h"
 #include "t.h"
 #include "tmodel.h"
+#include "tctx.h"
 #include "nn/kernels.h"
 #include "nn/quant.h"
 #include "util/util.h"
@@ -333,25 +334,6 @@ static td_model *open_q(const char *name, const tm_shape *s, int dt) {
     return m;
 }
 
-static td_ctx *open_ctx(const td_model *m, int rows, int threads) {
-    td_ctx_params p = td_ctx_default_params();
-    p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads;
-    td_ctx *c = NULL;
-    td_err err = {0};
-    if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);
-    return c;
-}
-
-static int feed(td_ctx *c, int row, const int32_t *toks, int n, float *out) {
-    uint8_t want[64];
-    memset(want, 1, sizeof want);
-    td_batch b = {.n_rows = 1, .rows = &row, .n_tokens = &n, .tokens = toks, .want = want};
-    td_err err = {0};
-    int rc = td_ctx_forward(c, &b, out, NULL, &err);
-    if (rc) printf("  forward: %s\n", err.msg);
-    return rc;
-}
-
 static const tm_shape QSHAPE = {.vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 32,
                                 .ffn = 160, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 5};
 
@@ -375,22 +357,22 @@ static void test_invariance(int dt, int tied) {
     uint64_t st = s.seed + 7;
     for (int i = 0; i < 12; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
     a = malloc(sizeof(float) * 64 * V); bb = malloc(sizeof(float) * 64 * V); cc = malloc(sizeof(float) * 64 * V);
-    c1 = open_ctx(m, 1, 1);
-    c5 = open_ctx(m, 5, 2);
+    c1 = tc_open_ctx(m, 1, 1);
+    c5 = tc_open_ctx(m, 5, 2);
     T_REQUIRE(c1 && c5, "contexts");
     int r;
     td_ctx_row_add(c1, &r);
-    T_REQUIRE(feed(c1, r, seq, 5, a) == 0, "prefill");
-    for (int i = 5; i < 12; i++) T_REQUIRE(feed(c1, r, seq + i, 1, a + (size_t)(i - 5) * V) == 0, "step");
+    T_REQUIRE(tc_feed(c1, r, seq, 5, a) == 0, "prefill");
+    for (int i = 5; i < 12; i++) T_REQUIRE(tc_feed(c1, r, seq + i, 1, a + (size_t)(i - 5) * V) == 0, "step");
     T_CHECK(td_ctx_row_trim(c1, r, 5) == 0, "trim");
-    T_REQUIRE(feed(c1, r, seq + 5, 7, bb) == 0, "block");
+    T_REQUIRE(tc_feed(c1, r, seq + 5, 7, bb) == 0, "block");
     T_CHECK(memcmp(a, bb, sizeof(float) * 7 * V) == 0, "T=1 vs T=7 logits differ");
     /* ragged batch: the row of interest is row 2 with 7 new tokens among 4 others */
     int rows[5], nt[5] = {3, 1, 7, 2, 5};
     for (int i = 0; i < 5; i++) td_ctx_row_add(c5, &rows[i]);
     int32_t toks[64];
     uint8_t want[64] = {0};
-    for (int i = 0; i < 5; i++) T_REQUIRE(feed(c5, rows[i], i == 2 ? seq : seq + i, 5, cc) == 0, "prefill B");
+    for (int i = 0; i < 5; i++) T_REQUIRE(tc_feed(c5, rows[i], i == 2 ? seq : seq + i, 5, cc) == 0, "prefill B");
     int T = 0, pos2 = 0;
     for (int i = 0; i < 5; i++) {
         for (int k = 0; k < nt[i]; k++) {
@@ -542,7 +524,7 @@ static void test_tiny_target(void) {
             T_REQUIRE(td_ctx_open(&c, q < 0 ? mf : mq[q], &cp, &err) == 0, "ctx: %s", err.msg);
             int r;
             td_ctx_row_add(c, &r);
-            T_REQUIRE(feed(c, r, seq, len, q < 0 ? lf : lq) == 0, "forward");
+            T_REQUIRE(tc_feed(c, r, seq, len, q < 0 ? lf : lq) == 0, "forward");
             td_ctx_free(c);
             c = NULL;
             if (q < 0) continue;
