@@ -95,7 +95,7 @@ static void test_matmul(void) {
     for (int dt = 0; dt < 3; dt++)
         for (int ki = 0; ki < 7; ki++)
             for (int ni = 0; ni < 5; ni++) {
-                int K = KS[ki], N = NS[ni], MMAX = 9;
+                int K = KS[ki], N = NS[ni], MMAX = 17; /* 1..7: MR_MAIN x NR_MAIN tiles; 8..17: 8 x NR_WIDE plus every remainder */
                 float *x = rand_f((size_t)MMAX * K);
                 void *W = rand_w((size_t)N * K, dt);
                 float *yall = malloc(sizeof(float) * MMAX * N), *y1 = malloc(sizeof(float) * N);
