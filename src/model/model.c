@@ -20,6 +20,8 @@
 #include "model/model.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "nn/kernels.h"
+#include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -458,4 +460,8 @@ void td_model_describe(const td_model *m, FILE *f) {
                 md_chat_name(m->chat));
     else
         fprintf(f, MD_LABEL "(none)\n", "tokenizer:");
+}
+
+void td_tensor_row_f32(const td_tensor *t, int64_t r, int n, float *out) {
+    td_to_f32(out, (const char *)t->data + (size_t)r * td_dtype_row_bytes(t->dtype, n), t->dtype, (size_t)n);
 }

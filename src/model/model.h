@@ -20,6 +20,10 @@ typedef struct td_tensor {
     int64_t shape[4];   /* row-major, as stored (PyTorch [out, in] for linear) */
 } td_tensor;
 
+/* Row r of a 2-D tensor of n values per row, any dtype (quantized ones too),
+ * converted to f32 into out[n] — an embedding lookup. r must be in range. */
+void td_tensor_row_f32(const td_tensor *t, int64_t r, int n, float *out);
+
 /* Rope scaling kinds. */
 enum { TD_ROPE_NONE = 0, TD_ROPE_LLAMA3 = 1 };
 

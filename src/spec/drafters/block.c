@@ -226,11 +226,10 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     int T = nb * G;
     /* block inputs: E[anchor], E[mask] x (G-1) */
     const td_tensor *E = &p->target->w.tok_embd;
-    size_t esz = E->dtype == TD_DTYPE_F32 ? 4 : 2;
     for (int b = 0; b < nb; b++)
         for (int j = 0; j < G; j++) {
             int32_t id = j == 0 ? q->pending[g->brow[b]] : p->mask_id;
-            td_to_f32(g->x + (size_t)(b * G + j) * D, (const char *)E->data + (size_t)id * D * esz, E->dtype, (size_t)D);
+            td_tensor_row_f32(E, id, D, g->x + (size_t)(b * G + j) * D);
         }
     float scale = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < p->n_layer; l++) {

@@ -18,7 +18,6 @@
 #include "spec/draft.h"
 #include "model/model.h"
 #include "nn/kernels.h"
-#include "nn/quant.h"
 #include "util/util.h"
 
 #include <stdio.h>
@@ -103,9 +102,7 @@ static int feed(dm_group *g, int nb, td_err *err) {
     /* embeddings looked up here: a cut LM head leaves the full input table */
     const td_tensor *E = &g->p->m->w.tok_embd;
     int D = g->p->m->cfg.n_embd;
-    size_t erow = td_dtype_row_bytes(E->dtype, D);
-    for (int t = 0; t < nt; t++)
-        td_to_f32(g->embd + (size_t)t * D, (const char *)E->data + (size_t)g->btok[t] * erow, E->dtype, (size_t)D);
+    for (int t = 0; t < nt; t++) td_tensor_row_f32(E, g->btok[t], D, g->embd + (size_t)t * D);
     td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .embd = g->embd};
     return td_ctx_forward(g->ctx, &b, g->logits, NULL, err);
 }

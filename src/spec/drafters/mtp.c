@@ -32,7 +32,6 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
-#include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -80,8 +79,7 @@ static void head_input(mtp_group *g, int32_t x, const float *h, float *u) {
     const mtp_provider *p = g->p;
     const td_tensor *E = &p->target->w.tok_embd;
     int D = g->D;
-    size_t erow = td_dtype_row_bytes(E->dtype, D);
-    td_to_f32(g->emb, (const char *)E->data + (size_t)x * erow, E->dtype, (size_t)D);
+    td_tensor_row_f32(E, x, D, g->emb);
     td_rmsnorm(g->cat, g->emb, p->norm_emb.data, p->norm_emb.dtype, D, p->head.cfg.rms_eps);
     td_rmsnorm(g->cat + D, h, p->norm_hid.data, p->norm_hid.dtype, D, p->head.cfg.rms_eps);
     td_matmul(u, D, g->cat, 2 * D, 1, p->fc.data, p->fc.dtype, 2 * D, 0, D, 0);
