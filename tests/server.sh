@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `tandem serve` end to end: starts the server on a free loopback port with the
-# bundled model (--draft ngram, so it does not depend on a draft model), waits
+# bundled model (--draft ngram at a fixed depth, so it depends on no draft model
+# and every speculative request drafts whatever the load), waits
 # for /health, then: curl checks of every endpoint and of every bad input
 # (status + message), the node client checks in tests/server/client.mjs (the
 # official openai package, exactness against `tandem run`, disconnects, load),
@@ -40,7 +41,7 @@ start() {
   return 1
 }
 
-start main --draft ngram --max-rows 8 --queue 64 || { bad server_start "server did not come up"; exit 1; }
+start main --draft ngram --fixed-depth --max-rows 8 --queue 64 || { bad server_start "server did not come up"; exit 1; }
 ok server_start
 MAIN_PID=$PID
 U=$URL
@@ -163,12 +164,12 @@ metric() { curl -s "$U/metrics" | grep "^$1 " | awk '{print $2}'; }
 curl -sN -o "$TMP/long" -H 'content-type: application/json' -d '{"prompt":"def main():","max_tokens":1500,"ignore_eos":true,"stream":true,"temperature":0.8,"seed":1}' "$U/v1/completions" &
 CURL_PID=$!
 for _ in $(seq 1 100); do [ "$(metric tandem:num_requests_running)" = 1 ] && break; sleep 0.02; done
-curl -s -m 0.6 -o /dev/null -H 'content-type: application/json' -d '{"prompt":"y","max_tokens":2}' "$U/v1/completions" &
+curl -s -m 60 -o /dev/null -H 'content-type: application/json' -d '{"prompt":"y","max_tokens":2}' "$U/v1/completions" &
 Q_PID=$!
-for _ in $(seq 1 100); do [ "$(metric tandem:num_requests_waiting)" = 1 ] && break; sleep 0.02; done
+for _ in $(seq 1 200); do [ "$(metric tandem:num_requests_waiting)" = 1 ] && break; sleep 0.02; done
 code=$(curl -s -D "$TMP/hdr" -o "$TMP/body" -w '%{http_code}' -H 'content-type: application/json' -d '{"prompt":"x","max_tokens":2}' "$U/v1/completions")
 [ "$code" = 503 ] && grep -qi '^retry-after:' "$TMP/hdr" && grep -q '"error"' "$TMP/body" && ok server_503_queue_full || bad server_503_queue_full "status $code $(cat "$TMP/body")"
-wait $Q_PID
+kill $Q_PID 2>/dev/null; wait $Q_PID   # the queued client goes away (while the long request still runs)
 for _ in $(seq 1 50); do [ "$(metric tandem:num_requests_waiting)" = 0 ] && break; sleep 0.05; done
 w=$(metric tandem:num_requests_waiting); cn=$(metric tandem:request_cancelled_total)
 [ "$w" = 0 ] && [ "${cn:-0}" -ge 1 ] && ok server_queued_disconnect || bad server_queued_disconnect "waiting $w, cancelled $cn"
