@@ -3,7 +3,7 @@
  *
  * Three kernel paths, the same bits (chosen by td_kernels_path(), so
  * TD_KERNELS=portable|avx2|avx512 and td_kernels_set_path() switch them with the
- * rest): AVX-512 (F/BW/VL) register tiles here, AVX2 tiles in quant_avx2.c, and
+ * rest): AVX-512 (F/BW/VL) register tiles here, AVX2 tiles in kernels_avx2.c, and
  * a portable C twin that emulates the 16 D16 lanes with fmaf. fold16 below repeats kernels.c's D16 fold (kernels.h);
  * tests/test_quant.c checks both paths against td_matmul on the dequantized
  * matrix with memcmp, so the two folds cannot drift apart unnoticed. */
@@ -20,11 +20,7 @@
 #define TQ_AVX512 1
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) /* quant_avx2.c, built with AVX2 flags on x86-64 */
-#define TQ_AVX2 1
-void td_quant_matmul_avx2(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt, int K, int n0,
-                          int n1, int add);
-#endif
+#include "nn/kernels_avx2.h" /* its tiles read Q8_0 / Q4_0 too (TD_HAVE_AVX2_PATH) */
 
 #define AI static inline __attribute__((always_inline))
 
@@ -347,9 +343,9 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
         return;
     }
 #endif
-#ifdef TQ_AVX2
+#ifdef TD_HAVE_AVX2_PATH
     if (td_kernels_path() == TD_KPATH_AVX2) {
-        td_quant_matmul_avx2(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
+        td_avx2_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
         return;
     }
 #endif
