@@ -34,6 +34,9 @@ typedef struct td_draft_checkpoint {
     unsigned char *data;  /* owned, [size] */
 } td_draft_checkpoint;
 void td_draft_checkpoint_free(td_draft_checkpoint *ck);
+/* A new checkpoint of namespace ns holding `size` bytes (uninitialised) for a
+ * provider's capture to fill; *out is owned by the caller (NULL on failure). */
+int td_draft_checkpoint_new(td_draft_checkpoint **out, const char *ns, size_t size, td_err *err);
 
 /* A draft request for all rows of a row group. */
 typedef struct td_draft_req {

@@ -6,6 +6,7 @@
 #include "model/model.h"
 #include "util/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,19 @@ void td_drafter_free(td_drafter *d) {
 
 const char *td_drafter_id(const td_drafter *d) { return d ? d->id : "none"; }
 size_t td_drafter_weight_bytes(const td_drafter *d) { return d ? d->weight_bytes : 0; }
+
+int td_draft_checkpoint_new(td_draft_checkpoint **out, const char *ns, size_t size, td_err *err) {
+    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck || !(ck->data = malloc(size ? size : 1))) {
+        free(ck);
+        *out = NULL;
+        return td_seterr(err, TD_ENOMEM, "%s checkpoint of %zu bytes: out of memory", ns, size);
+    }
+    snprintf(ck->ns, sizeof ck->ns, "%s", ns);
+    ck->size = size;
+    *out = ck;
+    return 0;
+}
 
 void td_draft_checkpoint_free(td_draft_checkpoint *ck) {
     if (!ck) return;

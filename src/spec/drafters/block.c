@@ -355,9 +355,9 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
     int32_t hdr[3] = {r->len, p->n_layer, p->KVH * hd};
     size_t per = (size_t)p->n_layer * p->KVH * hd * 2;
     size_t bytes = sizeof hdr + (size_t)r->len * per * sizeof(float);
-    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
-    if (!ck || !(ck->data = malloc(bytes))) { free(ck); return td_seterr(err, TD_ENOMEM, "out of memory"); }
-    snprintf(ck->ns, sizeof ck->ns, "block-v1");
+    td_draft_checkpoint *ck;
+    int rc = td_draft_checkpoint_new(&ck, "block-v1", bytes, err);
+    if (rc) return rc;
     memcpy(ck->data, hdr, sizeof hdr);
     float *dst = (float *)(ck->data + sizeof hdr);
     for (int pos = 0; pos < r->len; pos++)
@@ -367,7 +367,6 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
                 memcpy(dst + hd, r->V + kv_at(g, l, h, pos), sizeof(float) * (size_t)hd);
                 dst += 2 * hd;
             }
-    ck->size = bytes;
     *out = ck;
     return 0;
 }

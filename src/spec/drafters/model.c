@@ -227,12 +227,11 @@ static int dm_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err)
     dm_group *g = gv;
     *out = NULL;
     if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "draft model: no row %d", row);
-    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
     size_t bytes = sizeof(int32_t) * (size_t)g->rows[row].len;
-    if (!ck || !(ck->data = malloc(bytes ? bytes : 1))) { free(ck); return td_seterr(err, TD_ENOMEM, "out of memory"); }
-    snprintf(ck->ns, sizeof ck->ns, "model-v1");
+    td_draft_checkpoint *ck;
+    int rc = td_draft_checkpoint_new(&ck, "model-v1", bytes, err);
+    if (rc) return rc;
     memcpy(ck->data, g->rows[row].stream, bytes);
-    ck->size = bytes;
     *out = ck;
     return 0;
 }

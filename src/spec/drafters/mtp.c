@@ -250,13 +250,12 @@ static int mtp_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
     mtp_row *r = &g->rows[row];
     int32_t cn = r->len;
     size_t bytes = sizeof cn + (size_t)cn * (sizeof(int32_t) + sizeof(float) * (size_t)g->D);
-    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
-    if (!ck || !(ck->data = malloc(bytes))) { free(ck); return td_seterr(err, TD_ENOMEM, "out of memory"); }
-    snprintf(ck->ns, sizeof ck->ns, "mtp-v1");
+    td_draft_checkpoint *ck;
+    int rc = td_draft_checkpoint_new(&ck, "mtp-v1", bytes, err);
+    if (rc) return rc;
     memcpy(ck->data, &cn, sizeof cn);
     memcpy(ck->data + sizeof cn, r->stream, sizeof(int32_t) * (size_t)cn);
     memcpy(ck->data + sizeof cn + sizeof(int32_t) * (size_t)cn, r->h, sizeof(float) * (size_t)cn * g->D);
-    ck->size = bytes;
     *out = ck;
     return 0;
 }

@@ -132,12 +132,11 @@ static int ng_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err)
     ng_group *g = gv;
     *out = NULL;
     if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "ngram: no row %d", row);
-    td_draft_checkpoint *ck = calloc(1, sizeof *ck);
     size_t bytes = sizeof(int32_t) * (size_t)g->rows[row].len;
-    if (!ck || !(ck->data = malloc(bytes ? bytes : 1))) { free(ck); return td_seterr(err, TD_ENOMEM, "ngram: out of memory"); }
-    snprintf(ck->ns, sizeof ck->ns, "ngram-v1");
+    td_draft_checkpoint *ck;
+    int rc = td_draft_checkpoint_new(&ck, "ngram-v1", bytes, err);
+    if (rc) return rc;
     memcpy(ck->data, g->rows[row].tok, bytes);
-    ck->size = bytes;
     *out = ck;
     return 0;
 }
