@@ -214,6 +214,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
 }
 
 td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
+td_pool *td_ctx_pool(const td_ctx *c) { return c->pool; }
 
 int td_ctx_row_add(td_ctx *c, int *row_out) {
     for (int r = 0; r < c->p.max_rows; r++)

@@ -19,6 +19,11 @@ typedef struct td_pool td_pool;
 typedef void (*td_pool_fn)(void *arg, int ith, int nth);
 
 int td_pool_open(td_pool **out, int n_threads);
+/* The pool a forward context runs on: borrowed, valid while the context lives.
+ * For drafters that run their own products between the target's forwards on
+ * the same threads (a second pool's spinning workers would steal the cores). */
+struct td_ctx;
+td_pool *td_ctx_pool(const struct td_ctx *c);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);

@@ -24,31 +24,38 @@ double td_cost_at(const td_cost_curve *c, int T) {
 }
 
 void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                   const td_cost_curve *cv, double step_s, int *k) {
+                   const td_cost_curve *cv, double step_s, int one_shot, int *k) {
     double E = n + n_other;        /* tokens emitted this round */
     int T = n + n_other, kmax = 0; /* verified tokens, draft steps */
     for (int i = 0; i < n; i++) k[i] = 0;
     double rate = E / td_cost_at(cv, T);
+    /* Each pass deepens one row by the number of positions d that raises the
+     * rate most. Looking d positions ahead, not one, matters when a draft's
+     * fixed cost is only repaid by depth (a one-shot drafter's single step). */
     for (;;) {
-        int best = -1;
+        int best = -1, best_d = 0;
         double best_rate = rate * 1.0001, best_gain = 0;
         for (int i = 0; i < n; i++) {
-            if (k[i] >= maxk[i]) continue;
-            double p = 1.0; /* probability the next position is reached and accepted */
-            for (int j = 0; j <= k[i]; j++) p *= ctl[i]->a[j];
-            int steps = k[i] + 1 > kmax ? k[i] + 1 : kmax;
-            double r = (E + p) / (td_cost_at(cv, T + 1) + step_s * steps);
-            if (r > best_rate) { best_rate = r; best = i; best_gain = p; }
+            double reach = 1.0; /* probability the row's position k[i] is reached and accepted */
+            for (int j = 0; j < k[i]; j++) reach *= ctl[i]->a[j];
+            double gain = 0;
+            for (int d = 1; k[i] + d <= maxk[i]; d++) {
+                reach *= ctl[i]->a[k[i] + d - 1];
+                gain += reach;
+                int steps = one_shot ? 1 : k[i] + d > kmax ? k[i] + d : kmax;
+                double r = (E + gain) / (td_cost_at(cv, T + d) + step_s * steps);
+                if (r > best_rate) { best_rate = r; best = i; best_d = d; best_gain = gain; }
+            }
         }
         if (best < 0) break;
-        k[best]++;
+        k[best] += best_d;
         if (k[best] > kmax) kmax = k[best];
         E += best_gain;
-        T++;
+        T += best_d;
         rate = best_rate;
     }
     /* probing is worth its catch-up only if a perfect draft could pay */
-    int steps1 = kmax > 0 ? kmax : 1;
+    int steps1 = kmax > 0 && !one_shot ? kmax : 1;
     int may_probe = (E + 1.0) / (td_cost_at(cv, T + 1) + step_s * steps1) > rate;
     for (int i = 0; i < n; i++) {
         td_depth_ctl *c = ctl[i];

@@ -8,10 +8,11 @@
  * target forward, costing verify(T) from a curve measured when the group
  * opened (interpolated, then kept current), plus the drafter's max_r k_r
  * sequential steps (drafters run all rows' step j together) at step_s each,
- * measured as rounds run.
- * The planner starts every row at depth 0 and repeatedly deepens the row whose
- * next draft position raises (sum E) / cost the most, stopping when no step
- * helps: k = 0 everywhere is plain decoding, so speculation that does not pay
+ * measured as rounds run — or one step in all for a one-shot (block) drafter.
+ * The planner starts every row at depth 0 and repeatedly deepens one row by
+ * the number of positions that raises (sum E) / cost the most (looking ahead,
+ * so a fixed draft cost that only depth repays is weighed), stopping when no
+ * deepening helps: k = 0 everywhere is plain decoding, so speculation that does not pay
  * turns itself down. A row held at depth 0 probes depth 1 after TD_DEPTH_PROBE
  * rounds so that a drafter that starts paying is noticed; each probe that does
  * not bring drafting back doubles the wait (a probe costs the drafter a
@@ -45,9 +46,10 @@ double td_cost_at(const td_cost_curve *c, int T);
 void td_depth_init(td_depth_ctl *c, double prior);
 /* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
- * k[i]. step_s: seconds per draft step (one position for all rows). */
+ * k[i]. step_s: seconds per draft step (one position for all rows); one_shot:
+ * the drafter drafts every position in one step (its cost is per round). */
 void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                   const td_cost_curve *cv, double step_s, int *k);
+                   const td_cost_curve *cv, double step_s, int one_shot, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);
 

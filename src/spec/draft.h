@@ -115,6 +115,9 @@ struct td_drafter {
     size_t weight_bytes;
     double step_cost_hint;    /* a draft step's cost as a fraction of a one-token target
                                  forward, before any is measured (the planner's prior) */
+    int one_shot;             /* 1: one forward drafts every position (block drafters), so a
+                                 round's draft cost does not grow with its depth; 0: one
+                                 step per position (autoregressive drafters) */
     const td_model *target;   /* borrowed */
 };
 

@@ -460,7 +460,7 @@ int td_spec_step(td_spec *g, td_err *err) {
     }
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
-        else td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->depth);
+        else td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->one_shot, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
@@ -493,6 +493,7 @@ int td_spec_step(td_spec *g, td_err *err) {
                 if (g->depth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
             int steps = 0;
             for (int d = 0; d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
+            if (g->drafter->one_shot && steps > 1) steps = 1; /* one forward drafted them all */
             if (steps > 0 && steady) {
                 double per = dt / (double)steps;
                 g->draft_s = g->measured ? 0.8 * g->draft_s + 0.2 * per : per;
@@ -526,9 +527,19 @@ int td_spec_step(td_spec *g, td_err *err) {
     double vdt = td_now() - t0;
     g->total.t_verify += vdt;
     /* keep the cost curve current: the startup measurement may have been taken
-     * on a busier (or quieter) machine than the one running now */
-    for (int i = 0; i < g->cv.n; i++)
-        if (g->cv.T[i] == nt) { g->cv.s[i] = 0.9 * g->cv.s[i] + 0.1 * vdt; break; }
+     * on a busier (or quieter) machine, and at a shorter context, than the one
+     * running now. The whole curve moves by the observed/predicted ratio: moving
+     * only the point visited (plain rounds visit one size over and over) would
+     * bend the curve until a bigger forward looked cheaper than a smaller one. */
+    if (g->cv.n > 0) {
+        double pred = td_cost_at(&g->cv, nt);
+        if (pred > 0) {
+            double f = 1.0 + 0.1 * (vdt / pred - 1.0);
+            if (f < 0.5) f = 0.5;
+            if (f > 2.0) f = 2.0;
+            for (int i = 0; i < g->cv.n; i++) g->cv.s[i] *= f;
+        }
+    }
     /* 3. accept, emit, commit */
     t0 = td_now();
     size_t V_embd = (size_t)g->m->cfg.n_embd;

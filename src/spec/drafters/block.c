@@ -22,9 +22,9 @@
  *
  * Rows own their context K/V ([layer][kv head][position][head_dim], with room
  * for G block entries past the committed length, written during a draft and
- * overwritten by the next commit). Matrix products run on the group's own
- * thread pool, as many threads as the target's context uses (the two never
- * run at once). Checkpoints ("block-v1") hold a row's context K/V, checked for
+ * overwritten by the next commit). Matrix products run on the target
+ * context's thread pool (drafting and verifying never overlap; a second pool's
+ * spinning workers would take the cores from the target's). Checkpoints ("block-v1") hold a row's context K/V, checked for
  * size and finiteness on restore. */
 #define _POSIX_C_SOURCE 200809L
 #include "spec/draft.h"
@@ -65,7 +65,8 @@ typedef struct {
 
 typedef struct {
     const blk_provider *p;
-    td_pool *pool;            /* owned */
+    td_pool *pool;            /* the target context's (borrowed), or owned without one */
+    int own_pool;
     td_sampler *smp;          /* owned */
     blk_row *rows;            /* [max_rows] */
     int n_rows, max_rows, max_ctx, max_depth, cap, max_tok;
@@ -375,7 +376,7 @@ static void blk_free_group(void *gv) {
     blk_group *g = gv;
     if (!g) return;
     for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].K); free(g->rows[i].V); }
-    td_pool_free(g->pool);
+    if (g->own_pool) td_pool_free(g->pool);
     td_sampler_free(g->smp);
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
@@ -419,10 +420,9 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->nk = malloc(sizeof(int) * (size_t)p->G);
-    int threads = target_ctx ? td_ctx_get_params(target_ctx).n_threads : 1;
     if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->V) != 0 ||
-        td_pool_open(&g->pool, threads > 0 ? threads : 1) != 0) {
+        (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
@@ -598,9 +598,10 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     d->self = p;
     d->target = target;
     d->weight_bytes = p->file->map_len;
-    /* one draft runs the layers over the block and the LM head per kept token:
-     * per token about the LM head's share of a target forward, plus the layers */
-    d->step_cost_hint = 0.05 + ((double)p->file->map_len / p->G + (double)p->V * D * 2.0) /
+    /* one forward drafts the whole block: it reads the drafter's layers and
+     * the shared LM head once, whatever the depth */
+    d->one_shot = 1;
+    d->step_cost_hint = 0.05 + ((double)p->file->map_len + (double)p->V * D * 2.0) /
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
     snprintf(d->id, sizeof d->id, "block:%.140s%s", dir, prune ? "" : ",prune=off");
     snprintf(d->ns, sizeof d->ns, "block-v1");
