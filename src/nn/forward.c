@@ -309,15 +309,6 @@ static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
 
 typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
 
-static void rope_apply(float *v, const float *cs, const float *sn, int hd) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
-    }
-}
-
 /* Token t, kv heads [h0, h1): q/k norm (Qwen3) and RoPE of those kv heads and
  * of the query heads of their groups, then K/V of those heads into the cache. */
 static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
@@ -329,11 +320,11 @@ static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
     float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
     for (int h = h0 * group; h < h1 * group; h++) {
         if (cfg->qk_norm) td_rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, L->q_norm.dtype, hd, cfg->rms_eps);
-        rope_apply(q + h * hd, cs, sn, hd);
+        td_rope(q + h * hd, cs, sn, hd);
     }
     for (int h = h0; h < h1; h++) {
         if (cfg->qk_norm) td_rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, L->k_norm.dtype, hd, cfg->rms_eps);
-        rope_apply(k + h * hd, cs, sn, hd);
+        td_rope(k + h * hd, cs, sn, hd);
     }
     size_t off = (size_t)row * c->row_stride + ((size_t)layer * c->p.max_ctx + pos) * c->kv_dim + (size_t)h0 * hd;
     size_t n = sizeof(float) * (size_t)(h1 - h0) * hd;

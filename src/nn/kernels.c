@@ -680,3 +680,12 @@ void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_
 #endif
     attend_p(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch);
 }
+
+void td_rope(float *v, const float *cs, const float *sn, int hd) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+    }
+}

@@ -60,6 +60,11 @@ void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int
  * The sum of squares is a D16 dot of x with itself; then out[i] = w[i] * (x[i] * r). */
 void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, float eps);
 
+/* Rotary embedding of one head vector v[hd] in place, rotate-half layout
+ * (pairs i, i + hd/2) with the position's cos/sin tables cs, sn [hd/2]:
+ * v_i' = v_i c_i - v_{i+h} s_i,  v_{i+h}' = v_{i+h} c_i + v_i s_i (no fma). */
+void td_rope(float *v, const float *cs, const float *sn, int hd);
+
 /* exp(x) elementwise (n values; out may equal x): a Cephes-style polynomial,
  * within 2 ulp of expf for x in [-87, 88]; the same bits on every path. */
 void td_exp(float *out, const float *x, int n);

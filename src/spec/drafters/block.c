@@ -95,15 +95,6 @@ static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, 
     td_pool_run(g->pool, mm_run, &j);
 }
 
-static void rope(float *v, const float *cs, const float *sn, int hd) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
-    }
-}
-
 static size_t kv_at(const blk_group *g, int l, int h, int pos) {
     return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
 }
@@ -126,7 +117,7 @@ static void project_context(blk_group *g, blk_row *r, const float *taps, int n) 
                 for (int h = 0; h < p->KVH; h++) {
                     float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
                     td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
-                    rope(k, g->rcos + (size_t)pos * half, g->rsin + (size_t)pos * half, hd);
+                    td_rope(k, g->rcos + (size_t)pos * half, g->rsin + (size_t)pos * half, hd);
                     memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
                     memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
                 }
@@ -248,12 +239,12 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
                 for (int h = 0; h < H; h++) {
                     float *qq = g->q + (size_t)t * QW + (size_t)h * hd;
                     td_rmsnorm(qq, qq, L->q_norm.data, L->q_norm.dtype, hd, p->eps);
-                    rope(qq, cs, sn, hd);
+                    td_rope(qq, cs, sn, hd);
                 }
                 for (int h = 0; h < KVH; h++) {
                     float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
                     td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
-                    rope(k, cs, sn, hd);
+                    td_rope(k, cs, sn, hd);
                     memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
                     memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
                 }
