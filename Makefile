@@ -44,7 +44,7 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 
 # the AVX2 kernel path exists in every x86-64 build, whatever ARCH is (selected at run time)
 ifneq ($(filter x86_64%,$(shell $(CC) -dumpmachine)),)
-$(BUILD)/obj/src/nn/kernels_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -mno-avx512f
+$(BUILD)/obj/src/nn/kernels_avx2.o $(BUILD)/obj/src/nn/quant_avx2.o: CFLAGS += -mavx2 -mfma -mf16c -mno-avx512f
 endif
 
 # rebuilt from scratch: `ar r` would keep the members of source files since removed or renamed

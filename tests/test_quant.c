@@ -152,15 +152,27 @@ static void test_quant_error(void) {
 /* llama.cpp's own quantizers (libggml-base.so of the pinned npm package
  * @node-llama-cpp/linux-x64, see scripts/test-deps) produce the same bytes; its
  * dequantizers the same values. TD_GGML_LIB overrides the library's path. */
+/* The path of one of llama.cpp's libraries (name: "libggml-base.so", ...), in
+ * TD_GGML_LIB's directory when that is set. */
+static const char *ggml_lib(char *buf, size_t n, const char *name) {
+    static const char *where[] = {".cache/npm-llama", ".cache/npm"}; /* scripts/test-deps llama, or with the rest */
+    const char *env = getenv("TD_GGML_LIB");
+    if (env) {
+        const char *sl = strrchr(env, '/');
+        snprintf(buf, n, "%.*s%s", sl ? (int)(sl - env + 1) : 0, env, name);
+        return buf;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(buf, n, "%s/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/%s", where[i], name);
+        if (access(buf, R_OK) == 0) break;
+    }
+    return buf;
+}
+
 static void test_ggml_oracle(void) {
     t_begin("ggml_reference_quantizers_agree");
-    static const char *where[] = {".cache/npm-llama", ".cache/npm"}; /* scripts/test-deps llama, or with the rest */
-    char buf[256];
-    const char *lib = getenv("TD_GGML_LIB");
-    for (int i = 0; !lib && i < 2; i++) {
-        snprintf(buf, sizeof buf, "%s/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so", where[i]);
-        if (access(buf, R_OK) == 0 || i == 1) lib = buf;
-    }
+    char buf[300];
+    const char *lib = ggml_lib(buf, sizeof buf, "libggml-base.so");
     void *h = NULL;
     float *x = NULL, *y = NULL, *z = NULL;
     unsigned char *a = NULL, *b = NULL;
@@ -215,48 +227,102 @@ done:
 
 /* ---- products ------------------------------------------------------------- */
 
+/* The Q16 order of quant.h transcribed scalar by scalar: the activations
+ * quantized by td_quant_act_row (checked against llama.cpp's quantizer below),
+ * exact int32 lane sums of 4 products, c = dw * d, one fmaf per lane, the D16
+ * fold. Also returns, in double, the product over the dequantized weights
+ * (*exact) and quant.h's stated error bound for it (*bound). */
+static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, double *exact, double *bound) {
+    int nb = K / 32;
+    size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    int8_t q[32 * 64];
+    float d[64], wd[32], acc[16] = {0};
+    td_quant_act_row(x, K, q, d);
+    double ex = 0, act = 0, rnd = 0;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = wrow + (size_t)b * bs;
+        td_dequantize_row(dt, blk, wd, 32);
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        float dw = td_f16_to_f32(h), c = dw * d[b];
+        double aw = 0, ap = 0;
+        for (int l = 0; l < 8; l++) {
+            int32_t p = 0;
+            for (int i = 0; i < 4; i++) {
+                int k = 4 * l + i;
+                int w = dt == TD_DTYPE_Q8_0 ? (int8_t)blk[2 + k] : k < 16 ? (blk[2 + k] & 15) - 8 : (blk[2 + k - 16] >> 4) - 8;
+                p += w * q[32 * b + k];
+            }
+            acc[8 * (b & 1) + l] = fmaf(c, (float)p, acc[8 * (b & 1) + l]);
+            ap += fabs((double)p);
+        }
+        for (int k = 0; k < 32; k++) {
+            ex += (double)wd[k] * x[32 * b + k];
+            aw += fabs(wd[k]);
+        }
+        act += 0.5001 * d[b] * aw;
+        rnd += fabs(c) * ap;
+    }
+    *exact = ex;
+    *bound = act + (nb + 6) * ldexp(1.0, -23) * rnd;
+    float s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
 static void test_matmul(void) {
-    t_begin("matmul_equals_dequantized_f32");
+    t_begin("matmul_q16_order_all_paths");
     static const int Ms[] = {1, 2, 3, 5, 7, 8, 9, 13, 17, 70};
     static const int Ns[] = {1, 2, 3, 5, 8, 11, 19, 37};
-    static const int Ks[] = {32, 64, 96, 352};
+    static const int Ks[] = {32, 64, 96, 352, 1024};
     int paths[TD_KPATH_COUNT], npaths = 0, deflt = td_kernels_path();
     for (int p = 0; p < TD_KPATH_COUNT; p++)
         if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
     int fails = 0, checked = 0;
-    double e2[2] = {0, 0}, y2[2] = {0, 0};
+    double e2[2] = {0, 0}, y2[2] = {0, 0}, worst[2] = {0, 0};
     for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
-                int K = Ks[ki], N = Ns[ni], Mmax = 70;
+                int K = Ks[ki], N = Ns[ni], Mmax = 70, ldx = K + 3, ldy = N + 2;
                 size_t rb = td_dtype_row_bytes(dt, K);
-                float *W = malloc(sizeof(float) * N * K), *Wd = malloc(sizeof(float) * N * K);
-                float *x = malloc(sizeof(float) * Mmax * (K + 3));
+                float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * Mmax * ldx);
                 char *Wq = malloc(rb * N);
-                for (int i = 0; i < N * K; i++) W[i] = frand();
-                for (int i = 0; i < Mmax * (K + 3); i++) x[i] = frand();
-                for (int n = 0; n < N; n++) {
-                    td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
-                    td_dequantize_row(dt, Wq + n * rb, Wd + (size_t)n * K, K);
-                }
-                int ldx = K + 3, ldy = N + 2;
                 float *ref = malloc(sizeof(float) * Mmax * ldy), *got = malloc(sizeof(float) * Mmax * ldy);
-                float *pathres[TD_KPATH_COUNT];
-                for (int p = 0; p < TD_KPATH_COUNT; p++) pathres[p] = malloc(sizeof(float) * Mmax * ldy);
+                double *ex = malloc(sizeof(double) * Mmax * N), *bd = malloc(sizeof(double) * Mmax * N);
+                for (int i = 0; i < N * K; i++) W[i] = frand();
+                for (int i = 0; i < Mmax * ldx; i++) x[i] = frand() * (i % 5 == 0 ? 4.0f : 1.0f);
+                if (K >= 96) {
+                    memset(x + 32, 0, sizeof(float) * 32);      /* a zero block */
+                    for (int k = 64; k < 96; k++) x[ldx + k] *= 1e-31f; /* below 2^-100: quantized to 0 */
+                }
+                for (int n = 0; n < N; n++) td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
+                if (dt == TD_DTYPE_Q8_0) /* weight bytes of -128 (a file may hold them; the quantizer never writes them) */
+                    for (int n = 0; n < N; n += 2) Wq[n * rb + 2 + (n * 7) % 32] = (char)0x80;
+                for (int m = 0; m < Mmax; m++)
+                    for (int n = 0; n < N; n++)
+                        ref[m * ldy + n] = q16_ref(x + (size_t)m * ldx, (const unsigned char *)Wq + n * rb, dt, K,
+                                                   &ex[m * N + n], &bd[m * N + n]);
                 for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                     int M = Ms[mi];
                     for (int p = 0; p < npaths; p++) {
                         td_kernels_set_path(paths[p]);
                         for (int add = 0; add < 2; add++) {
-                            for (int i = 0; i < Mmax * ldy; i++) ref[i] = got[i] = (float)i * 0.25f;
-                            td_matmul(ref, ldy, x, ldx, M, Wd, TD_DTYPE_F32, K, 0, N, add);
+                            for (int i = 0; i < Mmax * ldy; i++) got[i] = (float)i * 0.25f;
                             td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 0, N, add);
                             checked++;
-                            if (memcmp(ref, got, sizeof(float) * Mmax * ldy)) {
-                                if (fails++ < 5) T_CHECK(0, "%s path %d M %d N %d K %d add %d: not the dequantized f32 bits",
-                                                         td_dtype_name(dt), paths[p], M, N, K, add);
-                            }
-                            if (!add) memcpy(pathres[p], got, sizeof(float) * Mmax * ldy);
+                            int same = 1;
+                            for (int m = 0; m < Mmax; m++)
+                                for (int n = 0; n < ldy; n++) {
+                                    float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
+                                                                                     : add ? init + ref[m * ldy + n]
+                                                                                           : ref[m * ldy + n];
+                                    same &= !memcmp(&want, &got[m * ldy + n], 4);
+                                }
+                            if (!same && fails++ < 5)
+                                T_CHECK(0, "%s path %d M %d N %d K %d add %d: not the Q16-order bits", td_dtype_name(dt),
+                                        paths[p], M, N, K, add);
                         }
                         /* an output sub-range gives the same bits as the full range */
                         if (N > 2) {
@@ -264,38 +330,159 @@ static void test_matmul(void) {
                             td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 1, N - 1, 0);
                             int same = 1;
                             for (int m = 0; m < M; m++)
-                                same &= !memcmp(got + m * ldy + 1, pathres[p] + m * ldy + 1, sizeof(float) * (N - 2)) &&
+                                same &= !memcmp(got + m * ldy + 1, ref + m * ldy + 1, sizeof(float) * (N - 2)) &&
                                         got[m * ldy] == -1.0f && got[m * ldy + N - 1] == -1.0f;
                             if (!same && fails++ < 5) T_CHECK(0, "%s M %d N %d K %d: sub-range differs", td_dtype_name(dt), M, N, K);
                         }
                     }
-                    for (int p = 1; p < npaths; p++)
-                        if (memcmp(pathres[0], pathres[p], sizeof(float) * Mmax * ldy) && fails++ < 5)
-                            T_CHECK(0, "%s M %d N %d K %d: portable and path %d bits differ", td_dtype_name(dt), M, N, K,
-                                    paths[p]);
-                    /* against the unquantized matrix: |err| <= sum_k |x_k| * (quantization bound of w_k) */
-                    for (int m = 0; m < M; m++)
-                        for (int n = 0; n < N; n++) {
-                            double exact = 0, bound = 0;
-                            for (int k = 0; k < K; k++) {
-                                exact += (double)x[m * ldx + k] * W[(size_t)n * K + k];
-                                bound += fabs(x[m * ldx + k]) * fabs(Wd[(size_t)n * K + k] - W[(size_t)n * K + k]);
-                            }
-                            double e = fabs(pathres[0][m * ldy + n] - exact);
-                            double tol = bound + 1e-5 * K;
-                            if (e > tol && fails++ < 5) T_CHECK(0, "%s: error %g over bound %g", td_dtype_name(dt), e, tol);
-                            e2[dt - TD_DTYPE_Q8_0] += e * e;
-                            y2[dt - TD_DTYPE_Q8_0] += exact * exact;
-                        }
                 }
-                free(W); free(Wd); free(x); free(Wq); free(ref); free(got);
-                for (int p = 0; p < TD_KPATH_COUNT; p++) free(pathres[p]);
+                /* against the dequantized weights: quant.h's stated bound; against the
+                 * unquantized matrix: the relative rms error */
+                for (int m = 0; m < Mmax; m++)
+                    for (int n = 0; n < N; n++) {
+                        double e = fabs(ref[m * ldy + n] - ex[m * N + n]), b = bd[m * N + n];
+                        if (e > b && fails++ < 5) T_CHECK(0, "%s K %d: error %g vs dequantized over the bound %g", td_dtype_name(dt), K, e, b);
+                        if (b > 0 && e / b > worst[dt - TD_DTYPE_Q8_0]) worst[dt - TD_DTYPE_Q8_0] = e / b;
+                        if (dt == TD_DTYPE_Q8_0 && n % 2 == 0) continue; /* the rows given -128 bytes */
+                        double exact = 0;
+                        for (int k = 0; k < K; k++) exact += (double)x[m * ldx + k] * W[(size_t)n * K + k];
+                        e2[dt - TD_DTYPE_Q8_0] += (ref[m * ldy + n] - exact) * (ref[m * ldy + n] - exact);
+                        y2[dt - TD_DTYPE_Q8_0] += exact * exact;
+                    }
+                free(W); free(x); free(Wq); free(ref); free(got); free(ex); free(bd);
             }
     td_kernels_set_path(deflt);
     double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]);
-    printf("  %d products compared; rms error / rms output vs the unquantized matrix: q8_0 %.2e, q4_0 %.2e\n",
-           checked, r8, r4);
+    printf("  %d products x %d paths compared with the scalar Q16 order (memcmp); error vs dequantized weights: "
+           "worst %.2f (q8_0), %.2f (q4_0) of the stated bound; rms error / rms output vs the unquantized matrix: "
+           "q8_0 %.2e, q4_0 %.2e\n", checked / npaths, npaths, worst[0], worst[1], r8, r4);
     T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r4, "quantization error implausibly large");
+    t_end();
+}
+
+/* non-finite activations give NaN outputs (never a number) on every path; the
+ * other rows are unaffected */
+static void test_nonfinite(void) {
+    t_begin("matmul_nonfinite_activations_nan");
+    enum { K = 64, N = 5 };
+    float W[N * K], x[3 * K], y[3 * N];
+    unsigned char Wq[N * 34 * 2];
+    for (int i = 0; i < N * K; i++) W[i] = frand();
+    for (int i = 0; i < 3 * K; i++) x[i] = frand();
+    x[K + 40] = NAN;
+    x[2 * K + 3] = INFINITY;
+    int deflt = td_kernels_path();
+    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++) {
+        size_t rb = td_dtype_row_bytes(dt, K);
+        for (int n = 0; n < N; n++) td_quantize_row(dt, W + n * K, Wq + n * rb, K);
+        for (int p = 0; p < TD_KPATH_COUNT; p++) {
+            if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
+            td_kernels_set_path(p);
+            td_matmul(y, N, x, K, 3, Wq, dt, K, 0, N, 0);
+            int ok = 1;
+            for (int n = 0; n < N; n++) ok &= isfinite(y[n]) && isnan(y[N + n]) && isnan(y[2 * N + n]);
+            T_CHECK(ok, "%s path %d: NaN / inf activations must give NaN outputs, finite ones numbers", td_dtype_name(dt), p);
+        }
+    }
+    td_kernels_set_path(deflt);
+    t_end();
+}
+
+/* llama.cpp's own dot products (ggml_vec_dot_q8_0_q8_0 / _q4_0_q8_0 of
+ * libggml-cpu-x64.so, the package's baseline x86-64 CPU backend) on activations
+ * that both quantize exactly (x = q * 2^-e with a |q| = 127 in every block, so
+ * d = 2^-e in f32 and f16 alike): the integer block products must agree, so the
+ * results differ only by the f32 summation order (bound: (nb + 6) 2^-22 *
+ * sum_b |c_b| sum |w q|). Also: td_quant_act_row's q and d against ggml's
+ * reference quantizer on random activations (the same q except at exact .5
+ * ties, where tandem rounds to even and ggml away from zero). */
+static void test_ggml_dot(void) {
+    t_begin("ggml_vec_dot_agrees");
+    char bb[300], bc[300];
+    const char *base = ggml_lib(bb, sizeof bb, "libggml-base.so"), *cpu = ggml_lib(bc, sizeof bc, "libggml-cpu-x64.so");
+    void *hb = NULL, *hc = NULL;
+    float *x = NULL, *W = NULL;
+    unsigned char *wq = NULL, *yq = NULL;
+    int8_t *q = NULL;
+    if (access(cpu, R_OK) != 0 || access(base, R_OK) != 0) {
+        printf("  %s not installed: skipped (scripts/test-deps llama installs it on x86-64 Linux)\n", cpu);
+        goto done;
+    }
+    hb = dlopen(base, RTLD_NOW | RTLD_GLOBAL);
+    T_REQUIRE(hb != NULL, "dlopen %s: %s", base, dlerror());
+    hc = dlopen(cpu, RTLD_NOW | RTLD_LOCAL);
+    T_REQUIRE(hc != NULL, "dlopen %s: %s", cpu, dlerror());
+    typedef void (*vdfn)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
+    typedef void (*qfn)(const float *, void *, int64_t);
+    void (*init)(void) = (void (*)(void))dlsym(hc, "ggml_cpu_init");
+    vdfn vd8 = (vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), vd4 = (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0");
+    qfn qref = (qfn)dlsym(hb, "quantize_row_q8_0_ref");
+    T_REQUIRE(init && vd8 && vd4 && qref, "symbols missing from %s", cpu);
+    init();
+    enum { KMAX = 32 * 96 };
+    x = malloc(sizeof(float) * KMAX); W = malloc(sizeof(float) * KMAX);
+    wq = malloc(34 * KMAX / 32); yq = malloc(34 * KMAX / 32); q = malloc(KMAX);
+    float dq[KMAX / 32];
+    int deflt = td_kernels_path(), bad = 0, n = 0, badq = 0, ties = 0;
+    double worst = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = rep & 1 ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0;
+        for (int k = 0; k < K; k++) W[k] = frand() * (k % 11 == 0 ? 3.0f : 1.0f);
+        td_quantize_row(dt, W, wq, K);
+        if (dt == TD_DTYPE_Q8_0) wq[2 + (rep * 5) % 32] = 0x80; /* a weight byte of -128 */
+        double tolsum = 0;
+        for (int b = 0; b < nb; b++) {
+            int e = 1 + (int)(tm_rng(&g_rng) % 20), zero = tm_rng(&g_rng) % 9 == 0;
+            float d = ldexpf(1.0f, -e);
+            unsigned char *yb = yq + 34 * b;
+            uint16_t h = td_f32_to_f16(d);
+            memcpy(yb, &h, 2);
+            for (int j = 0; j < 32; j++) {
+                int v = zero ? 0 : j == (b * 7) % 32 ? (b & 1 ? -127 : 127) : (int)(tm_rng(&g_rng) % 255) - 127;
+                x[32 * b + j] = (float)v * d;
+                yb[2 + j] = (unsigned char)(int8_t)v;
+            }
+            float wd[32];
+            td_dequantize_row(dt, dt == TD_DTYPE_Q8_0 ? (const void *)(wq + 34 * b) : (const void *)(wq + 18 * b), wd, 32);
+            for (int j = 0; j < 32; j++) tolsum += fabs((double)wd[j] * x[32 * b + j]);
+        }
+        float ref;
+        (dt == TD_DTYPE_Q8_0 ? vd8 : vd4)(K, &ref, 0, wq, 0, yq, 0, 1);
+        double tol = (nb + 6) * ldexp(1.0, -22) * tolsum;
+        for (int p = 0; p < TD_KPATH_COUNT; p++) {
+            if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
+            td_kernels_set_path(p);
+            float got;
+            td_matmul(&got, 1, x, K, 1, wq, dt, K, 0, 1, 0);
+            double e = fabs((double)got - ref);
+            n++;
+            if (e > tol && bad++ < 5) T_CHECK(0, "%s K %d path %d: %.9g vs ggml %.9g (tolerance %g)", td_dtype_name(dt), K, p, got, ref, tol);
+            if (tol > 0 && e / tol > worst) worst = e / tol;
+        }
+        /* activation quantization against ggml's reference quantizer */
+        for (int k = 0; k < K; k++) x[k] = frand() * (k % 7 == 0 ? 5.0f : 1.0f) * ldexpf(1.0f, rep % 9 - 4);
+        td_quant_act_row(x, K, q, dq);
+        qref(x, yq, K);
+        for (int b = 0; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, yq + 34 * b, 2);
+            badq += h != td_f32_to_f16(dq[b]);
+            for (int j = 0; j < 32; j++) {
+                if (q[32 * b + j] == (int8_t)yq[34 * b + 2 + j]) continue;
+                float v = x[32 * b + j] * (1.0f / dq[b]);
+                if (fabsf(v - truncf(v)) == 0.5f && abs(q[32 * b + j] - (int8_t)yq[34 * b + 2 + j]) == 1) ties++;
+                else badq++;
+            }
+        }
+    }
+    td_kernels_set_path(deflt);
+    printf("  %d dot products: worst difference %.3f of the summation-order bound; activation quantization: %d "
+           "mismatches, %d ties rounded to even\n", n, worst, badq, ties);
+    T_CHECK(badq == 0, "%d activation scales / values differ from quantize_row_q8_0_ref", badq);
+done:
+    if (hc) dlclose(hc);
+    if (hb) dlclose(hb);
+    free(x); free(W); free(wq); free(yq); free(q);
     t_end();
 }
 
@@ -531,6 +718,8 @@ int main(void) {
     test_quant_error();
     test_ggml_oracle();
     test_matmul();
+    test_nonfinite();
+    test_ggml_dot();
     test_bad_sizes();
     int deflt = td_kernels_path();
     for (int path = 0; path < TD_KPATH_COUNT; path++) {

@@ -11,10 +11,8 @@
  * Matmul tiles: 1 x 4 outputs for one token (decode), 2 tokens x 3 outputs
  * otherwise (12 accumulators + 2 weight registers of the 16 ymm). The weights of
  * an output are loaded and converted once per 16-step and applied to every
- * token of the tile; the activations come from L1. Q8_0 / Q4_0 weights (called
- * from quant.c) go through the same tiles, dequantized exactly as quant.c's
- * portable twin does ((float)q * d, the block's scale converted once per row and
- * block), so their products equal f32 products over the dequantized matrix.
+ * token of the tile; the activations come from L1. (Q8_0 / Q4_0 products have
+ * their own integer kernels: quant_avx2.c.)
  * Attention scores: 4 keys at a time, 8 keys folded together (fold8x8: the D16
  * fold on shuffled registers).
  *
@@ -26,7 +24,6 @@
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "kernels_avx2.c needs -mavx2 -mfma -mf16c (the Makefile adds them on x86-64)"
 #endif
-#include "nn/quant.h"
 #include "tandem.h"
 
 #include <immintrin.h>
@@ -74,31 +71,7 @@ AI __m256 ldw8(const void *w, size_t k, int dt) {
     return _mm256_loadu_ps((const float *)w + k);
 }
 
-/* Q8_0 / Q4_0 (blocks of 32: an f16 scale d, then 32 int8, or 16 bytes of two
- * nibbles: value j in the low nibble of byte j, value j + 16 in its high one). */
-AI size_t qblock_bytes(int dt) { return dt == TD_DTYPE_Q8_0 ? sizeof(td_block_q8_0) : sizeof(td_block_q4_0); }
-AI __m256 qscale(const char *blk) {
-    uint16_t d16;
-    memcpy(&d16, blk, 2);
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)d16));
-}
-/* values o .. o+7 (o a multiple of 8) of the block at blk, scale d, exact f32:
- * (float)q * d, the portable dequantization of quant.c */
-AI __m256 qdeq8(const char *blk, int o, __m256 d, int dt) {
-    __m256i q;
-    if (dt == TD_DTYPE_Q8_0) {
-        q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + o)));
-    } else {
-        q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + o % 16)));
-        if (o >= 16) q = _mm256_srli_epi32(q, 4);
-        q = _mm256_sub_epi32(_mm256_and_si256(q, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
-    }
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
-}
-
-AI size_t esize(int dt) { return dt == TD_DTYPE_F32 ? 4 : 2; } /* not for Q8_0 / Q4_0 */
-/* bytes of 16 weights in a row of dtype dt */
-AI size_t bytes16(int dt) { return dt == TD_DTYPE_F32 ? 64 : dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_Q4_0 ? qblock_bytes(dt) / 2 : 32; }
+AI size_t esize(int dt) { return dt == TD_DTYPE_F32 ? 4 : 2; }
 
 /* n - k (< 16) elements of size esz from p + k*esz into the zeroed 64-byte buf */
 AI void pad16(void *buf, const void *p, int k, int n, size_t esz) {
@@ -153,27 +126,6 @@ AI void tile_step(int MR, int NR, int dt, __m256 (*lo)[4], __m256 (*hi)[4], cons
     }
 }
 
-/* The same for a block of 32 of Q8_0 / Q4_0 weights from element k: two 16-steps,
- * the block's scale converted once per row. */
-AI void qtile_step(int MR, int NR, int dt, __m256 (*lo)[4], __m256 (*hi)[4], const float *x, int ldx, int k,
-                   const char *w, size_t wrow) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) {
-        const char *blk = w + j * wrow + (size_t)(k / TD_QK) * qblock_bytes(dt);
-        __m256 d = qscale(blk);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m256 w0 = qdeq8(blk, 16 * h, d, dt), w1 = qdeq8(blk, 16 * h + 8, d, dt);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
-                const float *xi = x + (size_t)i * ldx + k + 16 * h;
-                lo[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), w0, lo[i][j]);
-                hi[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), w1, hi[i][j]);
-            }
-        }
-    }
-}
-
 /* The register tile: MR tokens x NR outputs, each a D16 dot over all of K. */
 AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow,
              int K, int add) {
@@ -184,19 +136,12 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
         for (int j = 0; j < NR; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
     const char *pf = w + (size_t)NR * wrow * PF_PANELS;
     int k = 0;
-    if (dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_Q4_0)
-        for (; k + TD_QK <= K; k += TD_QK) {
+    for (; k + 16 <= K; k += 16) {
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k / 16 * bytes16(dt), _MM_HINT_T0);
-            qtile_step(MR, NR, dt, lo, hi, x, ldx, k, w, wrow);
-        }
-    else
-        for (; k + 16 <= K; k += 16) {
-#pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k / 16 * bytes16(dt), _MM_HINT_T0);
-            tile_step(MR, NR, dt, lo, hi, x, ldx, k, w, wrow, k);
-        }
-    if (k < K) { /* never for Q8_0 / Q4_0: K is a multiple of 32 */
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * esize(dt), _MM_HINT_T0);
+        tile_step(MR, NR, dt, lo, hi, x, ldx, k, w, wrow, k);
+    }
+    if (k < K) {
         const size_t esz = esize(dt);
         float xb[2][16];
         _Alignas(32) unsigned char wb[4][64];
@@ -226,21 +171,17 @@ typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *
 TILE_SET(TD_DTYPE_F32, f32)
 TILE_SET(TD_DTYPE_F16, f16)
 TILE_SET(TD_DTYPE_BF16, bf16)
-TILE_SET(TD_DTYPE_Q8_0, q8)
-TILE_SET(TD_DTYPE_Q4_0, q4)
 
 /* t[mr][wide]: mr tokens (1, 2) x 1 output (wide = 0) or 3 outputs (wide = 1) */
 typedef struct { tile_fn t[3][2]; tile_fn gemv4; } tile_set;
 #define TS(SUF) {{{0, 0}, {tile_1x1_##SUF, tile_1x3_##SUF}, {tile_2x1_##SUF, tile_2x3_##SUF}}, tile_1x4_##SUF}
-static const tile_set TILES[TD_DTYPE_COUNT] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16),
-                                                [TD_DTYPE_BF16] = TS(bf16), [TD_DTYPE_Q8_0] = TS(q8),
-                                                [TD_DTYPE_Q4_0] = TS(q4)};
+static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
 
 #define MBLOCK 64 /* tokens whose activations stay in L2 while a weight panel streams */
 
 void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt, int K, int n0,
                     int n1, int add) {
-    size_t wrow = td_dtype_row_bytes(dt, K);
+    size_t wrow = (size_t)K * esize(dt);
     const char *wb = W;
     const tile_set *ts = &TILES[dt];
     if (M == 1) {

@@ -35,8 +35,7 @@ int td_avx2_cpu_ok(void);
 /* D16 dot of a (f32) with w (n values of dtype dt). */
 float td_avx2_dot(const float *a, const void *w, int dt, int n);
 void td_avx2_to_f32(float *dst, const void *src, int dt, size_t n);
-/* td_matmul, also for Q8_0 / Q4_0 weights (K a multiple of 32, validated by the
- * caller): the same bits as quant.c's portable product. */
+/* td_matmul for f32 / bf16 / f16 weights (quantized ones: quant_avx2.h). */
 void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
                     int K, int n0, int n1, int add);
 /* The second half of td_rmsnorm: out[i] = w[i] * (x[i] * r). */

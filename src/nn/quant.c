@@ -1,26 +1,36 @@
-/* quant — see quant.h for the formats, the quantizers and why the products are
- * bit-identical to f32 products over the dequantized weights.
+/* quant — see quant.h for the formats, the quantizers, the activation
+ * quantization and the Q16 order every quantized product follows.
  *
  * Three kernel paths, the same bits (chosen by td_kernels_path(), so
  * TD_KERNELS=portable|avx2|avx512 and td_kernels_set_path() switch them with the
- * rest): AVX-512 (F/BW/VL) register tiles here, AVX2 tiles in kernels_avx2.c, and
- * a portable C twin that emulates the 16 D16 lanes with fmaf. fold16 below repeats kernels.c's D16 fold (kernels.h);
- * tests/test_quant.c checks both paths against td_matmul on the dequantized
- * matrix with memcmp, so the two folds cannot drift apart unnoticed. */
+ * rest): AVX-512 VNNI register tiles here, AVX2 tiles in quant_avx2.c, and a
+ * portable C twin. Integer block products are exact, so the paths agree as long
+ * as each lane receives the same fmas in the same order; tests/test_quant.c
+ * checks them against each other and against a scalar transcription of the Q16
+ * order with memcmp.
+ *
+ * Activations are quantized once per call, up to QMB rows at a time, into a
+ * per-thread scratch buffer: the "plain" layout (portable, AVX2) is per row
+ * q[K] int8 then d[K/32] f32; the AVX-512 layout is per row and per pair of
+ * blocks 192 bytes: the 64 q bytes, 16 int32 lanes of -128 * (sum of 4 q) (the
+ * start of the vpdpbusd accumulator, see quant.h) and 16 f32 scales (d of the
+ * even block in lanes 0-7, of the odd one in 8-15). */
 #define _GNU_SOURCE
 #include "nn/quant.h"
 #include "nn/kernels.h"
 #include "util/util.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#define TQ_AVX512 1
+#define TQ_VNNI 1
 #endif
 
-#include "nn/kernels_avx2.h" /* its tiles read Q8_0 / Q4_0 too (TD_HAVE_AVX2_PATH) */
+#include "nn/quant_avx2.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -163,6 +173,72 @@ void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n) {
     for (int64_t b = 0; b < n / TD_QK; b++) deq_block_p(src, b, dtype, dst + b * TD_QK);
 }
 
+/* ---- activation quantization ------------------------------------------------ */
+
+#define ACT_TINY 0x0d800000u /* 2^-100 as f32 bits: smaller blocks quantize to 0 */
+
+/* Scale d and its inverse for a block whose largest |x| has the f32 bits ab;
+ * returns 0 when the block's q are all 0 (non-finite or tiny block). */
+static int act_scale(uint32_t ab, float *d, float *id) {
+    if (ab >= 0x7f800000u) { *d = NAN; *id = 0.0f; return 0; }
+    if (ab < ACT_TINY) { *d = 0.0f; *id = 0.0f; return 0; }
+    float amax;
+    memcpy(&amax, &ab, 4);
+    *d = amax / 127.0f;
+    *id = 1.0f / *d;
+    return 1;
+}
+
+static void act_block_p(const float *x, int8_t *q, float *d) {
+    uint32_t ab = 0;
+    for (int j = 0; j < TD_QK; j++) {
+        uint32_t u;
+        memcpy(&u, x + j, 4);
+        u &= 0x7fffffffu;
+        ab = u > ab ? u : ab;
+    }
+    float id;
+    if (!act_scale(ab, d, &id)) { memset(q, 0, TD_QK); return; }
+    for (int j = 0; j < TD_QK; j++) q[j] = (int8_t)(int)rintf(x[j] * id); /* |x * id| <= 127.0001 */
+}
+
+void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
+    for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, q + b * TD_QK, d + b);
+}
+
+/* This thread's scratch of at least n bytes (64-byte aligned; grows, never
+ * shrinks; freed when the thread exits), or NULL when out of memory. */
+typedef struct { size_t cap; void *p; } qscratch;
+static pthread_key_t g_key;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_key_ok;
+static void scratch_free(void *v) {
+    qscratch *s = v;
+    free(s->p);
+    free(s);
+}
+static void scratch_init(void) { g_key_ok = pthread_key_create(&g_key, scratch_free) == 0; }
+static void *scratch(size_t n) {
+    pthread_once(&g_once, scratch_init);
+    if (!g_key_ok) return NULL;
+    qscratch *s = pthread_getspecific(g_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(g_key, s)) { free(s); return NULL; }
+    }
+    if (s->cap < n) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        void *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(s->p);
+        s->p = p;
+        s->cap = cap;
+    }
+    return s->p;
+}
+
+#define QMB 64 /* rows quantized per pass: their packed activations stay in cache while a weight panel streams */
+
 /* ---- portable products ---------------------------------------------------- */
 
 static float fold16_p(const float *v) {
@@ -173,25 +249,55 @@ static float fold16_p(const float *v) {
     return s2[0] + s2[1];
 }
 
-static void matmul_p(float *y, int ldy, const float *x, int ldx, int M, const char *W, int dt, int K,
-                     int n0, int n1, int add) {
-    size_t wrow = td_dtype_row_bytes(dt, K);
-    float w[TD_QK];
+/* the 32 int8 values of a weight block (Q4_0: nibble - 8) */
+static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
+    if (dt == TD_DTYPE_Q8_0) {
+        memcpy(w, blk + 2, TD_QK);
+        return;
+    }
+    for (int j = 0; j < TD_QK / 2; j++) {
+        w[j] = (int8_t)((blk[2 + j] & 15) - 8);
+        w[j + TD_QK / 2] = (int8_t)((blk[2 + j] >> 4) - 8);
+    }
+}
+
+/* plain layout: row m at a + m * lda: q[K] then d[K/32] */
+static size_t plain_ld(int K) { return ((size_t)K + 4 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
+
+static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K) {
+    for (int m = 0; m < M; m++) {
+        char *r = a + (size_t)m * lda;
+        td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
+    }
+}
+
+static void matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
+                     int n1, int add) {
+    size_t wrow = td_dtype_row_bytes(dt, K), bs = block_bytes(dt);
+    int nb = K / TD_QK;
+    int8_t w[TD_QK];
     for (int n = n0; n < n1; n++)
         for (int m = 0; m < M; m++) {
-            const float *a = x + (size_t)m * ldx;
+            const int8_t *q = (const int8_t *)(a + (size_t)m * lda);
+            const float *d = (const float *)(a + (size_t)m * lda + K);
             float acc[16] = {0};
-            for (int b = 0; b < K / TD_QK; b++) {
-                deq_block_p(W + (size_t)n * wrow, b, dt, w);
-                for (int l = 0; l < TD_QK; l++) acc[l & 15] = fmaf(a[b * TD_QK + l], w[l], acc[l & 15]);
+            for (int b = 0; b < nb; b++) {
+                const unsigned char *blk = (const unsigned char *)W + (size_t)n * wrow + (size_t)b * bs;
+                wvals_p(blk, dt, w);
+                float c = blk_scale(blk) * d[b];
+                for (int l = 0; l < 8; l++) {
+                    int32_t p = 0;
+                    for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * q[32 * b + 4 * l + i];
+                    acc[8 * (b & 1) + l] = fmaf(c, (float)p, acc[8 * (b & 1) + l]);
+                }
             }
             float s = fold16_p(acc), *yp = y + (size_t)m * ldy + n;
             *yp = add ? *yp + s : s;
         }
 }
 
-/* ---- AVX-512 products ------------------------------------------------------ */
-#ifdef TQ_AVX512
+/* ---- AVX-512 VNNI products ------------------------------------------------- */
+#ifdef TQ_VNNI
 
 AI float fold16(__m512 v) {
     __m256 lo = _mm512_castps512_ps256(v);
@@ -203,48 +309,113 @@ AI float fold16(__m512 v) {
     return _mm_cvtss_f32(d);
 }
 
-/* 16 exact f32 weights: half h (values 16h .. 16h+15) of the block at blk. */
-AI __m512 deq16(const char *blk, int h, int dt) {
-    uint16_t d16;
-    memcpy(&d16, blk, 2);
-    __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)d16));
-    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + (dt == TD_DTYPE_Q8_0 ? 16 * h : 0)));
-    if (dt == TD_DTYPE_Q8_0) return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
-    /* Q4_0: table[i] = (i - 8) * d, indexed by the nibble (vpermps reads index bits 0..3) */
-    const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    __m512i idx = _mm512_cvtepu8_epi32(q);
-    if (h) idx = _mm512_srli_epi32(idx, 4);
-    return _mm512_permutexvar_ps(idx, _mm512_mul_ps(tab, d));
+#define PAIR 192 /* packed bytes per row and pair of blocks */
+
+/* 32 activations -> 32 int8 q (the portable act_block_p's operations: exact
+ * max of |x| bits, rint by vcvtps2dq under the default rounding mode) */
+AI void act_block_v(const float *x, int8_t *q, float *d) {
+    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    __m512i ab = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
+                                  _mm512_and_si512(_mm512_castps_si512(v1), abs));
+    float id;
+    if (!act_scale((uint32_t)_mm512_reduce_max_epu32(ab), d, &id)) {
+        memset(q, 0, TD_QK);
+        return;
+    }
+    __m512 vid = _mm512_set1_ps(id);
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, vid))));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, vid))));
 }
 
-/* MR tokens x NR outputs, each a D16 dot over all of K (K % 32 == 0). */
-AI void qtile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow,
-              int K, int add, const char *pf) {
+static void pack_v(char *a, size_t lda, const float *x, int ldx, int M, int K) {
+    int nb = K / TD_QK;
+    const __m512i u128 = _mm512_set1_epi8((char)0x80);
+    for (int m = 0; m < M; m++)
+        for (int p = 0; 2 * p < nb; p++) {
+            char *o = a + (size_t)m * lda + (size_t)p * PAIR;
+            float d[2] = {0.0f, 0.0f};
+            for (int h = 0; h < 2; h++) {
+                if (2 * p + h < nb) act_block_v(x + (size_t)m * ldx + (size_t)(2 * p + h) * TD_QK, (int8_t *)o + 32 * h, &d[h]);
+                else memset(o + 32 * h, 0, TD_QK);
+            }
+            __m512i q = _mm512_loadu_si512(o);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u128, q); /* 128 * sum of 4 q per lane */
+            _mm512_storeu_si512(o + 64, _mm512_sub_epi32(_mm512_setzero_si512(), s));
+            _mm512_storeu_ps(o + 128, _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1));
+        }
+}
+
+/* Blocks 2p, 2p+1 of a weight row (blk = block 2p; one = only block 2p exists):
+ * the 64 values as u8 = w + 128, and the scales (dw of block 2p in lanes 0-7). */
+AI __m512i wpair(const char *blk, int dt, int one) {
+    if (dt == TD_DTYPE_Q8_0) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        __m256i hi = one ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(blk + 36));
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
+    }
+    /* Q4_0: 128-bit lanes [qs0, qs0 >> 4, qs1, qs1 >> 4] & 15, + 120 (= nibble - 8 + 128) */
+    __m128i a = _mm_loadu_si128((const __m128i *)(blk + 2));
+    __m128i b = one ? _mm_setzero_si128() : _mm_loadu_si128((const __m128i *)(blk + 20));
+    __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1);
+    __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+    __m512i v = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(15));
+    return _mm512_add_epi8(v, _mm512_set1_epi8(120));
+}
+AI __m512 wscale(const char *blk, size_t bs, int one) {
+    uint16_t d0, d1 = 0;
+    memcpy(&d0, blk, 2);
+    if (!one) memcpy(&d1, blk + bs, 2);
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)d0)), _mm_set1_epi16((short)d1), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* One pair of blocks (2p, 2p+1; one: only 2p exists, the last block of an odd
+ * count) of an MR x NR tile. */
+AI void istep(int MR, int NR, int dt, __m512 (*acc)[8], const char *a, size_t lda, const char *w, size_t wrow,
+              int p, int one) {
+    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const char *blk = w + (size_t)(2 * p) * bs;
+    __m512i wu[8];
+    __m512 dw[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) {
+        wu[j] = wpair(blk + j * wrow, dt, one);
+        dw[j] = wscale(blk + j * wrow, bs, one);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        const char *ap = a + (size_t)i * lda + (size_t)p * PAIR;
+        __m512i q = _mm512_loadu_si512(ap);
+        __m512 dx = _mm512_loadu_ps(ap + 128);
+        __asm__("" : "+v"(q), "+v"(dx)); /* one load each per token, not one per output */
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            __m512 pv = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_loadu_si512(ap + 64), wu[j], q));
+            __m512 c = _mm512_mul_ps(dw[j], dx);
+            acc[i][j] = one ? _mm512_mask3_fmadd_ps(c, pv, acc[i][j], 0x00FF) : _mm512_fmadd_ps(c, pv, acc[i][j]);
+        }
+    }
+}
+
+/* MR tokens x NR outputs in the Q16 order (nb blocks; a: packed rows at stride
+ * lda; w: NR weight rows at stride wrow; pf: the rows to prefetch, or NULL). */
+AI void itile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow,
+              int nb, int add, const char *pf) {
     __m512 acc[8][8];
     const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int b = 0; b < K / 32; b++) {
-        const char *blk = w + (size_t)b * bs;
-        if (pf && (b & 1) == 0)
+    int p = 0;
+    for (; 2 * p + 1 < nb; p++) {
+        if (pf && (dt == TD_DTYPE_Q8_0 || (p & 1) == 0))
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)b * bs, _MM_HINT_T0);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m512 wv[8];
-#pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) wv[j] = deq16(blk + j * wrow, h, dt);
-#pragma GCC unroll 8
-            for (int i = 0; i < MR; i++) {
-                __m512 xv = _mm512_loadu_ps(x + (size_t)i * ldx + 32 * b + 16 * h);
-                __asm__("" : "+v"(xv)); /* one load per token, not one per FMA */
-#pragma GCC unroll 8
-                for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-            }
-        }
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)(2 * p) * bs, _MM_HINT_T0);
+        istep(MR, NR, dt, acc, a, lda, w, wrow, p, 0);
     }
+    if (2 * p < nb) istep(MR, NR, dt, acc, a, lda, w, wrow, p, 1);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
@@ -255,99 +426,111 @@ AI void qtile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx
         }
 }
 
-typedef void (*qtile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add,
+typedef void (*itile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int nb, int add,
                          const char *pf);
-#ifndef QMR
-#define QMR 8 /* tokens per tile for M >= 2 */
-#endif
-#ifndef QNR
-#define QNR 3 /* outputs per tile for M >= 2 */
-#endif
-#ifndef QNR1
+/* Tiles (in L2, one core, K = 1024 and 3072, M = 2..64, in-process against
+ * 8x2, 8x3 and 4x3: 4x4 was best or level everywhere; M = 1: 1x8 streamed
+ * faster than 1x2, 1x4, 1x6): 4 tokens x 4 outputs keep 16 accumulators, the
+ * 4 outputs' weights and scales and one token's activations in registers. */
+#define QMR 4  /* tokens per tile for M >= 2 */
+#define QNR 4  /* outputs per tile for M >= 2 */
 #define QNR1 8 /* outputs per tile for M == 1 */
-#endif
-#define QT_INST(MR, NR, DT, SUF) QT_INST_(MR, NR, DT, SUF)
-#define QT_INST_(MR, NR, DT, SUF)                                                                         \
-    static void qt_##MR##x##NR##_##SUF(float *y, int ldy, const float *x, int ldx, const char *w,         \
-                                       size_t wrow, int K, int add, const char *pf) {                     \
-        qtile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add, pf);                                           \
+#define IT_INST(MR, NR, DT, SUF)                                                                          \
+    static void it_##MR##x##NR##_##SUF(float *y, int ldy, const char *a, size_t lda, const char *w,       \
+                                       size_t wrow, int nb, int add, const char *pf) {                    \
+        itile(MR, NR, DT, y, ldy, a, lda, w, wrow, nb, add, pf);                                          \
     }
-#define QT_SET(DT, SUF)                                                                                   \
-    QT_INST(1, 1, DT, SUF) QT_INST(2, 1, DT, SUF) QT_INST(3, 1, DT, SUF) QT_INST(4, 1, DT, SUF)           \
-    QT_INST(5, 1, DT, SUF) QT_INST(6, 1, DT, SUF) QT_INST(7, 1, DT, SUF) QT_INST(8, 1, DT, SUF)           \
-    QT_INST(1, QNR, DT, SUF) QT_INST(2, QNR, DT, SUF) QT_INST(3, QNR, DT, SUF) QT_INST(4, QNR, DT, SUF)   \
-    QT_INST(5, QNR, DT, SUF) QT_INST(6, QNR, DT, SUF) QT_INST(7, QNR, DT, SUF) QT_INST(8, QNR, DT, SUF)   \
-    QT_INST(1, QNR1, DT, SUF)
-QT_SET(TD_DTYPE_Q8_0, q8)
-QT_SET(TD_DTYPE_Q4_0, q4)
+#define IT_SET(DT, SUF)                                                                                   \
+    IT_INST(1, 1, DT, SUF) IT_INST(2, 1, DT, SUF) IT_INST(3, 1, DT, SUF) IT_INST(4, 1, DT, SUF)           \
+    IT_INST(1, 4, DT, SUF) IT_INST(2, 4, DT, SUF) IT_INST(3, 4, DT, SUF) IT_INST(4, 4, DT, SUF)           \
+    IT_INST(1, 8, DT, SUF)
+IT_SET(TD_DTYPE_Q8_0, q8)
+IT_SET(TD_DTYPE_Q4_0, q4)
 
-#define QN(MR, NR, SUF) qt_##MR##x##NR##_##SUF
-#define QNX(MR, NR, SUF) QN(MR, NR, SUF)
-typedef struct { qtile_fn t[9][2]; qtile_fn gemv; } qtile_set;
-#define QTS(SUF) {{{0, 0}, {QN(1, 1, SUF), QNX(1, QNR, SUF)}, {QN(2, 1, SUF), QNX(2, QNR, SUF)},           \
-                   {QN(3, 1, SUF), QNX(3, QNR, SUF)}, {QN(4, 1, SUF), QNX(4, QNR, SUF)},                   \
-                   {QN(5, 1, SUF), QNX(5, QNR, SUF)}, {QN(6, 1, SUF), QNX(6, QNR, SUF)},                   \
-                   {QN(7, 1, SUF), QNX(7, QNR, SUF)}, {QN(8, 1, SUF), QNX(8, QNR, SUF)}},                  \
-                  QNX(1, QNR1, SUF)}
-static const qtile_set QTILES[2] = {QTS(q8), QTS(q4)};
+typedef struct { itile_fn t[QMR + 1][2]; itile_fn gemv; } itile_set; /* t[mr][NR = 1 | QNR] */
+#define ITS(S) {{{0, 0}, {it_1x1_##S, it_1x4_##S}, {it_2x1_##S, it_2x4_##S}, {it_3x1_##S, it_3x4_##S},         \
+                 {it_4x1_##S, it_4x4_##S}}, it_1x8_##S}
+static const itile_set ITILES[2] = {ITS(q8), ITS(q4)};
 
-#define QMBLOCK 64 /* tokens whose activations stay in cache while a weight panel streams */
+static int vnni_ok(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx512vnni");
+    }
+    return ok;
+}
 
-static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const char *W, int dt, int K, int n0,
+/* rows [0, M) of the packed activations a against weight rows [n0, n1) */
+static void matmul_v(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
                      int n1, int add) {
     size_t wrow = td_dtype_row_bytes(dt, K);
-    const qtile_set *ts = &QTILES[dt == TD_DTYPE_Q8_0 ? 0 : 1];
+    int nb = K / TD_QK;
+    const itile_set *ts = &ITILES[dt == TD_DTYPE_Q8_0 ? 0 : 1];
     const char *wend = W + (size_t)n1 * wrow;
     if (M == 1) {
         int n = n0;
         for (; n + QNR1 <= n1; n += QNR1) {
             const char *pf = W + (size_t)(n + 2 * QNR1) * wrow; /* two panels ahead */
-            ts->gemv(y + n, ldy, x, ldx, W + (size_t)n * wrow, wrow, K, add, pf + QNR1 * wrow <= wend ? pf : NULL);
+            ts->gemv(y + n, ldy, a, lda, W + (size_t)n * wrow, wrow, nb, add, pf + QNR1 * wrow <= wend ? pf : NULL);
         }
-        for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, W + (size_t)n * wrow, wrow, K, add, NULL);
+        for (; n < n1; n++) ts->t[1][0](y + n, ldy, a, lda, W + (size_t)n * wrow, wrow, nb, add, NULL);
         return;
     }
-    for (int mb = 0; mb < M; mb += QMBLOCK) {
-        int me = mb + QMBLOCK < M ? mb + QMBLOCK : M;
-        int n = n0;
-        for (; n + QNR <= n1; n += QNR) {
-            const char *pf = W + (size_t)(n + 2 * QNR) * wrow;
-            pf = pf + QNR * wrow <= wend ? pf : NULL;
-            for (int m = mb; m < me; m += QMR) {
-                int mr = me - m < QMR ? me - m : QMR;
-                ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, W + (size_t)n * wrow, wrow, K,
-                             add, m == mb ? pf : NULL);
-            }
+    int n = n0;
+    for (; n + QNR <= n1; n += QNR) {
+        const char *pf = W + (size_t)(n + 2 * QNR) * wrow;
+        pf = pf + QNR * wrow <= wend ? pf : NULL;
+        for (int m = 0; m < M; m += QMR) {
+            int mr = M - m < QMR ? M - m : QMR;
+            ts->t[mr][1](y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, W + (size_t)n * wrow, wrow, nb, add,
+                         m == 0 ? pf : NULL);
         }
-        for (; n < n1; n++)
-            for (int m = mb; m < me; m += QMR) {
-                int mr = me - m < QMR ? me - m : QMR;
-                ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, W + (size_t)n * wrow, wrow, K,
-                             add, NULL);
-            }
     }
+    for (; n < n1; n++)
+        for (int m = 0; m < M; m += QMR) {
+            int mr = M - m < QMR ? M - m : QMR;
+            ts->t[mr][0](y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, W + (size_t)n * wrow, wrow, nb, add,
+                         NULL);
+        }
 }
-#endif /* TQ_AVX512 */
+#endif /* TQ_VNNI */
+
+static void set_nan(float *y, int ldy, int M, int n0, int n1) {
+    for (int m = 0; m < M; m++)
+        for (int n = n0; n < n1; n++) y[(size_t)m * ldy + n] = NAN;
+}
 
 void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype, int K, int n0,
                      int n1, int add) {
     if (M <= 0 || n0 >= n1) return;
-    if (!td_dtype_is_quant(dtype) || K <= 0 || K % TD_QK) { /* callers validate; never silently wrong */
-        for (int m = 0; m < M; m++)
-            for (int n = n0; n < n1; n++) y[(size_t)m * ldy + n] = NAN;
-        return;
-    }
-#ifdef TQ_AVX512
-    if (td_kernels_path() == TD_KPATH_AVX512) {
-        matmul_v(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
+    if (!td_dtype_is_quant(dtype) || K <= 0 || K % TD_QK) { set_nan(y, ldy, M, n0, n1); return; } /* callers validate */
+    int path = td_kernels_path(), mb = M < QMB ? M : QMB;
+#ifdef TQ_VNNI
+    if (path == TD_KPATH_AVX512 && vnni_ok()) {
+        size_t lda = (size_t)(K / TD_QK + 1) / 2 * PAIR;
+        char *a = scratch(lda * (size_t)mb);
+        if (!a) { set_nan(y, ldy, M, n0, n1); return; }
+        for (int m = 0; m < M; m += QMB) {
+            int me = m + QMB < M ? m + QMB : M;
+            pack_v(a, lda, x + (size_t)m * ldx, ldx, me - m, K);
+            matmul_v(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
+        }
         return;
     }
 #endif
-#ifdef TD_HAVE_AVX2_PATH
-    if (td_kernels_path() == TD_KPATH_AVX2) {
-        td_avx2_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
-        return;
-    }
+    size_t lda = plain_ld(K);
+    char *a = scratch(lda * (size_t)mb);
+    if (!a) { set_nan(y, ldy, M, n0, n1); return; }
+    for (int m = 0; m < M; m += QMB) {
+        int me = m + QMB < M ? m + QMB : M;
+        pack_plain(a, lda, x + (size_t)m * ldx, ldx, me - m, K);
+#ifdef TD_HAVE_QUANT_AVX2
+        if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { /* AVX-512 without VNNI: the AVX2 kernels */
+            td_avx2_qmatmul(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
+            continue;
+        }
 #endif
-    matmul_p(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
+        matmul_p(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
+    }
 }

@@ -10,15 +10,41 @@
  * nibble = min(15, trunc(x/d + 8.5)). Non-finite or NaN inputs give a defined
  * (clamped) result instead of undefined behaviour.
  *
- * Matrix products (td_quant_matmul, reached through td_matmul): every weight is
- * dequantized exactly to f32 — q * d is exact in f32 (at most 8 + 11 significant
- * bits) — and multiplied in the D16 order of kernels.h. So the result is the same
- * bits as td_matmul over the f32 dequantized matrix: batch invariance and the
- * reference for tests come for free, and activations are never rounded. The
- * AVX-512 tiles (up to 8 tokens x 3 outputs, or 1 x 8 for decode) dequantize a
- * 16-value half block per output row once and reuse it for every token of the
- * tile; Q4_0 dequantizes by a 16-entry table lookup (vpermps) of (n - 8) * d.
- * The portable path computes the same operations in the same order. */
+ * Matrix products (td_quant_matmul, reached through td_matmul) follow llama.cpp:
+ * each activation row is quantized to Q8 blocks of 32 (below), every block pair
+ * is multiplied in exact integer arithmetic, and the block results are scaled
+ * and summed in f32 in ONE fixed order ("Q16", below) on every kernel path
+ * (portable C, AVX2, AVX-512 VNNI), for every M, output range, tile shape and
+ * thread count: a row's logits do not depend on how many rows share the call
+ * (batch invariance), and TD_KERNELS=portable|avx2|avx512 give the same bits.
+ *
+ * Activation quantization (td_quant_act_row; per row, per block of 32 values):
+ *   amax = max |x_i| (exact); amax non-finite (a NaN or inf in the block):
+ *   d = NaN, q_i = 0 (so the product's outputs are NaN, never a number);
+ *   amax < 2^-100: d = 0, q_i = 0; else d = amax / 127, id = 1 / d (f32
+ *   divisions), q_i = rint(x_i * id) (round to nearest even; |q_i| <= 127).
+ *   d stays f32 (llama.cpp rounds it to f16).
+ * The Q16 order of an output y[m][n] = sum_k x[m][k] W[n][k] (blocks b = 0 ..
+ * K/32 - 1; w = the block's int8 values, Q4_0 nibble - 8; dw its f16 scale in f32):
+ *   P_b[l] = sum_{i<4} w[4l+i] * q[32b+4l+i]   (l = 0..7, exact int32)
+ *   c_b    = dw_b * d_b                        (f32 multiply)
+ *   acc[8 (b & 1) + l] = fma(c_b, (float)P_b[l], acc[8 (b & 1) + l])  (b ascending;
+ *   16 f32 lanes from 0; even blocks in lanes 0-7, odd blocks in 8-15 — with an
+ *   odd number of blocks, lanes 8-15 are simply not touched by the last one)
+ *   s = the D16 fold of acc (kernels.h); y = s, or y + s when add.
+ * Error against the f32 product over the dequantized weights wd (stated bound,
+ * tests/test_quant.c checks it on random and ragged inputs): per block, the
+ * activation rounding is at most d_b/2 (+ the rounding of d and id, < 2^-15 d_b)
+ * per value, so |y - sum wd x| <= sum_b (0.5001 d_b) sum_{k in b} |wd_k|
+ * + (K/32 + 6) 2^-23 sum_b |c_b| sum_l |P_b[l]|   (the f32 additions).
+ * Measured relative rms error of a product vs the unquantized weights: q8_0
+ * ~1e-2 (weights and activations each ~0.6% rms), q4_0 ~0.1.
+ * Kernels: AVX-512 VNNI (vpdpbusd on u8 = w + 128 against s8 activations, with
+ * -128 * sum q precomputed per activation lane as the accumulator's start: so
+ * weight bytes of -128 in a GGUF file are exact too), register tiles of 4
+ * tokens x 4 outputs, 1 x 8 for decode; AVX2 (quant_avx2.c: vpmaddubsw of |w|
+ * with sign(q, w), then vpmaddwd); portable C. CPUs with AVX-512 but without
+ * VNNI run the AVX2 kernels for quantized weights (same bits). */
 #ifndef TD_QUANT_H
 #define TD_QUANT_H
 
@@ -63,10 +89,17 @@ int td_quantize_row(int dtype, const float *x, void *dst, int64_t n);
 /* Dequantize n values (n % 32 == 0) starting at a block boundary of src. */
 void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
 
+/* Quantize one activation row of K values (K % 32 == 0) as above: q[K] int8,
+ * d[K/32] f32 scales. */
+void td_quant_act_row(const float *x, int K, int8_t *q, float *d);
+
 /* td_matmul for a quantized W ([N] rows of K values, row-major blocks; K must
- * be a multiple of 32 — callers validate at load; with another K the outputs
- * [n0, n1) are set to NaN). Same contract and bits as td_matmul on the f32
- * dequantized matrix, on every kernel path. */
+ * be a multiple of 32 — callers validate at load; with another K, or if this
+ * thread's activation scratch cannot be allocated, the outputs [n0, n1) are set
+ * to NaN). Each activation row is quantized (td_quant_act_row) and the outputs
+ * are computed in the Q16 order above: the same bits on every kernel path and
+ * for every M / [n0, n1). Scratch: a per-thread buffer that grows to the
+ * largest call's packed activations (up to 64 rows; freed at thread exit). */
 void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype,
                      int K, int n0, int n1, int add);
 

@@ -1,0 +1,136 @@
+/* quant_avx2 — the Q16 order (quant.h) on 256-bit registers.
+ *
+ * One block per step: its 32 int8 weights w (Q4_0: nibble - 8) against the
+ * block's 32 activation q: vpmaddubsw(|w|, sign(q, w)) gives 16 exact int16 pair
+ * sums (|w| <= 128 and |q| <= 127, so a pair is at most 32512: never saturated,
+ * even for a weight byte of -128), vpmaddwd with ones the 8 lanes P_b[l] (4
+ * consecutive products each, as quant.h defines them). Then c = dw * d and one
+ * fma per lane into the accumulator of the block's parity: lo (lanes 0-7) for
+ * even blocks, hi (lanes 8-15) for odd ones; the fold is kernels_avx2.c's.
+ * Tiles: 1 token x 4 outputs (decode), 2 tokens x 2 outputs. */
+#include "nn/quant_avx2.h"
+
+#ifdef TD_HAVE_QUANT_AVX2
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "quant_avx2.c needs -mavx2 -mfma -mf16c (the Makefile adds them on x86-64)"
+#endif
+#include "nn/quant.h"
+#include "tandem.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+AI float fold16(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi);                                              /* s8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* s4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                 /* s2 in lanes 0,1 */
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                  /* s2[0] + s2[1] */
+    return _mm_cvtss_f32(d);
+}
+
+/* the 32 int8 weights of the block at blk */
+AI __m256i wvals(const char *blk, int dt) {
+    if (dt == TD_DTYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
+}
+AI __m256 wscale(const char *blk) {
+    uint16_t d;
+    memcpy(&d, blk, 2);
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)d));
+}
+
+AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
+              int add) {
+    __m256 acc[2][2][4]; /* [parity][token][output] */
+    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int nb = K / 32;
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const int h = b & 1;
+        if ((b & 1) == 0 && b + 8 < nb)
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)(b + 8) * bs, _MM_HINT_T0);
+        __m256i wv[4], wa[4];
+        __m256 dw[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            const char *blk = w + j * wrow + (size_t)b * bs;
+            wv[j] = wvals(blk, dt);
+            wa[j] = _mm256_abs_epi8(wv[j]);
+            dw[j] = wscale(blk);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+            const char *ar = a + (size_t)i * lda;
+            __m256i q = _mm256_loadu_si256((const __m256i *)(ar + 32 * b));
+            __m256 dx = _mm256_broadcast_ss((const float *)(ar + K) + b);
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                __m256i p16 = _mm256_maddubs_epi16(wa[j], _mm256_sign_epi8(q, wv[j]));
+                __m256 pv = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                acc[h][i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[j], dx), pv, acc[h][i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            float s = fold16(acc[0][i][j], acc[1][i][j]);
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = add ? *yp + s : s;
+        }
+}
+
+typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K, int add);
+#define QT_INST(MR, NR, DT, SUF)                                                                         \
+    static void qt_##MR##x##NR##_##SUF(float *y, int ldy, const char *a, size_t lda, const char *w,      \
+                                       size_t wrow, int K, int add) {                                    \
+        qtile(MR, NR, DT, y, ldy, a, lda, w, wrow, K, add);                                              \
+    }
+#define QT_SET(DT, SUF) QT_INST(1, 1, DT, SUF) QT_INST(2, 1, DT, SUF) QT_INST(1, 4, DT, SUF) QT_INST(2, 2, DT, SUF)
+QT_SET(TD_DTYPE_Q8_0, q8)
+QT_SET(TD_DTYPE_Q4_0, q4)
+typedef struct { qtile_fn t1, t2, gemv4, t22; } qtile_set; /* 1x1, 2x1, 1x4, 2x2 */
+static const qtile_set QTILES[2] = {{qt_1x1_q8, qt_2x1_q8, qt_1x4_q8, qt_2x2_q8},
+                                    {qt_1x1_q4, qt_2x1_q4, qt_1x4_q4, qt_2x2_q4}};
+
+void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
+                     int n1, int add) {
+    size_t wrow = td_dtype_row_bytes(dt, K);
+    const char *wb = W;
+    const qtile_set *ts = &QTILES[dt == TD_DTYPE_Q8_0 ? 0 : 1];
+    if (M == 1) {
+        int n = n0;
+        for (; n + 4 <= n1; n += 4) ts->gemv4(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
+        for (; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
+        return;
+    }
+    int n = n0;
+    for (; n + 2 <= n1; n += 2)
+        for (int m = 0; m < M; m += 2) {
+            if (M - m >= 2) ts->t22(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
+            else {
+                ts->t1(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
+                ts->t1(y + (size_t)m * ldy + n + 1, ldy, a + (size_t)m * lda, lda, wb + (n + 1) * wrow, wrow, K, add);
+            }
+        }
+    for (; n < n1; n++)
+        for (int m = 0; m < M; m += 2) {
+            if (M - m >= 2) ts->t2(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
+            else ts->t1(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
+        }
+}
+
+#else
+typedef int td_quant_avx2_empty; /* not an x86-64 build: no AVX2 path */
+#endif

@@ -1,0 +1,22 @@
+/* quant_avx2 — the AVX2 kernels of quantized products (internal: quant.c
+ * dispatches to them on the AVX2 path, and on AVX-512 CPUs without VNNI).
+ *
+ * Same bits as quant.c's portable product (the Q16 order of quant.h). Compiled
+ * with -mavx2 -mfma -mf16c -mno-avx512f whatever the build's ARCH is (Makefile),
+ * so it exists in every x86-64 build; call it only when td_avx2_cpu_ok()
+ * (kernels_avx2.h) says the CPU has those instructions. */
+#ifndef TD_QUANT_AVX2_H
+#define TD_QUANT_AVX2_H
+
+#include <stddef.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TD_HAVE_QUANT_AVX2 1
+/* y[m][n] (+)= the Q16 product of activation row m, packed in quant.c's plain
+ * layout at a + m * lda (q[K] int8, then d[K/32] f32), with weight row n of W
+ * (dt = TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0, K % 32 == 0), for m < M, n in [n0, n1). */
+void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
+                     int n1, int add);
+#endif
+
+#endif
