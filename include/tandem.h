@@ -189,6 +189,12 @@ typedef struct td_ctx_params {
     int max_tokens;  /* most new tokens in one forward, over all rows */
     int max_logits;  /* most positions with logits in one forward */
     int n_threads;   /* 0 = td_ctx_default_threads() */
+    int kv_type;     /* storage of the KV cache: TD_DTYPE_F32 (the default, 0), TD_DTYPE_BF16 or
+                        TD_DTYPE_F16 (half the bytes). Each K/V row is rounded once when written
+                        (to nearest even) and widened exactly when read, so batch invariance and
+                        speculative exactness hold for every type; bf16/f16 change the logits
+                        slightly (tests/test_conformance.c states the tolerance). Other values:
+                        TD_EINVAL. */
     const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads
                         instead of starting new ones (it must outlive this context, and the
                         two must not run forwards at the same time). Drafters share the
@@ -196,6 +202,10 @@ typedef struct td_ctx_params {
 } td_ctx_params;
 
 td_ctx_params td_ctx_default_params(void);
+/* The KV type of a name: "f32", "bf16" or "f16" -> TD_DTYPE_*; -1 for any other. */
+int td_kv_type_parse(const char *name);
+/* The name of a KV type ("f32", "bf16", "f16"), or NULL when it is not one. */
+const char *td_kv_type_name(int kv_type);
 /* The default thread count: physical cores among the CPUs this process may run
  * on (hyper-thread siblings count once); the CPU count where the kernel does not
  * describe its topology. */

@@ -9,10 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A context of `rows` rows x 64 positions, 64 tokens and logits per forward. */
-static inline td_ctx *tc_open_ctx(const td_model *m, int rows, int threads) {
+/* A context of `rows` rows x 64 positions, 64 tokens and logits per forward,
+ * its KV cache stored as kv (TD_DTYPE_F32, BF16 or F16). */
+static inline td_ctx *tc_open_ctx(const td_model *m, int rows, int threads, int kv) {
     td_ctx_params p = td_ctx_default_params();
-    p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads;
+    p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads; p.kv_type = kv;
     td_ctx *c = NULL;
     td_err err = {0};
     if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);
@@ -34,12 +35,12 @@ static inline int tc_feed(td_ctx *c, int row, const int32_t *toks, int n, float 
  * seq[0..4], the 7 positions seq[5..11] computed as T=1 steps (one thread),
  * as one T=7 block, and inside a ragged batch of 5 rows (two threads; the
  * other rows have other histories and lengths) must be memcmp-equal.
- * ref [7][V] receives the T=1 logits. Returns NULL when all agree, else what
- * failed (a static string). */
-static inline const char *tc_invariance(const td_model *m, int V, const int32_t seq[12], float *ref) {
+ * ref [7][V] receives the T=1 logits. kv: the contexts' KV type. Returns NULL
+ * when all agree, else what failed (a static string). */
+static inline const char *tc_invariance(const td_model *m, int V, const int32_t seq[12], float *ref, int kv) {
     const char *bad = NULL;
     float *blk = malloc(sizeof(float) * 64 * (size_t)V), *bat = malloc(sizeof(float) * 64 * (size_t)V);
-    td_ctx *c1 = tc_open_ctx(m, 1, 1), *c5 = tc_open_ctx(m, 5, 2);
+    td_ctx *c1 = tc_open_ctx(m, 1, 1, kv), *c5 = tc_open_ctx(m, 5, 2, kv);
     int r, rows[5], ntok[5] = {3, 7, 1, 9, 2};
     uint64_t st = 0x9e3779b97f4a7c15ull ^ (uint64_t)seq[0];
     if (!blk || !bat || !c1 || !c5) { bad = "no memory or context"; goto out; }

@@ -7,6 +7,7 @@
 #include "tmodel.h"
 #include "tctx.h"
 
+#include <math.h>
 #include <unistd.h>
 
 static td_model *open_model(const char *dir, const tm_shape *s) {
@@ -17,8 +18,13 @@ static td_model *open_model(const char *dir, const tm_shape *s) {
     return m;
 }
 
-static void test_invariance(const char *name, const tm_shape *s, const char *dir) {
-    t_begin(name);
+static const char *KVN[3] = {[TD_DTYPE_F32] = "f32", [TD_DTYPE_F16] = "f16", [TD_DTYPE_BF16] = "bf16"};
+
+/* kv: the KV cache's type (each type must keep every invariance) */
+static void test_invariance(const char *name, const tm_shape *s, const char *dir, int kv) {
+    char nm[128];
+    snprintf(nm, sizeof nm, "%s%s%s", name, kv == TD_DTYPE_F32 ? "" : "_kv_", kv == TD_DTYPE_F32 ? "" : KVN[kv]);
+    t_begin(nm);
     td_model *m = open_model(dir, s);
     td_ctx *c3 = NULL;
     float *a = NULL, *dd = NULL;
@@ -30,11 +36,11 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     a = malloc(sizeof(float) * 64 * V); dd = malloc(sizeof(float) * 64 * V);
     T_REQUIRE(a && dd, "memory");
     /* T=1 steps (one thread) == one T=7 block == inside a ragged B=5 batch (two threads) */
-    const char *bad = tc_invariance(m, V, seq, a);
+    const char *bad = tc_invariance(m, V, seq, a, kv);
     T_CHECK(bad == NULL, "%s", bad ? bad : "");
     /* the T=7 block with 3 threads: the attention of one row then runs as two
      * jobs (post-processing, then attention units) instead of one fused job */
-    c3 = tc_open_ctx(m, 1, 3);
+    c3 = tc_open_ctx(m, 1, 3, kv);
     T_REQUIRE(c3 != NULL, "context of 3 threads");
     int r;
     td_ctx_row_add(c3, &r);
@@ -48,14 +54,16 @@ done:
     t_end();
 }
 
-static void test_rollback(const tm_shape *s, const char *dir) {
-    t_begin("kv_rollback");
+static void test_rollback(const tm_shape *s, const char *dir, int kv) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "kv_rollback%s%s", kv == TD_DTYPE_F32 ? "" : "_", kv == TD_DTYPE_F32 ? "" : KVN[kv]);
+    t_begin(nm);
     td_model *m = open_model(dir, s);
     td_ctx *c = NULL;
     float *ref = NULL, *got = NULL, *tmp = NULL;
     T_REQUIRE(m != NULL, "model");
     int V = s->vocab;
-    c = tc_open_ctx(m, 2, 2);
+    c = tc_open_ctx(m, 2, 2, kv);
     T_REQUIRE(c != NULL, "ctx");
     ref = malloc(sizeof(float) * 64 * V); got = malloc(sizeof(float) * 64 * V); tmp = malloc(sizeof(float) * 64 * V);
     int32_t seq[20], alt[8];
@@ -83,13 +91,62 @@ done:
     t_end();
 }
 
+/* The KV type is in force (bf16 / f16 storage changes the logits a little, not
+ * a lot: they stay close to f32's) and a bad one is refused with a message. */
+static void test_kv_types(const tm_shape *s, const char *dir) {
+    t_begin("kv_types");
+    td_model *m = open_model(dir, s);
+    td_ctx *c[3] = {0};
+    float *lg[3] = {0};
+    T_REQUIRE(m != NULL, "model");
+    int V = s->vocab;
+    int32_t seq[16];
+    uint64_t st = 5;
+    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    for (int kv = 0; kv < 3; kv++) {
+        c[kv] = tc_open_ctx(m, 1, 2, kv);
+        lg[kv] = malloc(sizeof(float) * 16 * V);
+        T_REQUIRE(c[kv] && lg[kv], "ctx %s", KVN[kv]);
+        T_CHECK(td_ctx_get_params(c[kv]).kv_type == kv, "kv_type %s kept", KVN[kv]);
+        int r;
+        td_ctx_row_add(c[kv], &r);
+        T_REQUIRE(tc_feed(c[kv], r, seq, 16, lg[kv]) == 0, "forward %s", KVN[kv]);
+    }
+    for (int kv = 1; kv < 3; kv++) {
+        double md = 0, mx = 0;
+        for (size_t i = 0; i < (size_t)16 * V; i++) {
+            double d = fabs((double)lg[kv][i] - lg[0][i]);
+            md = d > md ? d : md;
+            mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+        }
+        printf("  kv %s: worst logit difference from f32 %.3g (max |logit| %.3g)\n", KVN[kv], md, mx);
+        T_CHECK(md > 0, "kv %s: logits equal f32's bit for bit: the storage type is not in force", KVN[kv]);
+        T_CHECK(md <= 1e-2 * mx, "kv %s: logits differ from f32 by %.3g (of %.3g)", KVN[kv], md, mx);
+    }
+    td_ctx_params p = td_ctx_default_params();
+    T_CHECK(p.kv_type == TD_DTYPE_F32 || p.kv_type == TD_DTYPE_BF16 || p.kv_type == TD_DTYPE_F16, "default kv type");
+    p.kv_type = TD_DTYPE_Q8_0;
+    td_ctx *bad = NULL;
+    td_err err = {0};
+    T_CHECK(td_ctx_open(&bad, m, &p, &err) == TD_EINVAL && !bad && strstr(err.msg, "kv_type"), "q8_0 KV refused: %s", err.msg);
+    p.kv_type = -1;
+    T_CHECK(td_ctx_open(&bad, m, &p, &err) == TD_EINVAL && !bad, "kv_type -1 refused");
+    T_CHECK(td_kv_type_parse("bf16") == TD_DTYPE_BF16 && td_kv_type_parse("f16") == TD_DTYPE_F16 &&
+            td_kv_type_parse("f32") == TD_DTYPE_F32 && td_kv_type_parse("fp8") == -1 && td_kv_type_parse("") == -1 &&
+            td_kv_type_parse(NULL) == -1, "kv type names");
+done:
+    for (int kv = 0; kv < 3; kv++) { td_ctx_free(c[kv]); free(lg[kv]); }
+    td_model_free(m);
+    t_end();
+}
+
 static void test_bad_batches(const tm_shape *s, const char *dir) {
     t_begin("forward_bad_input");
     td_model *m = open_model(dir, s);
     td_ctx *c = NULL;
     float *lg = NULL;
     T_REQUIRE(m != NULL, "model");
-    c = tc_open_ctx(m, 2, 1);
+    c = tc_open_ctx(m, 2, 1, TD_DTYPE_F32);
     T_REQUIRE(c != NULL, "ctx");
     lg = malloc(sizeof(float) * 64 * s->vocab);
     int r;
@@ -131,7 +188,7 @@ static void test_taps(const tm_shape *s, const char *dir) {
     td_ctx *c = NULL;
     float *lg = NULL, *tp = NULL, *tp2 = NULL;
     T_REQUIRE(m != NULL, "model");
-    c = tc_open_ctx(m, 1, 2);
+    c = tc_open_ctx(m, 1, 2, TD_DTYPE_F32);
     T_REQUIRE(c != NULL, "ctx");
     lg = malloc(sizeof(float) * 64 * s->vocab);
     tp = malloc(sizeof(float) * 64 * 3 * s->hidden);
@@ -176,9 +233,12 @@ int main(void) {
                   .ffn = 136, .ctx = 128, .tied = 0, .bf16 = 0, .seed = 2};
     tm_shape qf = q;
     qf.bf16 = 0; qf.seed = 3;
-    test_invariance("batch_invariance_qwen3_bf16", &q, d1);
-    test_invariance("batch_invariance_llama_f32", &l, d2);
-    test_rollback(&q, d1);
+    for (int kv = 0; kv < 3; kv++) { /* TD_DTYPE_F32, F16, BF16: every KV cache type */
+        test_invariance("batch_invariance_qwen3_bf16", &q, d1, kv);
+        test_invariance("batch_invariance_llama_f32", &l, d2, kv);
+        test_rollback(&q, d1, kv);
+    }
+    test_kv_types(&q, d1);
     test_bad_batches(&qf, d3);
     test_taps(&qf, d3);
     char cmd[600];

@@ -338,8 +338,43 @@ static void test_attend(void) {
             td_attend(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], K, V, ld, hd, scale, scr);
             T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d: query %d alone differs from among %d", hd, i, nq);
         }
+        /* K/V stored as bf16 / f16: the same bits as f32 attention over the
+         * widened rows (the storage only changes what is loaded), alone or not */
+        for (int kvt = TD_DTYPE_F16; kvt <= TD_DTYPE_BF16; kvt++) {
+            size_t ne = (size_t)maxn * ld;
+            uint16_t *Kh = malloc(2 * ne), *Vh = malloc(2 * ne);
+            float *Kw = malloc(4 * ne), *Vw = malloc(4 * ne), *ow = malloc(sizeof(float) * nq * hd);
+            td_from_f32(Kh, K, kvt, ne); td_from_f32(Vh, V, kvt, ne);
+            td_to_f32(Kw, Kh, kvt, ne); td_to_f32(Vw, Vh, kvt, ne);
+            td_attend(ow, hd, q, hd, nq, nk, Kw, Vw, ld, hd, scale, scr);
+            td_attend_kv(o, hd, q, hd, nq, nk, Kh, Vh, kvt, ld, hd, scale, scr);
+            T_CHECK(memcmp(o, ow, sizeof(float) * nq * hd) == 0, "hd=%d: %s K/V differ from f32 over the widened rows", hd, dtn(kvt));
+            for (int i = 0; i < nq; i++) {
+                td_attend_kv(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], Kh, Vh, kvt, ld, hd, scale, scr);
+                T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d %s: query %d alone differs", hd, dtn(kvt), i);
+            }
+            free(Kh); free(Vh); free(Kw); free(Vw); free(ow);
+        }
         free(K); free(V); free(q); free(o); free(o1); free(scr); free(r);
     }
+    t_end();
+}
+
+/* td_from_f32 (the KV cache's write): bf16 and f16 round to nearest even, checked
+ * on ties, overflow, subnormals, signed zero and NaN. */
+static void test_from_f32(void) {
+    tb("kernels_from_f32_rounding");
+    uint16_t h[4];
+    float f[4] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -(1.0f + 1.0f / 512), 3.4e38f};
+    td_from_f32(h, f, TD_DTYPE_BF16, 4); /* ties to even (down, up), below half, overflow to inf */
+    T_CHECK(h[0] == 0x3f80 && h[1] == 0x3f82 && h[2] == 0xbf80 && h[3] == 0x7f80, "bf16 %04x %04x %04x %04x", h[0], h[1], h[2], h[3]);
+    f[0] = NAN; f[1] = -0.0f; f[2] = 1e-40f; f[3] = -INFINITY;
+    td_from_f32(h, f, TD_DTYPE_BF16, 4);
+    T_CHECK((h[0] & 0x7fc0) == 0x7fc0 && h[1] == 0x8000 && h[3] == 0xff80, "bf16 nan/zero/inf %04x %04x %04x", h[0], h[1], h[3]);
+    T_CHECK(h[2] != 0 && fabsf(td_bf16_to_f32(h[2]) - 1e-40f) <= ldexpf(1.0f, -134), "bf16 subnormal kept (%04x)", h[2]);
+    f[0] = 1.0f + 1.0f / 2048; f[1] = 65520.0f; f[2] = ldexpf(1.5f, -25); f[3] = NAN;
+    td_from_f32(h, f, TD_DTYPE_F16, 4);
+    T_CHECK(h[0] == 0x3c00 && h[1] == 0x7c00 && h[2] == 1 && (h[3] & 0x7e00) == 0x7e00, "f16 %04x %04x %04x %04x", h[0], h[1], h[2], h[3]);
     t_end();
 }
 
@@ -430,8 +465,31 @@ static void test_path_equal(int path) {
         ON(path, td_attend(oa, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
         ON(P, td_attend(op, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
         T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend hd=%d differs between paths", hd);
+        for (int kvt = TD_DTYPE_F16; kvt <= TD_DTYPE_BF16; kvt++) { /* K/V stored as f16 / bf16 */
+            void *Kh = rand_w((size_t)maxn * ld, kvt), *Vh = rand_w((size_t)maxn * ld, kvt);
+            ON(path, td_attend_kv(oa, hd, q, hd, NQ, nk, Kh, Vh, kvt, ld, hd, 0.125f, scr));
+            ON(P, td_attend_kv(op, hd, q, hd, NQ, nk, Kh, Vh, kvt, ld, hd, 0.125f, scr));
+            T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend %s K/V hd=%d differs between paths", dtn(kvt), hd);
+            free(Kh); free(Vh);
+        }
         free(K); free(V); free(q); free(oa); free(op); free(scr);
     }
+    /* the KV write's rounding, on ragged lengths; values of every magnitude
+     * (random bit patterns: subnormals, overflow, NaN, inf) */
+    for (int dt = 0; dt < 3; dt++)
+        for (int n = 1; n <= 1100; n += n < 40 ? 1 : 353) {
+            uint32_t *x = malloc(4 * (size_t)n);
+            for (int i = 0; i < n; i++) {
+                float v = ldexpf(frand(), (int)(rnd32() % 48) - 30); /* around f16's range */
+                if (i % 3) memcpy(&x[i], &v, 4);
+                else x[i] = rnd32();
+            }
+            uint16_t *ha = malloc(4 * (size_t)n), *hp = malloc(4 * (size_t)n);
+            ON(path, td_from_f32(ha, (const float *)x, dt, (size_t)n));
+            ON(P, td_from_f32(hp, (const float *)x, dt, (size_t)n));
+            T_CHECK(memcmp(ha, hp, (dt == TD_DTYPE_F32 ? 4 : 2) * (size_t)n) == 0, "from_f32 %s n=%d differs between paths", dtn(dt), n);
+            free(x); free(ha); free(hp);
+        }
     td_kernels_set_path(P);
     t_end();
 }
@@ -446,6 +504,7 @@ int main(void) {
     test_exp();
     test_norm_swiglu();
     test_attend();
+    test_from_f32();
     /* every other path the CPU supports: the same bits as portable, and the
      * reference comparison again on it */
     for (int p = 0; p < TD_KPATH_COUNT; p++) {

@@ -545,7 +545,7 @@ static void test_invariance(int dt, int tied) {
     a = malloc(sizeof(float) * 7 * V);
     T_REQUIRE(a != NULL, "memory");
     /* T=1 steps (one thread) == one T=7 block == inside a ragged B=5 batch (two threads) */
-    const char *bad = tc_invariance(m, V, seq, a);
+    const char *bad = tc_invariance(m, V, seq, a, TD_DTYPE_F32);
     T_CHECK(bad == NULL, "%s", bad ? bad : "");
     int finite = 1;
     for (int i = 0; i < 7 * V; i++) finite &= isfinite(a[i]);

@@ -40,18 +40,12 @@ static const struct qz_type {
 };
 #define QZ_N_TYPES (sizeof qz_types / sizeof qz_types[0])
 
-static uint16_t qz_f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {.f = f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1)) >> 16);
-}
-
 /* One row of n values in dtype into out; returns its bytes. */
 static size_t qz_row_from_f32(int dtype, const float *in, int64_t n, void *out) {
     switch (dtype) {
     case TD_DTYPE_F32: memcpy(out, in, (size_t)n * 4); break;
     case TD_DTYPE_F16: for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = td_f32_to_f16(in[i]); break;
-    case TD_DTYPE_BF16: for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = qz_f32_to_bf16(in[i]); break;
+    case TD_DTYPE_BF16: for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = td_f32_to_bf16(in[i]); break;
     default: td_quantize_row(dtype, in, out, n); break;
     }
     return td_dtype_row_bytes(dtype, n);

@@ -1,7 +1,9 @@
 /* forward — the transformer forward pass over a ragged batch of rows (CPU).
  *
  * Design: a td_ctx owns, allocated once at open, the KV cache of max_rows rows
- * ([row][layer][position][n_kv_head*head_dim] f32 for K and for V), a RoPE
+ * ([row][layer][position][n_kv_head*head_dim] for K and for V, stored as
+ * p.kv_type: f32, bf16 or f16 — rows are rounded once by td_from_f32 when
+ * written and widened exactly by td_attend_kv when read), a RoPE
  * table by absolute position, and activation buffers for max_tokens tokens.
  * td_ctx_forward lays every new token of every row side by side as one
  * [T][n_embd] activation matrix, so each weight matrix is streamed once per
@@ -48,9 +50,10 @@ struct td_ctx {
     int pool_owned;
     int kv_dim;             /* n_kv_head*head_dim */
     int q_dim;              /* n_head*head_dim */
-    size_t row_stride;      /* floats per row of cache: n_layer*max_ctx*kv_dim */
-    float *k_cache;         /* [max_rows][n_layer][max_ctx][kv_dim] */
-    float *v_cache;         /* same */
+    size_t row_stride;      /* elements per row of cache: n_layer*max_ctx*kv_dim */
+    size_t kv_esz;          /* bytes per cache element: 4 (f32) or 2 (bf16, f16) */
+    char *k_cache;          /* [max_rows][n_layer][max_ctx][kv_dim] of p.kv_type */
+    char *v_cache;          /* same */
     int *row_len;           /* [max_rows] KV entries held */
     unsigned char *row_used;/* [max_rows] */
     float *rope_cos;        /* [max_ctx][head_dim/2] */
@@ -125,12 +128,22 @@ void td_ctx_free(td_ctx *c) {
     free(c);
 }
 
-static void *alloc_f(size_t n, size_t m, int *fail) {
+/* zeroed n x m elements of esz bytes */
+static void *alloc_e(size_t n, size_t m, size_t esz, int *fail) {
     size_t bytes;
-    if (td_mul_size(n, m, &bytes) || td_mul_size(bytes, sizeof(float), &bytes)) { *fail = 1; return NULL; }
+    if (td_mul_size(n, m, &bytes) || td_mul_size(bytes, esz, &bytes)) { *fail = 1; return NULL; }
     void *p = calloc(1, bytes ? bytes : 1);
     if (!p) *fail = 1;
     return p;
+}
+static void *alloc_f(size_t n, size_t m, int *fail) { return alloc_e(n, m, sizeof(float), fail); }
+
+int td_kv_type_parse(const char *name) {
+    if (!name) return -1;
+    return !strcmp(name, "f32") ? TD_DTYPE_F32 : !strcmp(name, "bf16") ? TD_DTYPE_BF16 : !strcmp(name, "f16") ? TD_DTYPE_F16 : -1;
+}
+const char *td_kv_type_name(int kv_type) {
+    return kv_type == TD_DTYPE_F32 ? "f32" : kv_type == TD_DTYPE_BF16 ? "bf16" : kv_type == TD_DTYPE_F16 ? "f16" : NULL;
 }
 
 int td_ctx_default_threads(void) { return td_pool_default_size(); }
@@ -145,6 +158,9 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (p.max_ctx < 1 || p.max_ctx > (1 << 22)) return td_seterr(err, TD_EINVAL, "max_ctx %d out of range", p.max_ctx);
     if (p.max_tokens < 1 || p.max_tokens > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_tokens %d out of range", p.max_tokens);
     if (p.max_logits < 1 || p.max_logits > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_logits %d out of range", p.max_logits);
+    if (!td_kv_type_name(p.kv_type))
+        return td_seterr(err, TD_EINVAL, "kv_type %d is not f32 (%d), bf16 (%d) or f16 (%d)", p.kv_type, TD_DTYPE_F32,
+                         TD_DTYPE_BF16, TD_DTYPE_F16);
     if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;
     if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;
@@ -159,9 +175,10 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (td_mul_size((size_t)cfg->n_layer * p.max_ctx, (size_t)c->kv_dim, &per_row))
         fail = 1;
     c->row_stride = per_row;
+    c->kv_esz = p.kv_type == TD_DTYPE_F32 ? 4 : 2;
     if (!fail) {
-        c->k_cache = alloc_f((size_t)p.max_rows, per_row, &fail);
-        c->v_cache = alloc_f((size_t)p.max_rows, per_row, &fail);
+        c->k_cache = alloc_e((size_t)p.max_rows, per_row, c->kv_esz, &fail);
+        c->v_cache = alloc_e((size_t)p.max_rows, per_row, c->kv_esz, &fail);
     }
     c->row_len = calloc((size_t)p.max_rows, sizeof(int));
     c->row_used = calloc((size_t)p.max_rows, 1);
@@ -327,9 +344,9 @@ static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
         td_rope(k + h * hd, cs, sn, hd);
     }
     size_t off = (size_t)row * c->row_stride + ((size_t)layer * c->p.max_ctx + pos) * c->kv_dim + (size_t)h0 * hd;
-    size_t n = sizeof(float) * (size_t)(h1 - h0) * hd;
-    memcpy(c->k_cache + off, k + (size_t)h0 * hd, n);
-    memcpy(c->v_cache + off, c->v + (size_t)t * c->kv_dim + (size_t)h0 * hd, n);
+    size_t n = (size_t)(h1 - h0) * hd;
+    td_from_f32(c->k_cache + off * c->kv_esz, k + (size_t)h0 * hd, c->p.kv_type, n);
+    td_from_f32(c->v_cache + off * c->kv_esz, c->v + (size_t)t * c->kv_dim + (size_t)h0 * hd, c->p.kv_type, n);
 }
 
 /* Per token, all heads (the split schedule's first job). */
@@ -360,7 +377,8 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
                    sizeof(float) * (size_t)group * hd);
             for (int g = 0; g < group; g++) nk[i * group + g] = c->tok_pos[t0 + i] + 1;
         }
-        td_attend(og, hd, qg, hd, nq, nk, c->k_cache + lo, c->v_cache + lo, c->kv_dim, hd, scale, sc);
+        td_attend_kv(og, hd, qg, hd, nq, nk, c->k_cache + lo * c->kv_esz, c->v_cache + lo * c->kv_esz, c->p.kv_type,
+                     c->kv_dim, hd, scale, sc);
         for (int i = 0; i < nt; i++)
             memcpy(c->att + (size_t)(t0 + i) * c->q_dim + (size_t)kvh * group * hd, og + (size_t)i * group * hd,
                    sizeof(float) * (size_t)group * hd);

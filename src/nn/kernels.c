@@ -5,7 +5,13 @@
  * fmaf). Every path-specific function has a portable twin that performs the
  * same IEEE operations in the same order; tests/test_kernels.c checks them
  * against each other with memcmp. The AVX2 path hooks into each entry point
- * with one AVX2_DO line. */
+ * with one AVX2_DO line.
+ *
+ * KV dtypes: td_attend_kv reads K and V rows stored as f32, bf16 or f16 and
+ * widens each element exactly where it is loaded (the weights' ldw / wval), so
+ * a stored dtype changes only what is loaded, never the order of operations.
+ * td_from_f32 is the cache write's rounding (bf16: integer RNE on every path;
+ * f16: F16C on the AVX paths, a bit-identical software twin in util.c). */
 #define _GNU_SOURCE
 #include "kernels.h"
 #include "kernels_avx2.h"
@@ -153,13 +159,15 @@ static void matmul_p(float *y, int ldy, const float *x, int ldx, int M, const vo
         }
 }
 
+/* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
-                     const float *K, const float *V, int ldkv, int hd, float scale, float *sc) {
+                     const char *K, const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
+    const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2); /* bytes between rows */
     for (int i = 0; i < nq; i++) {
         const float *qi = q + (size_t)i * ldq;
         int n = n_keys[i];
         float *oi = o + (size_t)i * ldo;
-        for (int j = 0; j < n; j++) sc[j] = dot_p(qi, K + (size_t)j * ldkv, TD_DTYPE_F32, hd) * scale;
+        for (int j = 0; j < n; j++) sc[j] = dot_p(qi, K + (size_t)j * rs, dt, hd) * scale;
         float mx = -INFINITY;
         for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
         for (int j = 0; j < n; j++) sc[j] = exp_p(sc[j] - mx);
@@ -167,8 +175,8 @@ static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const i
         for (int d = 0; d < hd; d++) oi[d] = 0.0f;
         for (int j = 0; j < n; j++) {
             float pr = sc[j] * inv;
-            const float *vj = V + (size_t)j * ldkv;
-            for (int d = 0; d < hd; d++) oi[d] = fmaf(pr, vj[d], oi[d]);
+            const char *vj = V + (size_t)j * rs;
+            for (int d = 0; d < hd; d++) oi[d] = fmaf(pr, wval(vj, (size_t)d, dt), oi[d]);
         }
     }
 }
@@ -406,8 +414,8 @@ AI __m512 exp_v(__m512 x) {
  * a query's scores past its own n_keys are computed and ignored). Blocks of
  * 16/qb keys x qb queries fill the 16 accumulators of one fold16x16: lane
  * b*kb + u = fold16 of (query b, key j0 + u) — the D16 dot of attend_p. */
-AI void att_scores(int qb, float *sc, int ss, const float *q, int ldq, const float *K, int ldkv, int hd, int n,
-                   float scale) {
+AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,
+                   int n, float scale) {
     const int kb = 16 / qb;
     int j0 = 0;
     if ((hd & 15) == 0)
@@ -422,10 +430,10 @@ AI void att_scores(int qb, float *sc, int ss, const float *q, int ldq, const flo
                     qv[b] = _mm512_loadu_ps(q + (size_t)b * ldq + d);
                     __asm__("" : "+v"(qv[b])); /* keep in a register: GCC would fold the load into every FMA */
                 }
-                const float *kr = K + (size_t)j0 * ldkv + d;
+                const char *kr = K + (size_t)j0 * rs;
 #pragma GCC unroll 16
                 for (int u = 0; u < kb; u++) {
-                    __m512 kv = _mm512_loadu_ps(kr + (size_t)u * ldkv);
+                    __m512 kv = ldw(kr + (size_t)u * rs, d, dt);
                     __asm__("" : "+v"(kv));
 #pragma GCC unroll 4
                     for (int b = 0; b < qb; b++) acc[b * kb + u] = _mm512_fmadd_ps(qv[b], kv, acc[b * kb + u]);
@@ -438,7 +446,7 @@ AI void att_scores(int qb, float *sc, int ss, const float *q, int ldq, const flo
         }
     for (; j0 < n; j0++)
         for (int b = 0; b < qb; b++)
-            sc[(size_t)b * ss + j0] = dot_v(q + (size_t)b * ldq, (const char *)(K + (size_t)j0 * ldkv), TD_DTYPE_F32, hd) * scale;
+            sc[(size_t)b * ss + j0] = dot_v(q + (size_t)b * ldq, K + (size_t)j0 * rs, dt, hd) * scale;
 }
 
 /* Softmax of one query's n scores in place (exp(s - max)); returns 1 / (D16 sum). */
@@ -466,8 +474,8 @@ static float att_softmax(float *sc, int n) {
 /* o_b = sum_j (e_bj * inv_b) V_j for the qb queries, sequential in j per query,
  * 64 dimensions (4 vectors, the last masked) at a time; the keys all queries
  * attend to are shared, each query then finishes its own remaining keys. */
-AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
-                   const float *V, int ldkv, int hd) {
+AI void att_values(int qb, int dt, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
+                   const char *V, size_t rs, int hd) {
     int nmin = nk[0];
     for (int b = 1; b < qb; b++) nmin = nk[b] < nmin ? nk[b] : nmin;
     for (int d0 = 0; d0 < hd; d0 += 64) {
@@ -481,12 +489,11 @@ AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const flo
         for (int b = 0; b < qb; b++)
 #pragma GCC unroll 4
             for (int v = 0; v < 4; v++) a[b][v] = _mm512_setzero_ps();
-        const float *vb = V + d0;
         if (nb == 4 && mk[3] == 0xFFFF) {
             for (int j = 0; j < nmin; j++) {
-                const float *vj = vb + (size_t)j * ldkv;
-                __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
-                       v3 = _mm512_loadu_ps(vj + 48);
+                const char *vj = V + (size_t)j * rs;
+                __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
+                       v3 = ldw(vj, d0 + 48, dt);
                 __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
 #pragma GCC unroll 4
                 for (int b = 0; b < qb; b++) {
@@ -499,11 +506,11 @@ AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const flo
             }
         } else {
             for (int j = 0; j < nmin; j++) {
-                const float *vj = vb + (size_t)j * ldkv;
+                const char *vj = V + (size_t)j * rs;
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
                     if (v >= nb) break;
-                    __m512 vv = _mm512_maskz_loadu_ps(mk[v], vj + 16 * v);
+                    __m512 vv = ldwm(vj, d0 + 16 * v, dt, mk[v]);
                     __asm__("" : "+v"(vv));
 #pragma GCC unroll 4
                     for (int b = 0; b < qb; b++)
@@ -515,10 +522,10 @@ AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const flo
         for (int b = 0; b < qb; b++) {
             for (int j = nmin; j < nk[b]; j++) { /* this query's keys beyond the shared ones */
                 __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
-                const float *vj = vb + (size_t)j * ldkv;
+                const char *vj = V + (size_t)j * rs;
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++)
-                    if (v < nb) a[b][v] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(mk[v], vj + 16 * v), a[b][v]);
+                    if (v < nb) a[b][v] = _mm512_fmadd_ps(p, ldwm(vj, d0 + 16 * v, dt, mk[v]), a[b][v]);
             }
             float *ob = o + (size_t)b * ldo + d0;
 #pragma GCC unroll 4
@@ -528,37 +535,37 @@ AI void att_values(int qb, float *o, int ldo, const float *sc, int ss, const flo
     }
 }
 
-AI void att_block(int qb, float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
-                  int ldkv, int hd, float scale, float *sc) {
+AI void att_block(int qb, int dt, float *o, int ldo, const float *q, int ldq, const int *nk, const char *K,
+                  const char *V, size_t rs, int hd, float scale, float *sc) {
     int n = nk[0];
     for (int b = 1; b < qb; b++) n = nk[b] > n ? nk[b] : n;
-    att_scores(qb, sc, n, q, ldq, K, ldkv, hd, n, scale);
+    att_scores(qb, dt, sc, n, q, ldq, K, rs, hd, n, scale);
     float inv[4];
     for (int b = 0; b < qb; b++) inv[b] = att_softmax(sc + (size_t)b * n, nk[b]);
-    att_values(qb, o, ldo, sc, n, inv, nk, V, ldkv, hd);
+    att_values(qb, dt, o, ldo, sc, n, inv, nk, V, rs, hd);
 }
-static void att_block4(float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
-                       int ldkv, int hd, float scale, float *sc) {
-    att_block(4, o, ldo, q, ldq, nk, K, V, ldkv, hd, scale, sc);
-}
-static void att_block2(float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
-                       int ldkv, int hd, float scale, float *sc) {
-    att_block(2, o, ldo, q, ldq, nk, K, V, ldkv, hd, scale, sc);
-}
-static void att_block1(float *o, int ldo, const float *q, int ldq, const int *nk, const float *K, const float *V,
-                       int ldkv, int hd, float scale, float *sc) {
-    att_block(1, o, ldo, q, ldq, nk, K, V, ldkv, hd, scale, sc);
-}
+/* att_block instantiated per block size and K/V dtype (constants, so each
+ * variant has its own loads and conversions inlined) */
+typedef void (*att_fn)(float *o, int ldo, const float *q, int ldq, const int *nk, const char *K, const char *V,
+                       size_t rs, int hd, float scale, float *sc);
+#define ATT_INST(QB, DT, SUF)                                                                               \
+    static void att_block##QB##_##SUF(float *o, int ldo, const float *q, int ldq, const int *nk, const char *K, \
+                                      const char *V, size_t rs, int hd, float scale, float *sc) {          \
+        att_block(QB, DT, o, ldo, q, ldq, nk, K, V, rs, hd, scale, sc);                                     \
+    }
+#define ATT_SET(DT, SUF) ATT_INST(1, DT, SUF) ATT_INST(2, DT, SUF) ATT_INST(4, DT, SUF)
+ATT_SET(TD_DTYPE_F32, f32)
+ATT_SET(TD_DTYPE_F16, f16)
+ATT_SET(TD_DTYPE_BF16, bf16)
+#define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block4_##SUF}
+static const att_fn ATT[3][3] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
 
-static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
-                     const float *K, const float *V, int ldkv, int hd, float scale, float *sc) {
+static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
+                     const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
+    const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2);
     for (int i = 0; i < nq;) {
         int qb = nq - i >= 4 ? 4 : nq - i >= 2 ? 2 : 1;
-        float *oi = o + (size_t)i * ldo;
-        const float *qi = q + (size_t)i * ldq;
-        if (qb == 4) att_block4(oi, ldo, qi, ldq, n_keys + i, K, V, ldkv, hd, scale, sc);
-        else if (qb == 2) att_block2(oi, ldo, qi, ldq, n_keys + i, K, V, ldkv, hd, scale, sc);
-        else att_block1(oi, ldo, qi, ldq, n_keys + i, K, V, ldkv, hd, scale, sc);
+        ATT[dt][qb >> 1](o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n_keys + i, K, V, rs, hd, scale, sc);
         i += qb;
     }
 }
@@ -672,13 +679,41 @@ void td_swiglu(float *out, const float *g, const float *u, int n) {
     for (; i < n; i++) out[i] = (g[i] / (1.0f + exp_p(-g[i]))) * u[i];
 }
 
+void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
+                  const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch) {
+    AVX2_DO(td_avx2_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
+#ifdef TD_HAVE_AVX512
+    if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return; }
+#endif
+    attend_p(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch);
+}
+
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch) {
-    AVX2_DO(td_avx2_attend(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch); return);
+    td_attend_kv(o, ldo, q, ldq, nq, n_keys, K, V, TD_DTYPE_F32, ldkv, hd, scale, scratch);
+}
+
+void td_from_f32(void *dst, const float *src, int dtype, size_t n) {
+    if (dtype == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    uint16_t *d = dst;
+    size_t i = 0;
+    if (dtype == TD_DTYPE_BF16) { /* integer rounding: one definition for every path */
+        for (; i < n; i++) d[i] = td_f32_to_bf16(src[i]);
+        return;
+    }
+    AVX2_DO(td_avx2_to_f16(d, src, n); return);
 #ifdef TD_HAVE_AVX512
-    if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch); return; }
+    if (FAST()) {
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        if (i < n) {
+            __mmask16 m = tailmask((int)(n - i));
+            _mm256_mask_storeu_epi16(d + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
+        }
+        return;
+    }
 #endif
-    attend_p(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, scratch);
+    for (; i < n; i++) d[i] = td_f32_to_f16(src[i]);
 }
 
 void td_rope(float *v, const float *cs, const float *sn, int hd) {

@@ -43,6 +43,13 @@ float td_dot_f16(const float *a, const uint16_t *w, int n);
 /* Convert n weights of dtype (TD_DTYPE_*) to f32 (exact). */
 void td_to_f32(float *dst, const void *src, int dtype, size_t n);
 
+/* Store n f32 values as dtype (the KV cache's write): TD_DTYPE_F32 copies;
+ * TD_DTYPE_BF16 rounds to nearest even (a NaN stays a NaN, quieted, sign kept);
+ * TD_DTYPE_F16 rounds to nearest even as F16C's vcvtps2ph does (overflow to
+ * inf, f16 subnormals kept, a NaN quieted with its payload's top bits). The
+ * same bits on every path (the AVX paths use F16C; test_kernels compares). */
+void td_from_f32(void *dst, const float *src, int dtype, size_t n);
+
 /* y[m*ldy + n] = sum_k x[m*ldx + k] * W[n*K + k]   (add = 0)
  * y[m*ldy + n] += (that sum)                       (add = 1: residual fused)
  * for n in [n0, n1), m in [0, M). W: [N][K] of dtype, row-major. Register-tiled
@@ -87,5 +94,11 @@ void td_swiglu(float *out, const float *g, const float *u, int n);
 #define TD_ATTEND_QB 4
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
+/* The same over K and V rows stored as kv_dtype (TD_DTYPE_F32, BF16 or F16;
+ * ldkv in elements): every K and V element is widened exactly to f32 where it
+ * is loaded, then the operations of td_attend run unchanged — so the result
+ * equals td_attend over the widened rows, bit for bit, on every path. */
+void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
+                  const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch);
 
 #endif

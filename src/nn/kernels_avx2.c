@@ -14,7 +14,8 @@
  * token of the tile; the activations come from L1. (Q8_0 / Q4_0 products have
  * their own integer kernels: quant_avx2.c.)
  * Attention scores: 4 keys at a time, 8 keys folded together (fold8x8: the D16
- * fold on shuffled registers).
+ * fold on shuffled registers). K/V rows may be stored as f32, bf16 or f16
+ * (td_attend_kv): each element is widened exactly where it is loaded (ldw8).
  *
  * Compiled with -mavx2 -mfma -mf16c -mno-avx512f (Makefile, this file only) so the
  * code is genuine AVX2 even in a -march=native build on an AVX-512 machine. */
@@ -279,8 +280,9 @@ AI __m256i lanes(int r) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* scores of keys j0 .. j0+7 (hd a multiple of 16): s8 of 4 keys at a time, then fold8x8 */
-AI __m256 scores8(const float *qi, const float *kb, int ldkv, int hd) {
+/* scores of keys j0 .. j0+7 (hd a multiple of 16; K rows of dtype dt, rs bytes
+ * apart, from kb): s8 of 4 keys at a time, then fold8x8 */
+AI __m256 scores8(int dt, const float *qi, const char *kb, size_t rs, int hd) {
     __m256 s8[8];
     for (int h = 0; h < 8; h += 4) {
         __m256 lo[4], hi[4];
@@ -289,9 +291,9 @@ AI __m256 scores8(const float *qi, const float *kb, int ldkv, int hd) {
             __m256 q0 = _mm256_loadu_ps(qi + d), q1 = _mm256_loadu_ps(qi + d + 8);
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
-                const float *kr = kb + (size_t)(h + u) * ldkv + d;
-                lo[u] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr), lo[u]);
-                hi[u] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kr + 8), hi[u]);
+                const char *kr = kb + (size_t)(h + u) * rs;
+                lo[u] = _mm256_fmadd_ps(q0, ldw8(kr, (size_t)d, dt), lo[u]);
+                hi[u] = _mm256_fmadd_ps(q1, ldw8(kr, (size_t)d + 8, dt), hi[u]);
             }
         }
         for (int u = 0; u < 4; u++) s8[h + u] = _mm256_add_ps(lo[u], hi[u]);
@@ -299,9 +301,11 @@ AI __m256 scores8(const float *qi, const float *kb, int ldkv, int hd) {
     return fold8x8(s8);
 }
 
-void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const float *K,
-                    const float *V, int ldkv, int hd, float scale, float *sc) {
+/* Attention for K/V rows of dtype DT (a constant in each instance below). */
+AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
+               const char *V, int ldkv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
+    const size_t rs = (size_t)ldkv * esize(dt);
     for (int i = 0; i < nq; i++) {
         const float *qi = q + (size_t)i * ldq;
         int n = n_keys[i];
@@ -310,8 +314,8 @@ void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const in
         int j = 0;
         if ((hd & 15) == 0)
             for (; j + 8 <= n; j += 8)
-                _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8(qi, K + (size_t)j * ldkv, ldkv, hd), vscale));
-        for (; j < n; j++) sc[j] = td_avx2_dot(qi, K + (size_t)j * ldkv, TD_DTYPE_F32, hd) * scale;
+                _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8(dt, qi, K + (size_t)j * rs, rs, hd), vscale));
+        for (; j < n; j++) sc[j] = td_avx2_dot(qi, K + (size_t)j * rs, dt, hd) * scale;
         /* max (exact, order-free) */
         __m256 vm = _mm256_set1_ps(-INFINITY);
         for (j = 0; j + 8 <= n; j += 8) vm = _mm256_max_ps(_mm256_loadu_ps(sc + j), vm);
@@ -347,15 +351,15 @@ void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const in
         /* o = sum_j p_j V_j, sequential in j, 8 blocks of 8 dims at a time */
         for (int d0 = 0; d0 < hd; d0 += 64) {
             int rem = hd - d0;
-            const float *vb = V + d0;
+            const char *vb = V + (size_t)d0 * esize(dt);
             __m256 a[8];
             for (int b = 0; b < 8; b++) a[b] = _mm256_setzero_ps();
             if (rem >= 64) {
                 for (j = 0; j < n; j++) {
                     __m256 p = _mm256_set1_ps(sc[j] * inv);
-                    const float *vj = vb + (size_t)j * ldkv;
+                    const char *vj = vb + (size_t)j * rs;
 #pragma GCC unroll 8
-                    for (int b = 0; b < 8; b++) a[b] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * b), a[b]);
+                    for (int b = 0; b < 8; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vj, (size_t)8 * b, dt), a[b]);
                 }
                 for (int b = 0; b < 8; b++) _mm256_storeu_ps(oi + d0 + 8 * b, a[b]);
             } else {
@@ -363,13 +367,51 @@ void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const in
                 __m256i ml = lanes(rem - 8 * (nb - 1)), all = lanes(8);
                 for (j = 0; j < n; j++) {
                     __m256 p = _mm256_set1_ps(sc[j] * inv);
-                    const float *vj = vb + (size_t)j * ldkv;
-                    for (int b = 0; b < nb; b++)
-                        a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps(vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
+                    const char *vj = vb + (size_t)j * rs;
+                    if (dt == TD_DTYPE_F32) {
+                        for (int b = 0; b < nb; b++)
+                            a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps((const float *)vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
+                    } else { /* no 16-bit masked load: the rem values into a zeroed buffer */
+                        _Alignas(32) uint16_t vt[64] = {0};
+                        memcpy(vt, vj, 2 * (size_t)rem);
+                        for (int b = 0; b < nb; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vt, (size_t)8 * b, dt), a[b]);
+                    }
                 }
                 for (int b = 0; b < nb; b++) _mm256_maskstore_ps(oi + d0 + 8 * b, b == nb - 1 ? ml : all, a[b]);
             }
         }
+    }
+}
+
+static void attend_f32(float *o, int ldo, const float *q, int ldq, int nq, const int *nk, const char *K,
+                       const char *V, int ldkv, int hd, float scale, float *sc) {
+    attend(TD_DTYPE_F32, o, ldo, q, ldq, nq, nk, K, V, ldkv, hd, scale, sc);
+}
+static void attend_bf16(float *o, int ldo, const float *q, int ldq, int nq, const int *nk, const char *K,
+                        const char *V, int ldkv, int hd, float scale, float *sc) {
+    attend(TD_DTYPE_BF16, o, ldo, q, ldq, nq, nk, K, V, ldkv, hd, scale, sc);
+}
+static void attend_f16(float *o, int ldo, const float *q, int ldq, int nq, const int *nk, const char *K,
+                       const char *V, int ldkv, int hd, float scale, float *sc) {
+    attend(TD_DTYPE_F16, o, ldo, q, ldq, nq, nk, K, V, ldkv, hd, scale, sc);
+}
+
+void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const void *K,
+                    const void *V, int dt, int ldkv, int hd, float scale, float *sc) {
+    (dt == TD_DTYPE_BF16 ? attend_bf16 : dt == TD_DTYPE_F16 ? attend_f16 : attend_f32)(o, ldo, q, ldq, nq, n_keys, K, V,
+                                                                                     ldkv, hd, scale, sc);
+}
+
+void td_avx2_to_f16(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        float b[16];
+        uint16_t h[8];
+        pad16(b, src, (int)i, (int)n, 4);
+        _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(_mm256_loadu_ps(b), _MM_FROUND_TO_NEAREST_INT));
+        memcpy(dst + i, h, 2 * (n - i));
     }
 }
 

@@ -11,6 +11,7 @@
 #define TD_KERNELS_AVX2_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* td_exp's Cephes-style polynomial, shared by every path (kernels.c's exp_p is
  * the reference): clamp to [EXP_LO, EXP_HI], n = rint(x * log2 e), r = x - n ln 2
@@ -42,8 +43,10 @@ void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
 void td_avx2_norm_apply(float *out, const float *x, const void *w, int dt, int n, float r);
 void td_avx2_exp(float *out, const float *x, int n);
 void td_avx2_swiglu(float *out, const float *g, const float *u, int n);
+/* f32 -> f16 with F16C (td_from_f32's TD_DTYPE_F16). */
+void td_avx2_to_f16(uint16_t *dst, const float *src, size_t n);
 void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
-                    const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
+                    const void *K, const void *V, int dt, int ldkv, int hd, float scale, float *scratch);
 #endif
 
 #endif

@@ -32,5 +32,12 @@ static inline float td_bf16_to_f32(uint16_t h) {
     return v.f;
 }
 float td_f16_to_f32(uint16_t h);
+/* f32 -> bf16, round to nearest even; a NaN stays a NaN (quiet bit set, sign kept). */
+static inline uint16_t td_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+/* f32 -> f16: td_f32_to_f16 in nn/quant.h. */
 
 #endif
