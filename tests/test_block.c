@@ -19,6 +19,7 @@
 #include "tandem.h"
 #include "t.h"
 #include "spec/draft.h"
+#include "tspec.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -404,6 +405,8 @@ int main(void) {
     test_logits(fx);
     test_refusals();
     test_checkpoints();
+    /* speculative == plain with the trained block drafter and a bf16 target KV cache */
+    ts_exact("block_exact_kv_bf16", g_m, "block:" BLK, TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
     cJSON_Delete(fx);
     td_ctx_free(g_c);
     td_model_free(g_m);

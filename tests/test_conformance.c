@@ -4,16 +4,27 @@
  * tools/train/ on the GPU machine with transformers in float32 on the CPU:
  * logits at every position of a few prompts, and a 32-token greedy
  * continuation of each. Logits must match within 1e-4 relative (max abs error
- * over a row / max abs value of the reference row); greedy ids must be equal. */
+ * over a row / max abs value of the reference row); greedy ids must be equal.
+ * Every fixture runs again with the KV cache stored as f16 and as bf16
+ * (td_ctx_params.kv_type), against the looser tolerances of kv_tol. */
 #include "tandem.h"
 #include "t.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 
-static void check_fixture(const char *name) {
+/* The tolerance of each KV cache type: the worst relative logit error against
+ * transformers' float32 logits. f32 storage keeps the forward's 1e-4; bf16 (8
+ * significant bits) and f16 (11 bits) round every K and V element once when it
+ * is written. Measured on these fixtures (2026-12-02): bf16 2.5e-3 (tiny-code
+ * target) to 5.6e-3 (qwen3-rand-f16), f16 3.9e-4 to 6.1e-4; every greedy
+ * continuation identical for both. The tolerances leave about 2x of margin. */
+static double kv_tol(int kv) { return kv == TD_DTYPE_BF16 ? 1e-2 : kv == TD_DTYPE_F16 ? 1.5e-3 : 1e-4; }
+static const char *kv_suffix(int kv) { return kv == TD_DTYPE_BF16 ? "_kv_bf16" : kv == TD_DTYPE_F16 ? "_kv_f16" : ""; }
+
+static void check_fixture(const char *name, int kv) {
     char tname[128], dir[256], path[512];
-    snprintf(tname, sizeof tname, "hf_conformance_%s", name);
+    snprintf(tname, sizeof tname, "hf_conformance_%s%s", name, kv_suffix(kv));
     t_begin(tname);
     snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
     td_model *m = NULL;
@@ -39,11 +50,12 @@ static void check_fixture(const char *name) {
     cp.max_ctx = 256;
     cp.max_tokens = 128;
     cp.max_logits = 128;
+    cp.kv_type = kv;
     T_REQUIRE(td_ctx_open(&c, m, &cp, &err) == 0, "ctx: %s", err.msg);
     got = malloc(sizeof(float) * 128 * (size_t)V);
     cJSON *prompts = cJSON_GetObjectItem(ref, "prompts");
     cJSON *greedy = cJSON_GetObjectItem(cJSON_GetObjectItem(ref, "greedy"), "continuations");
-    int pi = 0;
+    int pi = 0, gsame = 0;
     double worst = 0;
     cJSON *p;
     cJSON_ArrayForEach(p, prompts) {
@@ -77,12 +89,15 @@ static void check_fixture(const char *name) {
         T_REQUIRE(td_generate(c, m, toks, n, &gp, NULL, NULL, out, 64, &st, &err) == 0, "generate: %s", err.msg);
         int same = st.n_gen == nn;
         for (int i = 0; same && i < nn; i++) same = out[i] == cJSON_GetArrayItem(cont, i)->valueint;
-        T_CHECK(same, "prompt %d: greedy continuation differs from transformers", pi);
+        if (!same) printf("  prompt %d: greedy continuation differs from transformers\n", pi);
+        gsame += same;
         pi++;
     }
-    printf("  %s: %d prompts, worst relative logit error %.2e\n", name, pi, worst);
+    printf("  %s (KV %s): %d prompts, worst relative logit error %.2e (tolerance %.2g); greedy %d/%d identical\n", name,
+           td_kv_type_name(kv), pi, worst, kv_tol(kv), gsame, pi);
     T_CHECK(pi >= 3, "fixture has %d prompts", pi);
-    T_CHECK(worst <= 1e-4, "relative logit error %.2e > 1e-4", worst);
+    T_CHECK(gsame == pi, "greedy continuations: %d of %d identical", gsame, pi);
+    T_CHECK(worst <= kv_tol(kv), "relative logit error %.2e > %.2g", worst, kv_tol(kv));
 done:
     free(want);
     free(got);
@@ -94,8 +109,10 @@ done:
 
 /* The trained target (models/tiny-code/target, bf16): transformers' float32
  * logits at chosen positions, and 64-token greedy continuations of 20 prompts. */
-static void check_tiny_code(void) {
-    t_begin("hf_conformance_tiny_code_target");
+static void check_tiny_code(int kv) {
+    char tname[128];
+    snprintf(tname, sizeof tname, "hf_conformance_tiny_code_target%s", kv_suffix(kv));
+    t_begin(tname);
     td_model *m = NULL;
     td_ctx *c = NULL;
     cJSON *lj = NULL, *gj = NULL;
@@ -119,6 +136,7 @@ static void check_tiny_code(void) {
     cp.max_ctx = 1024;
     cp.max_tokens = 512;
     cp.max_logits = 512;
+    cp.kv_type = kv;
     T_REQUIRE(td_ctx_open(&c, m, &cp, &err) == 0, "ctx: %s", err.msg);
     got = malloc(sizeof(float) * 512 * (size_t)V);
     double worst = 0;
@@ -173,9 +191,9 @@ static void check_tiny_code(void) {
         same += ok;
         total++;
     }
-    printf("  tiny-code target: %d logit rows of %d prompts, worst relative error %.2e; greedy %d/%d identical\n",
-           row, np, worst, same, total);
-    T_CHECK(row >= 32 && worst <= 1e-4, "relative logit error %.2e > 1e-4", worst);
+    printf("  tiny-code target (KV %s): %d logit rows of %d prompts, worst relative error %.2e (tolerance %.2g); greedy %d/%d identical\n",
+           td_kv_type_name(kv), row, np, worst, kv_tol(kv), same, total);
+    T_CHECK(row >= 32 && worst <= kv_tol(kv), "relative logit error %.2e > %.2g", worst, kv_tol(kv));
     T_CHECK(total == 20 && same == total, "greedy continuations: %d of %d identical", same, total);
 done:
     free(want);
@@ -191,10 +209,12 @@ int main(void) {
     /* TD_TEST_QUICK=1 (tests/run.sh's runs on the other kernel paths): the
      * random-weight fixtures only, not the trained target's 20 x 64 tokens */
     const char *qe = getenv("TD_TEST_QUICK");
-    if (!qe || strcmp(qe, "1")) check_tiny_code();
-    check_fixture("qwen3-rand");
-    check_fixture("qwen3-rand-bf16");
-    check_fixture("qwen3-rand-f16");
-    check_fixture("llama-rand");
+    for (int kv = 0; kv < 3; kv++) { /* TD_DTYPE_F32, F16, BF16 */
+        if (!qe || strcmp(qe, "1")) check_tiny_code(kv);
+        check_fixture("qwen3-rand", kv);
+        check_fixture("qwen3-rand-bf16", kv);
+        check_fixture("qwen3-rand-f16", kv);
+        check_fixture("llama-rand", kv);
+    }
     return t_exit();
 }

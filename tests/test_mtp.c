@@ -9,6 +9,7 @@
 #include "tandem.h"
 #include "t.h"
 #include "spec/draft.h"
+#include "tspec.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -185,11 +186,13 @@ int main(void) {
     T_CHECK(worst <= 1e-3, "head distribution differs from PyTorch by %.2e relative", worst);
 done:
     free(flog); free(logits); free(taps); free(probs);
-    cJSON_Delete(fx);
     td_draft_rows_free(&rows);
     td_ctx_free(c);
     td_drafter_free(d);
-    td_model_free(m);
     t_end();
+    /* speculative == plain with the trained head and a bf16 KV cache (target and head) */
+    if (m && fx) ts_exact("mtp_exact_kv_bf16", m, "mtp:models/tiny-code/mtp", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
+    cJSON_Delete(fx);
+    td_model_free(m);
     return t_exit();
 }

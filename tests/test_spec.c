@@ -38,8 +38,10 @@ static void make_prompt(int i, int32_t *p, int *n, int V) {
     *n = len;
 }
 
+static int g_kv = TD_DTYPE_F32; /* KV cache type of every context (plain and speculative) */
 static td_ctx *ctx_for(td_model *m, int rows, int depth) {
     td_ctx_params p = td_ctx_default_params();
+    p.kv_type = g_kv;
     p.max_rows = rows + 1; /* +1: the group measures verify cost on a spare row */
     p.max_ctx = 128;
     p.max_tokens = (rows + 1) * (depth + 1) > 64 ? (rows + 1) * (depth + 1) : 64;
@@ -173,7 +175,8 @@ static void run_exact_controlled(void) {
  * plain decoding of the emitted stream holds: continuing from it gives the
  * same logits as a fresh row fed the whole stream. */
 static void test_rollback(void) {
-    t_begin("rollback_kv_equals_plain");
+    t_begin(g_kv == TD_DTYPE_BF16 ? "rollback_kv_equals_plain_kv_bf16" : g_kv == TD_DTYPE_F16 ? "rollback_kv_equals_plain_kv_f16"
+                                                                          : "rollback_kv_equals_plain");
     td_drafter *d = NULL;
     td_ctx *c = NULL, *c2 = NULL;
     td_spec *g = NULL;
@@ -612,6 +615,18 @@ int main(void) {
             run_exact(blk_all, "block_random_unpruned", temp, Bs[bi], 4);
         }
     test_rollback();
+    /* a bf16 KV cache (target, and the model/mtp drafters' caches that follow it):
+     * still token-identical to plain decoding with the same cache type */
+    g_kv = TD_DTYPE_BF16;
+    for (int temp = 0; temp <= 1; temp++) {
+        run_exact("ngram", "ngram_kv_bf16", temp, 3, 5);
+        run_exact(same, "model_same_kv_bf16", temp, 3, 4);
+        run_exact(oth, "model_other_kv_bf16", temp, 3, 3);
+        run_exact(mtp, "mtp_random_kv_bf16", temp, quick ? 3 : 8, 3);
+        run_exact(blk, "block_random_kv_bf16", temp, 3, 5);
+    }
+    test_rollback();
+    g_kv = TD_DTYPE_F32;
     if (!quick) {
         run_exact_controlled();
         test_depth_plan();

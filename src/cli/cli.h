@@ -18,6 +18,9 @@ int cli_die(const char *what, const td_err *e);
 int cli_need_arg(int i, int argc, const char *opt);
 int cli_parse_int(const char *s, const char *opt, long lo, long hi, long *out);
 int cli_parse_float(const char *s, const char *opt, double lo, double hi, double *out);
+/* --kv-type's value: f32 | bf16 | f16 -> TD_DTYPE_* in *out; 0 (message
+ * printed) for anything else. Every subcommand parses it here. */
+int cli_parse_kv_type(const char *s, const char *opt, int *out);
 
 /* Options shared by run, bench and serve. */
 typedef struct cli_gen_opts {
@@ -27,6 +30,7 @@ typedef struct cli_gen_opts {
     int fixed_depth;          /* 1 = no depth controller */
     td_accept_rule accept;
     long threads, ctx;
+    int kv_type;              /* td_ctx_params.kv_type (default: td_ctx_default_params()'s) */
     td_gen_params gp;
     const char *stops[16];
 } cli_gen_opts;

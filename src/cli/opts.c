@@ -82,8 +82,19 @@ int cli_parse_float(const char *s, const char *opt, double lo, double hi, double
     return 1;
 }
 
+int cli_parse_kv_type(const char *s, const char *opt, int *out) {
+    int t = td_kv_type_parse(s);
+    if (t < 0) {
+        fprintf(stderr, "tandem: %s: '%s' is not f32, bf16 or f16\n", opt, s);
+        return 0;
+    }
+    *out = t;
+    return 1;
+}
+
 void cli_gen_opts_init(cli_gen_opts *o) {
     memset(o, 0, sizeof *o);
+    o->kv_type = td_ctx_default_params().kv_type;
     o->depth = 8;
     o->accept = TD_ACCEPT_MATCH;
     o->gp.sampling = td_sampling_default();
@@ -110,6 +121,8 @@ void cli_gen_opts_help(void) {
            "      --stop STR         stop at STR (repeatable, at most 16)\n"
            "      --ignore-eos       keep going past end-of-sequence tokens\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
+           "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16 (half the bytes;\n"
+           "                         a model drafter's cache follows it)\n"
            "  -t, --threads N        threads (default: physical cores)\n");
 }
 
@@ -152,6 +165,7 @@ int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *ip) {
         o->stops[o->gp.n_stop++] = argv[i];
     }
     else if (!strcmp(a, "--ignore-eos")) o->gp.ignore_eos = 1;
+    else if (!strcmp(a, "--kv-type")) { VAL(); if (!cli_parse_kv_type(argv[i], a, &o->kv_type)) return -1; }
     else if (!strcmp(a, "--ctx")) { VAL(); if (!cli_parse_int(argv[i], a, 1, 1 << 22, &lv)) return -1; o->ctx = lv; }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { VAL(); if (!cli_parse_int(argv[i], a, 1, 256, &lv)) return -1; o->threads = lv; }
     else return 0;

@@ -42,6 +42,7 @@ static void serve_help(void) {
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"
            "      --accept RULE      match (exact, default) | rejection\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
+           "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
            "  -t, --threads N        threads per context (default: physical cores)\n"
            "      --host ADDR        address to listen on (default 127.0.0.1)\n"
            "      --port N           port (default 8080; 0 = any free port)\n"
@@ -82,7 +83,7 @@ int td_serve_main(int argc, char **argv) {
     cf->shutdown_grace = 30;
     const char *name = NULL;
     static const char *shared[] = {"-m", "--model", "--draft", "--draft-depth", "--fixed-depth", "--accept",
-                                   "--ctx", "-t", "--threads"};
+                                   "--ctx", "--kv-type", "-t", "--threads"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int is_shared = 0;
@@ -115,6 +116,7 @@ int td_serve_main(int argc, char **argv) {
     cf->accept = o.accept;
     cf->threads = (int)o.threads;
     cf->ctx = (int)o.ctx;
+    cf->kv_type = o.kv_type;
     if (name) snprintf(cf->model_id, sizeof cf->model_id, "%s", name);
     else derive_model_id(o.model_dir, cf->model_id, sizeof cf->model_id);
 

@@ -22,7 +22,8 @@
  *
  * Rows own their context K/V ([layer][kv head][position][head_dim], with room
  * for G block entries past the committed length, written during a draft and
- * overwritten by the next commit). Matrix products run on the target
+ * overwritten by the next commit; always f32, whatever the target's kv_type —
+ * they are small and their checkpoints are f32). Matrix products run on the target
  * context's thread pool (drafting and verifying never overlap; a second pool's
  * spinning workers would take the cores from the target's). Checkpoints ("block-v1") hold a row's context K/V, checked for
  * size and finiteness on restore. */

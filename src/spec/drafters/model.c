@@ -14,7 +14,9 @@
  * A draft vocabulary (",vocab=N") cuts the draft's LM head, its largest
  * matrix, to ids 0..N-1: byte-level BPE ids follow merge order, so these are
  * the most frequent tokens; proposals then come from them only (q is zero
- * elsewhere), which the target's verification makes harmless to the output. */
+ * elsewhere), which the target's verification makes harmless to the output.
+ * The draft context's KV cache has the target context's kv_type (--kv-type
+ * applies to both; a draft's storage changes proposals, never the output). */
 #include "spec/draft.h"
 #include "model/model.h"
 #include "nn/kernels.h"
@@ -270,6 +272,7 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, co
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
     cp.max_logits = max_rows;
+    if (target_ctx) cp.kv_type = td_ctx_get_params(target_ctx).kv_type; /* the draft KV follows the target's */
     int rc = td_ctx_open(&g->ctx, &p->view, &cp, err);
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);

@@ -21,7 +21,7 @@
  * matrix a step reads, as big as the head's layer several times over — to ids
  * 0..N-1 (byte-level BPE ids follow merge order, so these are the most frequent
  * tokens); proposals then come from them only, which verification makes
- * harmless to the output.
+ * harmless to the output. The head's KV cache has the target context's kv_type.
  *
  * Files: config.json ("architectures": ["TandemMTP"], target_* fields checked
  * against the target) and model.safetensors with Qwen3-Next-style names
@@ -295,6 +295,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
     cp.max_logits = g->max_tokens; /* the backlog feed asks for its last positions only */
+    if (target_ctx) cp.kv_type = td_ctx_get_params(target_ctx).kv_type; /* the head's KV follows the target's */
     int rc = td_ctx_open(&g->ctx, &p->head, &cp, err);
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
