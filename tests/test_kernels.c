@@ -149,6 +149,39 @@ static void test_matmul(void) {
     t_end();
 }
 
+/* Prefill-sized products: many 8-token tiles, outputs in several weight panels,
+ * K long enough to be taken in blocks (with a ragged tail): every row equals the
+ * same row computed alone (M = 1), with add = 0 and add = 1. */
+static void test_matmul_large(void) {
+    tb("kernels_matmul_large_m_panels_and_k_blocks");
+    static const int SH[][3] = {{37, 2085, 301}, {21, 1000, 600}, {12, 3072, 40}};
+    for (int dt = 0; dt < 3; dt++)
+        for (int si = 0; si < 3; si++) {
+            int M = SH[si][0], K = SH[si][1], N = SH[si][2];
+            float *x = rand_f((size_t)M * K), *base = rand_f((size_t)M * N);
+            void *W = rand_w((size_t)N * K, dt);
+            float *y = malloc(sizeof(float) * M * N), *ya = malloc(sizeof(float) * M * N), *y1 = malloc(sizeof(float) * N);
+            memcpy(ya, base, sizeof(float) * M * N);
+            td_matmul(y, N, x, K, M, W, dt, K, 0, N, 0);
+            td_matmul(ya, N, x, K, M, W, dt, K, 0, N, 1);
+            for (int m = 0; m < M; m++) {
+                td_matmul(y1, N, x + (size_t)m * K, K, 1, W, dt, K, 0, N, 0);
+                if (memcmp(y1, y + (size_t)m * N, sizeof(float) * N) != 0) {
+                    T_CHECK(0, "%s M=%d K=%d N=%d: row %d differs from M=1", dtn(dt), M, K, N, m);
+                    break;
+                }
+                int bad = 0;
+                for (int n = 0; n < N && !bad; n++) {
+                    float e = base[(size_t)m * N + n] + y1[n];
+                    bad = memcmp(&e, ya + (size_t)m * N + n, 4) != 0;
+                }
+                if (bad) { T_CHECK(0, "%s M=%d K=%d N=%d: add=1 differs in row %d", dtn(dt), M, K, N, m); break; }
+            }
+            free(x); free(base); free(W); free(y); free(ya); free(y1);
+        }
+    t_end();
+}
+
 /* 1 vs 2 threads through the pool, split over N as the forward splits it */
 typedef struct { float *y; const float *x; int M; const void *W; int dt; int K; int N; } pj;
 static void pj_run(void *arg, int ith, int nth) {
@@ -499,6 +532,7 @@ int main(void) {
     printf("  kernel path: %s\n", td_kernels_path_name());
     test_dot();
     test_matmul();
+    test_matmul_large();
     test_threads();
     test_default_threads();
     test_exp();
@@ -521,6 +555,7 @@ int main(void) {
         printf("  kernel path: %s\n", td_kernels_path_name());
         test_dot();
         test_matmul();
+        test_matmul_large();
         test_attend();
     }
     td_kernels_set_path(best);

@@ -249,18 +249,22 @@ AI float dot_v(const float *a, const char *w, int dt, int n) {
 #ifndef PF_PANELS
 #define PF_PANELS 2
 #endif
-/* The register tile: MR tokens x NR outputs, each a D16 dot over all of K. */
+/* The register tile: MR tokens x NR outputs, each a D16 dot over all of K —
+ * or over the steps [k0, k1) of it (k0, k1 multiples of 16 except k1 = K): the
+ * 16-lane accumulators start from accs ([MR][NR][16] floats) when k0 > 0 and
+ * are saved there when k1 < K, so a dot computed in several K blocks performs
+ * the same FMAs in the same order as one computed at once (same bits). */
 AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w,
-             size_t wrow, int K, int add) {
+             size_t wrow, int K, int add, int k0, int k1, float *accs) {
     __m512 acc[8][8];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
-    int k = 0;
+        for (int j = 0; j < NR; j++) acc[i][j] = k0 ? _mm512_loadu_ps(accs + (i * NR + j) * 16) : _mm512_setzero_ps();
+    int k = k0;
     const size_t esz = dt == TD_DTYPE_F32 ? 4 : 2;
     const char *pf = w + (size_t)NR * wrow * PF_PANELS; /* the panel PF_PANELS ahead */
-    for (; k + 16 <= K; k += 16) {
+    for (; k + 16 <= k1; k += 16) {
         __m512 wv[8];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * esz, PF_HINT);
@@ -275,6 +279,13 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
+    }
+    if (k1 < K) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) _mm512_storeu_ps(accs + (i * NR + j) * 16, acc[i][j]);
+        return;
     }
     if (k < K) {
         __mmask16 m = tailmask(K - k);
@@ -298,12 +309,13 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
         }
 }
 
-typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add);
+typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add,
+                        int k0, int k1, float *accs);
 #define TILE_INST(MR, NR, DT, SUF) TILE_INST_(MR, NR, DT, SUF) /* expands NR_MAIN first */
 #define TILE_INST_(MR, NR, DT, SUF)                                                                      \
     static void tile_##MR##x##NR##_##SUF(float *y, int ldy, const float *x, int ldx, const char *w,      \
-                                         size_t wrow, int K, int add) {                                  \
-        tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add);                                               \
+                                         size_t wrow, int K, int add, int k0, int k1, float *accs) {     \
+        tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add, k0, k1, accs);                                 \
     }
 /* Tiles for 2 <= M < 8: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end
  * of a block, one output at the end of the range); M >= 8: 8 x NR_WIDE, so every
@@ -341,7 +353,16 @@ typedef struct { tile_fn t[9][2]; tile_fn gemv8; tile_fn w[9]; } tile_set; /* t[
                   TNX(5, NR_WIDE, SUF), TNX(6, NR_WIDE, SUF), TNX(7, NR_WIDE, SUF), TNX(8, NR_WIDE, SUF)}}
 static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
 
-#define MBLOCK 64 /* tokens whose activations stay in L2 while a weight panel streams */
+/* M >= 8 (prefill, verify): the outputs are taken in panels of about PANEL_BYTES
+ * of weights, which stay in L2 while every 8-token tile of the whole batch runs
+ * over them — the weights stream from memory once per product, not once per
+ * token block. Within a panel, an 8-token tile's activations (8 x KC floats,
+ * 32 KiB) stay in L1 while the panel's rows stream from L2; K longer than KC is
+ * taken in blocks, the accumulators of the panel's tiles saved between blocks
+ * (tile(): same FMAs in the same order, same bits). */
+#define PANEL_BYTES (512 << 10)
+#define KC 1024
+#define KBLK_PANEL 96 /* outputs per panel when K is blocked (accumulator scratch 8 x 96 x 16 floats) */
 
 static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
                      int K, int n0, int n1, int add) {
@@ -350,40 +371,45 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
     const tile_set *ts = &TILES[dt];
     if (M == 1) {
         int n = n0;
-        for (; n + 8 <= n1; n += 8) ts->gemv8(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
-        for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
+        for (; n + 8 <= n1; n += 8) ts->gemv8(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
+        for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
         return;
     }
-    if (M >= 8) {
-        for (int mb = 0; mb < M; mb += MBLOCK) {
-            int me = mb + MBLOCK < M ? mb + MBLOCK : M;
-            int n = n0;
-            for (; n + NR_WIDE <= n1; n += NR_WIDE)
-                for (int m = mb; m < me; m += 8) {
-                    int mr = me - m < 8 ? me - m : 8;
-                    ts->w[mr](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
-                }
-            for (; n < n1; n++)
-                for (int m = mb; m < me; m += 8) {
-                    int mr = me - m < 8 ? me - m : 8;
-                    ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
-                }
-        }
-        return;
-    }
-    for (int mb = 0; mb < M; mb += MBLOCK) {
-        int me = mb + MBLOCK < M ? mb + MBLOCK : M;
+    if (M < 8) {
         int n = n0;
         for (; n + NR_MAIN <= n1; n += NR_MAIN)
-            for (int m = mb; m < me; m += MR_MAIN) {
-                int mr = me - m < MR_MAIN ? me - m : MR_MAIN;
-                ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
+            for (int m = 0; m < M; m += MR_MAIN) {
+                int mr = M - m < MR_MAIN ? M - m : MR_MAIN;
+                ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
             }
         for (; n < n1; n++)
-            for (int m = mb; m < me; m += MR_MAIN) {
-                int mr = me - m < MR_MAIN ? me - m : MR_MAIN;
-                ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add);
+            for (int m = 0; m < M; m += MR_MAIN) {
+                int mr = M - m < MR_MAIN ? M - m : MR_MAIN;
+                ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
             }
+        return;
+    }
+    int nkb = K > KC ? (K + KC - 1) / KC : 1;
+    int kblk = nkb > 1 ? ((K + nkb - 1) / nkb + 15) & ~15 : K;
+    int nb = (int)(PANEL_BYTES / wrow) / NR_WIDE * NR_WIDE;
+    if (nkb > 1 && nb > KBLK_PANEL) nb = KBLK_PANEL;
+    if (nb < NR_WIDE) nb = NR_WIDE;
+    float accs[KBLK_PANEL * 8 * 16];
+    for (int pb = n0; pb < n1; pb += nb) {
+        int pe = pb + nb < n1 ? pb + nb : n1;
+        for (int m = 0; m < M; m += 8) {
+            int mr = M - m < 8 ? M - m : 8;
+            float *ym = y + (size_t)m * ldy;
+            const float *xm = x + (size_t)m * ldx;
+            for (int k0 = 0; k0 < K; k0 += kblk) {
+                int k1 = k0 + kblk < K ? k0 + kblk : K;
+                int n = pb;
+                for (; n + NR_WIDE <= pe; n += NR_WIDE)
+                    ts->w[mr](ym + n, ldy, xm, ldx, wb + n * wrow, wrow, K, add, k0, k1, accs + (n - pb) * 8 * 16);
+                for (; n < pe; n++)
+                    ts->t[mr][0](ym + n, ldy, xm, ldx, wb + n * wrow, wrow, K, add, k0, k1, accs + (n - pb) * 8 * 16);
+            }
+        }
     }
 }
 
