@@ -245,6 +245,102 @@ done:
     t_end();
 }
 
+/* A draft vocabulary (vocab=N): drafts and q come from ids 0..N-1 only. The
+ * reference rows hold the full logits (Markov bias of the full-vocabulary
+ * drafts), so position j is checked while the drafts before it agree with
+ * the reference's: greedy = the argmax of the row over ids < N; q at position
+ * 1 (whose Markov input is the anchor) = softmax(row / 0.5) over ids < N,
+ * zero beyond. */
+static void test_vocab(cJSON *fx) {
+    t_begin("block_vocab_subset");
+    enum { NSUB = 4096 };
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_err err = {0};
+    float *probs = NULL, *flog = NULL;
+    size_t fbytes = 0;
+    flog = (float *)t_slurp(FX "/logits.f32", &fbytes);
+    T_REQUIRE(flog, "missing " FX "/logits.f32");
+    char spec[300];
+    snprintf(spec, sizeof spec, "block:%s,prune=off,vocab=%d", BLK, NSUB);
+    T_REQUIRE(td_drafter_open(&d, spec, g_m, &err) == 0, "block: %s", err.msg);
+    T_CHECK(strstr(td_drafter_id(d), "vocab=4096") != NULL, "the id names the draft vocabulary: %s", td_drafter_id(d));
+    int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
+    probs = malloc(sizeof(float) * (size_t)K * g_V);
+    T_REQUIRE(probs, "memory");
+    int greedy_checked = 0, q_checked = 0;
+    double worst = 0;
+    cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
+        int N = cJSON_GetArraySize(ids), row;
+        int32_t S[256];
+        for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 0);
+        cJSON *lr = cJSON_GetObjectItem(r0, "logits_rows"), *du = cJSON_GetObjectItem(r0, "drafts_unpruned");
+        int32_t t = S[N - 1];
+        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &rows, &err) == 0, "open rows");
+        T_REQUIRE(prefill_row(d, &rows, &row, S, N - 1, &err) == 0, "prefill: %s", err.msg);
+        td_sampling sp = td_sampling_default();
+        const td_sampling *spp = &sp;
+        uint64_t pos = 0;
+        int depth = K, nd = 0;
+        int32_t dr[MAXK];
+        td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = dr,
+                          .n_tokens = &nd, .sampling = &spp, .out_pos = &pos};
+        T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0 && nd == K, "draft");
+        for (int j = 0; j < K; j++) {
+            if (j > 0 && dr[j - 1] != cJSON_GetArrayItem(du, j - 1)->valueint) break;
+            int fr = cJSON_GetArrayItem(lr, j)->valueint;
+            T_REQUIRE(fr >= 0 && (size_t)(fr + 1) * g_V * sizeof(float) <= fbytes, "logits row in range");
+            const float *ref = flog + (size_t)fr * g_V;
+            int best = 0;
+            for (int v = 1; v < NSUB; v++) if (ref[v] > ref[best]) best = v;
+            T_CHECK(dr[j] == best, "prompt %s position %d: draft %d, the reference's argmax below %d is %d",
+                    cJSON_GetObjectItem(p, "id")->valuestring, j + 1, (int)dr[j], NSUB, best);
+            greedy_checked++;
+        }
+        sp.temperature = 0.5f;
+        sp.seed = 7;
+        q.probs = probs;
+        T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0 && q.has_probs && nd == K, "draft with q");
+        const float *ref = flog + (size_t)cJSON_GetArrayItem(lr, 0)->valueint * g_V;
+        double mx = -1e30, s = 0, md = 0, pm = 0, beyond = 0;
+        for (int v = 0; v < NSUB; v++) mx = ref[v] > mx ? ref[v] : mx;
+        for (int v = 0; v < NSUB; v++) s += exp((ref[v] - mx) / 0.5);
+        for (int v = 0; v < g_V; v++) {
+            double pv = v < NSUB ? exp((ref[v] - mx) / 0.5) / s : 0;
+            if (fabs(pv - probs[v]) > md) md = fabs(pv - probs[v]);
+            if (pv > pm) pm = pv;
+            if (v >= NSUB) beyond += fabs(probs[v]);
+        }
+        T_CHECK(beyond == 0, "q is zero outside the draft vocabulary (sum %g)", beyond);
+        T_CHECK(dr[0] < NSUB, "the sampled draft %d is inside the draft vocabulary", (int)dr[0]);
+        if (md / pm > worst) worst = md / pm;
+        q_checked++;
+        td_draft_rows_free(&rows);
+        td_ctx_row_remove(g_c, row);
+    }
+    printf("  %d greedy positions and %d distributions checked against the reference cut to ids < %d; worst relative error %.2e\n",
+           greedy_checked, q_checked, NSUB, worst);
+    T_CHECK(greedy_checked >= q_checked && q_checked > 0, "positions checked");
+    T_CHECK(worst <= 1e-3, "draft distribution differs from PyTorch's cut to the vocabulary by %.2e relative", worst);
+    td_drafter_free(d);
+    d = NULL;
+    snprintf(spec, sizeof spec, "block:%s,vocab=%d", BLK, g_V + 1);
+    T_CHECK(td_drafter_open(&d, spec, g_m, &err) == TD_EINVAL && d == NULL && strstr(err.msg, "vocabulary"),
+            "a draft vocabulary past the target's: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s,vocab=x", BLK);
+    T_CHECK(td_drafter_open(&d, spec, g_m, &err) == TD_EINVAL && d == NULL && strstr(err.msg, "option"),
+            "a draft vocabulary that is not a number: %s", err.msg);
+done:
+    free(probs);
+    free(flog);
+    td_draft_rows_free(&rows);
+    td_drafter_free(d);
+    t_end();
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static char g_tmp[256];
@@ -304,7 +400,18 @@ static void test_refusals(void) {
     expect_refusal("eps", "\"rms_norm_eps\": ", "\"rms_norm_eps\": -1, \"x\": ", TD_EFORMAT, "rms_norm_eps");
     expect_refusal("thr_len", "\"prune_thresholds\": [", "\"prune_thresholds\": [0.5, ", TD_EFORMAT, "prune_thresholds");
     expect_refusal("thr_val", "\"prune_thresholds\": [", "\"prune_thresholds\": [\"high\", ", TD_EFORMAT, "prune_thresholds");
-    expect_refusal("layers_count", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3", TD_EFORMAT, "layers.2");
+    {   /* one layer more than the checkpoint holds: the first missing layer's tensors are named */
+        char *cfg = t_slurp(BLK "/config.json", NULL);
+        const char *key = "\"num_hidden_layers\": ";
+        const char *at = cfg ? strstr(cfg, key) : NULL;
+        int n = at ? atoi(at + strlen(key)) : 0;
+        free(cfg);
+        char from[64], to[64], missing[32];
+        snprintf(from, sizeof from, "%s%d", key, n);
+        snprintf(to, sizeof to, "%s%d", key, n + 1);
+        snprintf(missing, sizeof missing, "layers.%d", n);
+        expect_refusal("layers_count", from, to, TD_EFORMAT, missing);
+    }
     expect_refusal("ffn", "\"intermediate_size\": 1280", "\"intermediate_size\": 1024", TD_EFORMAT, "shape");
     expect_refusal("rank", "\"markov_rank\": 32", "\"markov_rank\": 16", TD_EFORMAT, "markov");
     /* a truncated weight file */
@@ -403,6 +510,7 @@ int main(void) {
     }
     test_rounds(fx);
     test_logits(fx);
+    test_vocab(fx);
     test_refusals();
     test_checkpoints();
     /* speculative == plain with the trained block drafter and a bf16 target KV cache */

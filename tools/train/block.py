@@ -260,3 +260,44 @@ def draft_round(m, ctx_kv, L, t, E, W_lm, depth=None, prune=True):
         rows.append(lg)
         prev = d
     return ds, rows, conf
+
+
+# ------------------------------------------------------------------------ labels from the target itself
+def anchor_labels(h_last, stream, anchors, G, logits_fn):
+    """Block labels that need no generation: h_last [B,N,H] the target's last-layer taps of stream [B,N]
+    (any text: a corpus window or a greedy generation), anchors [B,A] with a + G - 1 <= N - 1.
+    lab[b,i,j-1] = the target's greedy token after stream[..a+j-1] = argmax logits_fn(h_last[a+j-1]),
+    j = 1..G-1; w[b,i,j-1] = 1 while stream[a+1..a+j-1] all equal the target's greedy tokens (then lab_j IS
+    the target's greedy continuation of stream[..a], the drafter's target), else 0.
+    On the target's own greedy generations lab = stream[a+j] and w = 1.  Returns (lab, w float)."""
+    B, A = anchors.shape
+    j = torch.arange(G - 1, device=h_last.device)
+    idx = (anchors[:, :, None] + j).reshape(B, -1)  # positions a + j - 1, j = 1..G-1
+    h = torch.gather(h_last, 1, idx[..., None].expand(-1, -1, h_last.shape[-1]))
+    lab = logits_fn(h).argmax(-1).view(B, A, G - 1)
+    ok = (torch.gather(stream, 1, idx + 1).view(B, A, G - 1) == lab).float()
+    w = torch.cat([torch.ones_like(ok[..., :1]), ok[..., :-1].cumprod(-1)], -1)
+    return lab, w
+
+
+@torch.no_grad()
+def accepted_per_anchor(m, taps, stream, anchors, E, W_lm):
+    """Teacher-forced greedy acceptance: for each anchor a of one sequence whose stream is the target's
+    greedy generation from a on (anchors [A], a + G - 1 < N), the number of leading drafts d_1..d_{G-1}
+    equal to stream[a+1..a+G-1] (prev_j = stream[a+j-1] = d_{j-1} on that prefix, so this IS what an
+    unpruned depth-(G-1) round from anchor a accepts).  taps [1,N,n_taps*H], stream [1,N] -> [A] ints."""
+    z, lab, prev = train_forward(m, taps, stream, anchors[None], E, W_lm)
+    lg = F.linear(z, W_lm) + (m.markov_bias(prev) if hasattr(m, "markov") else 0)
+    return (lg.argmax(-1) == lab).int().cumprod(-1).sum(-1)[0]
+
+
+def simulate_rounds(acc, first, last):
+    """Greedy speculative rounds replayed from per-anchor acceptance acc[a - first] (a = first..last):
+    a round at anchor a accepts m = acc[a] drafts and emits m + 1 tokens, the next anchor is a + m + 1.
+    Returns the list of m per round."""
+    a, ms = first, []
+    while a <= last:
+        m = int(acc[a - first])
+        ms.append(m)
+        a += m + 1
+    return ms

@@ -2,14 +2,17 @@
 # Stage 4 on the GPU machine (device tool), from the repository root, with the committed
 # models/tiny-code/target and bench/prompts/code.jsonl in the tree:
 #   STAGE_SECONDS=500 timeout 540 bash tools/train/stage4.sh      (run with timeout_s ~560)
-# Trains the block drafter (tools/train/block.py) on the frozen target's greedy generations, calibrates
-# its pruning thresholds, then computes in float32 the validation metrics and the reference fixture.
+# Trains the block drafter (tools/train/block.py) on the frozen target's greedy generations and on corpus
+# text labelled with the target's own greedy tokens (two layer counts side by side, STAGE4_LAYERS), picks
+# one on validation replays, calibrates its pruning thresholds, then computes in float32 the validation and
+# benchmark-prompt replays (against the MTP head) and the reference fixture.
 # Everything lands directly in $OUT:
 #   block/config.json, block/model.safetensors -> models/tiny-code/block/
 #   ref.json, logits.f32                         -> tests/fixtures/tiny-code-block/
 #   metrics.json, stage4.log                     -> models/tiny-code/block/ (training record)
-# STAGE_SECONDS (default 500) is the internal wall-clock budget; STAGE4_POST_S (default 110) the part
-# kept after training; STAGE4_GEN_S (default 70) the time spent generating training sequences.
+#   alt.tar                                      the variant not chosen (not committed)
+# STAGE_SECONDS (default 500) is the internal wall-clock budget; STAGE4_POST_S (default 150) the part
+# kept after training; STAGE4_GEN_S (default 80) the time spent generating training sequences.
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 T0=$(date +%s)

@@ -1,22 +1,39 @@
-"""Stage 4 (GPU machine): train the block drafter (tools/train/block.py) on the frozen target's own greedy
-generations, calibrate its confidence-pruning thresholds, and compute the reference fixture
-tests/fixtures/tiny-code-block/.
+"""Stage 4 (GPU machine): train the block drafter (tools/train/block.py) on the frozen target, calibrate
+its confidence-pruning thresholds, and compute the reference fixture tests/fixtures/tiny-code-block/.
 
 Usage: python3 stage4_main.py WORK_DIR      (driven by tools/train/stage4.sh; honours STAGE_DEADLINE)
-Needs models/tiny-code/target (committed) and bench/prompts/code.jsonl.  Writes into $OUT:
-block/config.json + block/model.safetensors (the drafter), metrics.json, ref.json, logits.f32.
+Needs models/tiny-code/target (committed), models/tiny-code/mtp (for the comparison only) and
+bench/prompts/code.jsonl.  Writes into $OUT: block/config.json + block/model.safetensors (the drafter),
+metrics.json, ref.json, logits.f32, alt.tar (the variant not chosen, for the record).
 
-Data (common.generation_data): for each (P, n) in SPECS, prompts = random P-token windows of the train
-stream (the deterministic corpus / tokenizer / hash order of stages 1-3, first 20M tokens), each continued
-greedily by the target for n tokens (bf16, sdpa, KV cache, batches of GEN_BATCH, groups in turn, for GEN_S
-seconds).  Validation sequences are made the same way from the valid split.
-Training (common.train_loop): target frozen (bf16); each step takes BSZ sequences, computes the target's
-taps of every position (forward hooks on the tapped layers: residual stream after k layers, before the
-final norm), and ANCH random anchors a in [P-1, P+n-G] per sequence (groups in turn); each block is [stream[a], mask x
-(G-1)] at positions a..a+G-1 with the context positions < a; loss = position-weighted CE of the block's
-logits (shared lm_head + Markov bias of the teacher-forced previous token) against stream[a+j]
-(= the target's greedy tokens) + 0.2 * BCE(confidence_j, all drafts 1..j correct) on detached hiddens.
-Drafter fp32 master weights under bf16 autocast.
+Two sources of blocks, taken in turn step by step:
+- Generations (common.generation_data): for each (P, n) in SPECS, random P-token windows of the train stream
+  (the deterministic corpus / tokenizer / hash order of stages 1-3, first 20M tokens), each continued
+  greedily by the target for n tokens (bf16, sdpa, KV cache, batches of GEN_BATCH, groups in turn, for GEN_S
+  seconds); ANCH anchors a in [P-1, P+n-G] per sequence.  Validation sequences: the same from the valid split.
+- Corpus text (distillation on real text, fresh windows every step, never repeated): REAL_N-token windows of
+  the train stream, ANCH anchors a in [1, REAL_N-G].  The label of block position j is the target's own
+  greedy token after stream[..a+j-1] (argmax of its logits there), and it counts (weight 1) only while the
+  text stream[a+1..a+j-1] agrees with the target's greedy tokens, i.e. while that label is the target's greedy
+  continuation of stream[..a] (block.anchor_labels).  This puts anchors where the benchmark's first rounds
+  are (contexts of real code, not of the target's own repetitive continuations) and removes the
+  memorisation of a small set of generations (the first block drafter: 47 epochs, train 5.1 / valid 3.6).
+Both sources use the same labels (block.anchor_labels; on generations they are the stream itself).
+Training (common.train_loop): target frozen (bf16); each step takes BSZ sequences, computes the target's taps
+of every position (forward hooks on the tapped layers: residual stream after k layers, before the final
+norm); each block is [stream[a], mask x (G-1)] at positions a..a+G-1 with the context positions < a; loss =
+position-weighted (exp(-j/5)) CE of the block's logits (shared lm_head + Markov bias of the teacher-forced
+previous token) against the labels, weighted by the label weights, + 0.2 * BCE(confidence_j, drafts 1..j
+all correct) on detached hiddens, also weighted.  VARIANTS drafters (layer counts) train side by side on the
+same blocks (one optimiser, independent parameters).  Drafter fp32 master weights under bf16 autocast.
+Warm start (STAGE4_INIT=DIR, relative to the repository root): every variant starts from DIR's trained
+drafter; the layers DIR lacks (a deeper variant) start from the target's layers with o_proj and down_proj
+zero, i.e. as identities, so the deeper drafter starts as DIR's function.
+Selection: the variant with the most accepted drafts per round in replayed greedy speculative decoding at
+depth 7 (block.simulate_rounds) on valid-split generations from 256-token prompts wins, a deeper variant
+only by a margin of DEEPER_MARGIN per extra layer (its round costs more).  The benchmark prompts
+(bench/prompts/code.jsonl, the first N_BENCH, 128 generated tokens, float32) are measured for every
+variant and for the MTP head (models/tiny-code/mtp), for the record only.
 """
 import json
 import os
@@ -30,17 +47,23 @@ import block as BK
 WORK = sys.argv[1]
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 TARGET = os.path.join(ROOT, "models", "tiny-code", "target")
+MTP_DIR = os.path.join(ROOT, "models", "tiny-code", "mtp")
 PROMPTS = os.path.join(ROOT, "bench", "prompts", "code.jsonl")
 OUT = os.environ.get("OUT") or os.path.join(WORK, "out")
 DL = common.Deadline(560)
-TAPS, G, NLAY, INTER, RANK = [2, 6, 10], 8, 2, 1280, 32
+TAPS, G, INTER, RANK = [2, 6, 10], 8, 1280, 32
+VARIANTS = [int(x) for x in os.environ.get("STAGE4_LAYERS", "2,3").split(",")]  # drafter layer counts
+DEEPER_MARGIN = 0.05
+INIT = os.environ.get("STAGE4_INIT")  # a trained block drafter's directory (relative to the repository root)
+PEAK_LR_ENV = os.environ.get("STAGE4_PEAK_LR")
 SPECS = [(24, 136), (96, 160), (256, 160), (448, 160)]  # (prompt tokens, generated tokens) groups
-GEN_BATCH, GEN_S, N_VALID = 1024, float(os.environ.get("STAGE4_GEN_S", "70")), 128
-BSZ, ANCH, PEAK_LR, WARMUP, SEED = 128, 16, 1.5e-3, 50, 2024
-POST_S = float(os.environ.get("STAGE4_POST_S", "110"))
+GEN_BATCH, GEN_S, N_VALID = int(os.environ.get("STAGE4_GEN_BATCH", "4096")), float(os.environ.get("STAGE4_GEN_S", "80")), 128
+REAL_N = 384  # corpus-text window length
+BSZ, ANCH, PEAK_LR, WARMUP, SEED = 128, 24, float(PEAK_LR_ENV or 1.5e-3), 50, int(os.environ.get("STAGE4_SEED", "2024"))
+POST_S = float(os.environ.get("STAGE4_POST_S", "150"))
+N_BENCH, BENCH_NEW, BENCH_MAXP = int(os.environ.get("STAGE4_N_BENCH", "40")), 128, 256
 TAU = 0.25  # pruning: keep draft j while the calibrated P(drafts 1..j accepted) >= TAU
-ROUNDS, N_FIX, N_CAND = 6, 3, 36
-
+ROUNDS, N_FIX, N_CAND = 6, 3, 24
 DEFINITION = """Greedy speculative decoding of the target with the block drafter, 6 rounds per prompt.
 All compute float32 (the committed bf16 weights of models/tiny-code/target and models/tiny-code/block
 upcast), eager attention, TF32 off, on the GPU; every target forward recomputes the whole sequence from
@@ -56,6 +79,7 @@ Round 0 of each prompt also records the UNPRUNED draft (all 7 positions): drafts
 logits rows (logits_rows) in logits.f32."""
 
 
+
 def main():
     import numpy as np
     import torch
@@ -64,9 +88,10 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     os.makedirs(os.path.join(OUT, "block"), exist_ok=True)
     dev = os.environ.get("STAGE_DEVICE", "cuda")
-    metrics = {"tap_layers": TAPS, "block_size": G, "layers": NLAY, "intermediate": INTER, "markov_rank": RANK,
-               "sequence_groups (prompt, generated)": SPECS, "batch_sequences": BSZ, "anchors_per_sequence": ANCH,
-               "peak_lr": PEAK_LR, "warmup": WARMUP, "prune_tau": TAU}
+    metrics = {"tap_layers": TAPS, "block_size": G, "variants (layers)": VARIANTS, "intermediate": INTER,
+               "markov_rank": RANK, "sequence_groups (prompt, generated)": SPECS, "corpus_window": REAL_N,
+               "step_sources": "generations and corpus windows in turn", "batch_sequences": BSZ,
+               "anchors_per_sequence": ANCH, "peak_lr": PEAK_LR, "warmup": WARMUP, "prune_tau": TAU}
 
     def sync():
         if dev.startswith("cuda"):
@@ -88,7 +113,7 @@ def main():
     for p in tgt.parameters():
         p.requires_grad_(False)
     tcfg = json.load(open(os.path.join(TARGET, "config.json")))
-    V = tcfg["vocab_size"]
+    V, H = tcfg["vocab_size"], tcfg["hidden_size"]
     tp = common.Taps(tgt, TAPS)
     t0 = time.time()
     data, vdata = common.generation_data(tgt, train_ids, valid_ids, SPECS, GEN_BATCH, GEN_S, N_VALID, SEED, dev)
@@ -96,49 +121,84 @@ def main():
     metrics["train_sequences"] = {str(k): int(v.shape[0]) for k, v in data.items()}
     metrics["generation_seconds"] = round(time.time() - t0, 1)
     log("sample generation:", tok.decode(data[SPECS[1]][0, SPECS[1][0] - 20:SPECS[1][0] + 60].tolist()))
+    corpus = torch.from_numpy(train_ids.astype(np.int64)).to(dev)
 
-    cfg = BK.make_config(tcfg, TAPS, G, NLAY, INTER, RANK, common.MASK_ID)
-    torch.manual_seed(SEED)
-    dr = BK.BlockDrafter(cfg)
-    BK.init_from_target(dr, tgt)
-    dr = dr.float().to(dev)
-    metrics["params"] = sum(p.numel() for p in dr.parameters())
-    metrics["params_by_part"] = {n: sum(p.numel() for p in mod.parameters()) for n, mod in dr.named_children()}
-    log("block drafter params", metrics["params"], metrics["params_by_part"])
     E = tgt.model.embed_tokens.weight
     W = tgt.lm_head.weight
+    assert TAPS[-1] == len(tgt.model.layers), "the last tap must be the target's last layer (greedy labels)"
+
+    def tgt_logits(h):
+        return F.linear(tgt.model.norm(h), W)
+
+    drs = {}
+    for nl in VARIANTS:
+        cfg = BK.make_config(tcfg, TAPS, G, nl, INTER, RANK, common.MASK_ID)
+        torch.manual_seed(SEED + nl)
+        dr = BK.BlockDrafter(cfg)
+        BK.init_from_target(dr, tgt)
+        if INIT:  # warm start: a trained drafter's weights; layers it lacks start as identities
+            ini = os.path.join(ROOT, INIT)
+            if not os.path.exists(os.path.join(ini, "model.safetensors")) and os.path.exists(os.path.join(ini, "model.safetensors.xz")):
+                import lzma  # the device's upload limit: the warm-start weights may travel xz-compressed
+                with lzma.open(os.path.join(ini, "model.safetensors.xz")) as fi, open(os.path.join(ini, "model.safetensors"), "wb") as fo:
+                    fo.write(fi.read())
+            src = BK.load(ini, torch.float32, "cpu")
+            own = dr.state_dict()
+            dr.load_state_dict({k: v for k, v in src.state_dict().items() if k in own and own[k].shape == v.shape},
+                               strict=False)
+            with torch.no_grad():
+                for l in dr.layers[len(src.layers):]:
+                    l.self_attn.o_proj.weight.zero_()
+                    l.mlp.down_proj.weight.zero_()
+            metrics["init"] = f"{INIT} ({len(src.layers)} layers); layers {len(src.layers)}..{nl - 1}: target layers, o_proj and down_proj zero"
+        drs[nl] = dr.float().to(dev).train()
+        metrics[f"params_L{nl}"] = sum(p.numel() for p in dr.parameters())
+        metrics[f"params_by_part_L{nl}"] = {n: sum(p.numel() for p in mod.parameters()) for n, mod in dr.named_children()}
+        log(f"block drafter L{nl} params", metrics[f"params_L{nl}"], metrics[f"params_by_part_L{nl}"])
     wpos = torch.exp(-torch.arange(G - 1, device=dev, dtype=torch.float32) / 5.0)
     gen = torch.Generator(device=dev).manual_seed(SEED)
 
     def step_fn(step):
-        P, n_new = SPECS[step % len(SPECS)]
-        grp = data[(P, n_new)]
-        idx = torch.randint(0, grp.shape[0], (BSZ,), generator=gen, device=dev)
-        seq = grp[idx]
+        if step % 2 == 0:
+            P, n_new = SPECS[(step // 2) % len(SPECS)]
+            grp = data[(P, n_new)]
+            seq = grp[torch.randint(0, grp.shape[0], (BSZ,), generator=gen, device=dev)]
+            anchors = torch.randint(P - 1, P + n_new - G + 1, (BSZ, ANCH), generator=gen, device=dev)
+        else:
+            st = torch.randint(0, corpus.shape[0] - REAL_N, (BSZ,), generator=gen, device=dev)
+            seq = corpus[st[:, None] + torch.arange(REAL_N, device=dev)]
+            anchors = torch.randint(1, REAL_N - G + 1, (BSZ, ANCH), generator=gen, device=dev)
         taps = tp.of(seq)
-        anchors = torch.randint(P - 1, P + n_new - G + 1, (BSZ, ANCH), generator=gen, device=dev)
-        with torch.autocast(dev.split(":")[0], dtype=torch.bfloat16):
-            z, lab, prev = BK.train_forward(dr, taps, seq, anchors, E, W)
-            logits = F.linear(z, W) + dr.markov_bias(prev)
-            cl = dr.conf_logit(z.detach())
-        ce = F.cross_entropy(logits.float().reshape(-1, V), lab.reshape(-1), reduction="none").view(lab.shape)
-        loss_ce = (ce * wpos).sum(-1).mean() / wpos.sum()
-        with torch.no_grad():
-            hit = logits.argmax(-1) == lab
-            cum = hit.int().cumprod(-1).float()
-        bce = F.binary_cross_entropy_with_logits(cl.float(), cum)
-        return loss_ce + 0.2 * bce, {"ce": loss_ce, "bce": bce, "acc_pos1": hit[..., 0].float().mean(),
-                                     "mean_accepted": cum.sum(-1).mean()}
+        with torch.no_grad(), torch.autocast(dev.split(":")[0], dtype=torch.bfloat16):
+            lab, w = BK.anchor_labels(taps[..., -H:], seq, anchors, G, tgt_logits)
+        ww = w * wpos
+        loss, info = 0.0, {"label_weight": w.mean()}
+        for nl, dr in drs.items():
+            with torch.autocast(dev.split(":")[0], dtype=torch.bfloat16):
+                z, _, prev = BK.train_forward(dr, taps, seq, anchors, E, W)
+                logits = F.linear(z, W) + dr.markov_bias(prev)
+                cl = dr.conf_logit(z.detach())
+            ce = F.cross_entropy(logits.float().reshape(-1, V), lab.reshape(-1), reduction="none").view(lab.shape)
+            loss_ce = (ce * ww).sum() / ww.sum().clamp(min=1e-6)
+            with torch.no_grad():
+                hit = (logits.argmax(-1) == lab)
+                cum = hit.int().cumprod(-1).float()
+            bce = F.binary_cross_entropy_with_logits(cl.float(), cum, weight=w, reduction="sum") / w.sum().clamp(min=1e-6)
+            loss = loss + loss_ce + 0.2 * bce
+            info.update({f"ce_L{nl}": loss_ce, f"bce_L{nl}": bce, f"acc_pos1_L{nl}": hit[..., 0].float().mean(),
+                         f"mean_accepted_L{nl}": (cum * w).sum(-1).mean()})
+        return loss, info
 
-    dr.train()
-    res = common.train_loop(dr.parameters(), step_fn, DL.t_end - POST_S, PEAK_LR, WARMUP, wd=0.01)
+    params = [p for dr in drs.values() for p in dr.parameters()]
+    res = common.train_loop(params, step_fn, DL.t_end - POST_S, PEAK_LR, WARMUP, wd=0.01, clip=float(len(drs)) ** 0.5)
     metrics.update(res)
     metrics["positions_seen"] = res["steps"] * BSZ * ANCH * (G - 1)
     log(f"trained {res['steps']} steps in {res['train_seconds']}s ({res['stopped_by']})")
-    BK.save(dr, os.path.join(OUT, "block"))
+    for nl, dr in drs.items():
+        BK.save(dr, os.path.join(WORK, f"L{nl}"))
     dump_metrics()
     tp.remove()
-    del tgt, data, dr
+    del tgt, data, drs, corpus
     torch.cuda.empty_cache()
 
     # ---------------------------------------------------------------- float32 phase (bf16 weights upcast)
@@ -149,8 +209,93 @@ def main():
         p.requires_grad_(False)
     tp = common.Taps(T, TAPS)
     E32, W32 = T.model.embed_tokens.weight, T.lm_head.weight
+    models = {nl: BK.load(os.path.join(WORK, f"L{nl}"), torch.float32, dev) for nl in VARIANTS}
+
+    # ---- replayed greedy speculative decoding at depth G-1 (unpruned): valid generations and bench prompts
+    def replay(seqs_p, with_mtp):
+        """seqs_p: list of (stream [1,N] = prompt + the target's greedy continuation, P).  Per model: rounds,
+        mean accepted per round, P(round accepts >= j), and the mean over all anchors (teacher-forced)."""
+        mtp = None
+        if with_mtp:
+            import mtp as M
+            mtp = M.load(MTP_DIR, torch.float32, dev)
+        per = {k: {"ms": [], "all": []} for k in list(models) + (["mtp"] if mtp is not None else [])}
+        for seq, P in seqs_p:
+            if DL.left() < 70:
+                break
+            N = seq.shape[1]
+            taps = tp.of(seq)
+            an = torch.arange(P - 1, N - G + 1, device=dev)
+            for k, m in models.items():
+                acc = BK.accepted_per_anchor(m, taps, seq, an, E32, W32).tolist()
+                per[k]["all"] += acc
+                per[k]["ms"] += BK.simulate_rounds(acc, P - 1, N - G)
+            if mtp is not None:
+                with torch.no_grad():
+                    outs = M.unrolled_logits(mtp, taps[..., -H:], seq, G - 1, E32)
+                    hit = torch.stack([(lg.argmax(-1) == lab)[0] for lg, lab in outs], -1)  # [M, G-1], base p
+                acc = hit.int().cumprod(-1).sum(-1)[P - 2:].tolist()  # anchor a <-> base a - 1
+                per["mtp"]["all"] += acc
+                per["mtp"]["ms"] += BK.simulate_rounds(acc, P - 1, N - G)
+        out = {}
+        for k, v in per.items():
+            ms = v["ms"]
+            n = max(len(ms), 1)
+            out[str(k)] = {"rounds": len(ms), "mean_accepted_per_round": round(sum(ms) / n, 4),
+                           "P(round accepts >= j), j=1..7": [round(sum(1 for x in ms if x >= j) / n, 4) for j in range(1, G)],
+                           "mean_accepted_all_anchors": round(sum(v["all"]) / max(len(v["all"]), 1), 4)}
+        return out
+
+    scores = {}
+    try:
+        vsel = vdata[(256, 160)]
+        seqs = [(vsel[i:i + 1, :256 + BENCH_NEW], 256) for i in range(min(48, vsel.shape[0]))]
+        r = replay(seqs, False)
+        metrics["valid_replay_256_128"] = r
+        scores = {nl: r[str(nl)]["mean_accepted_per_round"] for nl in VARIANTS}
+        log("valid replay", r)
+    except Exception as e:
+        log("VALID REPLAY FAILED", repr(e))
+        import traceback
+        traceback.print_exc()
+    best = VARIANTS[0]
+    for nl in sorted(VARIANTS):
+        if nl in scores and scores[nl] > scores.get(best, 0) * (1 + DEEPER_MARGIN * (nl - best)):
+            best = nl
+    metrics["chosen_layers"] = best
+    metrics["layers"] = best
+    log("chosen", best, scores)
+    dump_metrics()
+    try:
+        prompts = [json.loads(l) for l in open(PROMPTS)][:N_BENCH]
+        seqs = []
+        with torch.no_grad():
+            for p in prompts:
+                ids = tok.encode(p["prompt"], add_special_tokens=False).ids[:BENCH_MAXP]
+                if len(ids) < 2 or DL.left() < 90:
+                    continue
+                seqs.append((common.greedy_generate(T, torch.tensor([ids], device=dev), BENCH_NEW), len(ids)))
+        r = replay(seqs, os.path.isdir(MTP_DIR))
+        r["prompts"] = len(seqs)
+        metrics["bench_replay"] = r
+        log("bench replay", r)
+    except Exception as e:
+        log("BENCH REPLAY FAILED", repr(e))
+        import traceback
+        traceback.print_exc()
+    dump_metrics()
+
+    import shutil
+    import tarfile
     bd = os.path.join(OUT, "block")
-    m = BK.load(bd, torch.float32, dev)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(WORK, f"L{best}", f), os.path.join(bd, f))
+    for nl in VARIANTS:
+        if nl != best:
+            with tarfile.open(os.path.join(OUT, "alt.tar"), "a") as tf:
+                tf.add(os.path.join(WORK, f"L{nl}"), arcname=f"L{nl}")
+    m = models[best]
+    del models
 
     # ---- validation: teacher-forced blocks on the valid generations; acceptance by position, calibration
     try:
