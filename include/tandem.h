@@ -334,8 +334,9 @@ typedef struct td_drafter td_drafter;
  * vocab=N drafts over the N most frequent ids only, cutting its LM head),
  * "mtp:DIR[,vocab=N]" (a multi-token-prediction head over the target's last hidden
  * state; vocab=N cuts the shared LM head it reads each step to the N most frequent ids),
- * "block:DIR[,prune=on|off]" (a DFlash/DSpark block drafter over tapped target layers; prune=off
- * ignores its confidence thresholds).
+ * "block:DIR[,prune=on|off][,vocab=N]" (a DFlash/DSpark block drafter over tapped target layers;
+ * prune=off ignores its confidence thresholds; vocab=N cuts the shared LM head and its Markov output
+ * to the N most frequent ids).
  * target is borrowed and must outlive the drafter. */
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 void td_drafter_free(td_drafter *d);

@@ -165,6 +165,11 @@ static void run_exact_controlled(void) {
     snprintf(sub, sizeof sub, "mtp:%s/mtp,vocab=150", g_dir);
     run_exact(sub, "mtp_vocab150", 0, 3, 4); /* the shared LM head cut to ids < 150 */
     run_exact(sub, "mtp_vocab150", 1, 8, 4);
+    snprintf(sub, sizeof sub, "block:%s/block,vocab=150", g_dir);
+    run_exact(sub, "block_vocab150", 0, 3, 5); /* the shared LM head and the Markov output cut to ids < 150 */
+    run_exact(sub, "block_vocab150", 1, 8, 4);
+    snprintf(sub, sizeof sub, "block:%s/block,vocab=150,prune=off", g_dir);
+    run_exact(sub, "block_vocab150_unpruned", 1, 3, 4);
     g_fixed = 0;
     run_exact("ngram", "ngram_planned", 0, 3, 6);
     run_exact("ngram", "ngram_planned", 1, 8, 6);
@@ -557,6 +562,9 @@ static void test_bad_input(void) {
     snprintf(spec, sizeof spec, "block:%s/block,prune=maybe", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "option"),
             "a bad block option: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s/block,vocab=302", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "vocabulary"),
+            "block draft vocabulary past the target's: %s", err.msg);
 done:
     td_spec_free(g);
     td_ctx_free(c);

@@ -160,7 +160,7 @@ static inline int td_drafter_taps(const td_drafter *d, const int **layers) {
 int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err);
 int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
 int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
-/* spec: "DIR[,prune=on|off]" (the part after "block:") */
+/* spec: "DIR[,prune=on|off][,vocab=N]" (the part after "block:") */
 int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 
 #endif

@@ -1,5 +1,5 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off]".
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off][,vocab=N]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "io/safetensors.h"

@@ -19,6 +19,10 @@
  * confidence reaches config.json's prune_thresholds[j-1], so a row may draft
  * fewer than asked (spec option prune=off keeps them all). The LM head runs
  * once, over the kept positions only; the Markov bias is added in order.
+ * A draft vocabulary (spec option vocab=N) cuts the shared LM head and the
+ * Markov output to their first N rows (the tokenizer's ids are ranked by
+ * frequency): drafts come from ids 0..N-1, their distributions are zero
+ * beyond; the target's verification keeps the output exact.
  *
  * Rows own their context K/V ([layer][kv head][position][head_dim], with room
  * for G block entries past the committed length, written during a draft and
@@ -57,6 +61,7 @@ typedef struct {
     td_tensor conf_w, conf_b;          /* [1][D], [1], or absent */
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
+    int n_sub;                         /* draft vocabulary: ids 0..n_sub-1 (= V when unset) */
 } blk_provider;
 
 typedef struct {
@@ -73,7 +78,7 @@ typedef struct {
     int n_rows, max_rows, max_ctx, max_depth, cap, max_tok;
     float *rcos, *rsin;       /* [cap][hd/2] RoPE table */
     float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
-    float *lg;                /* [max_rows*(G-1)][V] logits of kept positions */
+    float *lg;                /* [max_rows*(G-1)][n_sub] logits of kept positions */
     float *a;                 /* [rank] Markov input */
     float *scratch;           /* [TD_ATTEND_QB][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
@@ -201,7 +206,7 @@ static float w_at(const td_tensor *t, size_t i) {
 static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     blk_group *g = gv;
     const blk_provider *p = g->p;
-    int D = p->D, G = p->G, hd = p->hd, half = hd / 2, H = p->H, KVH = p->KVH, V = p->V;
+    int D = p->D, G = p->G, hd = p->hd, half = hd / 2, H = p->H, KVH = p->KVH, V = p->V, Vs = p->n_sub;
     int QW = H * hd, KW = KVH * hd;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "block: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = q->probs != NULL;
@@ -286,17 +291,17 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         q->n_tokens[i] = k; /* provisional: the count of kept positions */
         nz += k;
     }
-    if (nz) mm(g, g->lg, V, g->n, D, nz, &p->target->w.lm_head, D, V, 0);
+    if (nz) mm(g, g->lg, Vs, g->n, D, nz, &p->target->w.lm_head, D, Vs, 0);
     size_t off = 0;
     for (int b = 0; b < nb; b++) {
         int i = g->brow[b], k = q->n_tokens[i];
         int32_t prev = q->pending[i];
         for (int j = 0; j < k; j++, off++) {
-            float *lg = g->lg + off * V;
+            float *lg = g->lg + off * Vs;
             if (p->rank) {
                 td_to_f32(g->a, (const char *)p->mk_embed.data + (size_t)prev * p->rank * (p->mk_embed.dtype == TD_DTYPE_F32 ? 4 : 2),
                           p->mk_embed.dtype, (size_t)p->rank);
-                mm(g, lg, V, g->a, p->rank, 1, &p->mk_out, p->rank, V, 1);
+                mm(g, lg, Vs, g->a, p->rank, 1, &p->mk_out, p->rank, Vs, 1);
             }
             int32_t d;
             if (q->probs) {
@@ -305,8 +310,9 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
                 float *pr = q->probs + ((size_t)i * q->max_depth + j) * V;
                 d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
                 if (d < 0) return td_seterr(err, d, "block: sampling failed");
+                memset(pr + Vs, 0, sizeof(float) * (size_t)(V - Vs)); /* zero outside the draft vocabulary */
             } else {
-                d = argmax(lg, V);
+                d = argmax(lg, Vs);
             }
             q->tokens[(size_t)i * q->max_depth + j] = d;
             prev = d;
@@ -407,13 +413,13 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->o = malloc(sizeof(float) * mt * W);
     g->g = malloc(sizeof(float) * mt * p->F);
     g->u = malloc(sizeof(float) * mt * p->F);
-    g->lg = malloc(sizeof(float) * (size_t)max_rows * (p->G - 1) * p->V);
+    g->lg = malloc(sizeof(float) * (size_t)max_rows * (p->G - 1) * p->n_sub);
     g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
     g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->nk = malloc(sizeof(int) * (size_t)p->G);
     if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
-        !g->lg || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->V) != 0 ||
+        !g->lg || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -529,12 +535,22 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", spec ? spec : "");
     int prune = 1;
+    long n_sub = 0;
     char *opt = strchr(dir, ',');
     if (opt) {
-        if (!strcmp(opt, ",prune=off")) prune = 0;
-        else if (strcmp(opt, ",prune=on") != 0)
-            return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off])", opt + 1);
         *opt = 0;
+        for (char *o = opt + 1, *next; o; o = next) {
+            next = strchr(o, ',');
+            if (next) *next++ = 0;
+            char *end = NULL;
+            if (!strcmp(o, "prune=off")) prune = 0;
+            else if (!strcmp(o, "prune=on")) prune = 1;
+            else if (!strncmp(o, "vocab=", 6) && (n_sub = strtol(o + 6, &end, 10), end != o + 6 && !*end)) {
+                if (n_sub < 1 || n_sub > target->cfg.n_vocab)
+                    return td_seterr(err, TD_EINVAL, "block: draft vocabulary %ld outside [1, %d]", n_sub, target->cfg.n_vocab);
+            } else
+                return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off][,vocab=N])", o);
+        }
     }
     if (!*dir) return td_seterr(err, TD_EINVAL, "block: give a directory, as block:DIR");
     char path[4200];
@@ -556,6 +572,7 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     p->prune = prune;
     p->D = target->cfg.n_embd;
     p->V = target->cfg.n_vocab;
+    p->n_sub = n_sub ? (int)n_sub : p->V;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
     int D = p->D, Q = p->H * p->hd, KV = p->KVH * p->hd, F = p->F, hd = p->hd;
@@ -593,9 +610,11 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     /* one forward drafts the whole block: it reads the drafter's layers and
      * the shared LM head once, whatever the depth */
     d->one_shot = 1;
-    d->step_cost_hint = 0.05 + ((double)p->file->map_len + (double)p->V * D * 2.0) /
+    d->step_cost_hint = 0.05 + ((double)p->file->map_len + (double)p->n_sub * D * 2.0) /
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
-    snprintf(d->id, sizeof d->id, "block:%.140s%s", dir, prune ? "" : ",prune=off");
+    char vs[32] = "";
+    if (n_sub) snprintf(vs, sizeof vs, ",vocab=%ld", n_sub);
+    snprintf(d->id, sizeof d->id, "block:%.140s%s%s", dir, prune ? "" : ",prune=off", vs);
     snprintf(d->ns, sizeof d->ns, "block-v1");
     *out = d;
     return 0;
