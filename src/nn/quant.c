@@ -310,6 +310,12 @@ AI float fold16(__m512 v) {
 }
 
 #define PAIR 192 /* packed bytes per row and pair of blocks */
+#ifndef QPF
+#define QPF 2
+#endif
+#ifndef QPFH
+#define QPFH _MM_HINT_T0
+#endif
 
 /* 32 activations -> 32 int8 q (the portable act_block_p's operations: exact
  * max of |x| bits, rint by vcvtps2dq under the default rounding mode) */
@@ -412,7 +418,7 @@ AI void itile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
     for (; 2 * p + 1 < nb; p++) {
         if (pf && (dt == TD_DTYPE_Q8_0 || (p & 1) == 0))
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)(2 * p) * bs, _MM_HINT_T0);
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)(2 * p) * bs, QPFH);
         istep(MR, NR, dt, acc, a, lda, w, wrow, p, 0);
     }
     if (2 * p < nb) istep(MR, NR, dt, acc, a, lda, w, wrow, p, 1);
@@ -471,7 +477,7 @@ static void matmul_v(float *y, int ldy, const char *a, size_t lda, int M, const 
     if (M == 1) {
         int n = n0;
         for (; n + QNR1 <= n1; n += QNR1) {
-            const char *pf = W + (size_t)(n + 2 * QNR1) * wrow; /* two panels ahead */
+            const char *pf = W + (size_t)(n + QPF * QNR1) * wrow; /* QPF panels ahead */
             ts->gemv(y + n, ldy, a, lda, W + (size_t)n * wrow, wrow, nb, add, pf + QNR1 * wrow <= wend ? pf : NULL);
         }
         for (; n < n1; n++) ts->t[1][0](y + n, ldy, a, lda, W + (size_t)n * wrow, wrow, nb, add, NULL);
