@@ -8,10 +8,12 @@
 #     keeps f32 activations like tandem, so every greedy token must agree
 #     (8 held-out prompts x 32 tokens), and llama.cpp's tokenization of each
 #     prompt (from the GGUF's tokenizer metadata) must equal tandem's.
-#   - bf16 and q8_0 GGUFs: llama.cpp rounds the activations of bf16 and q8_0
-#     dot products to bf16 / 8-bit blocks (tandem keeps them f32), so a near-tie
-#     may break differently (measured 2026-12-02: bf16 1 of 8 prompts differs
-#     from token 12 on, q8_0 0 of 8): only their tokenization is checked here.
+#   - bf16 and q8_0 GGUFs: llama.cpp rounds the activations of bf16 dot
+#     products to bf16 (tandem keeps them f32); both quantize q8_0 activations
+#     to 8-bit blocks, llama.cpp with f16 scales (tandem f32) and another
+#     summation order (src/nn/quant.h), so a near-tie may break differently
+#     (measured 2026-12-02: bf16 1 of 8 prompts differs from token 12 on, q8_0
+#     0 of 8): only their tokenization is checked here.
 # Prints a SKIP line only when node-llama-cpp cannot be installed at all.
 set -u
 cd "$(dirname "$0")/.."
