@@ -28,6 +28,17 @@ static td_model *open_dir(const char *name, const tm_shape *s) {
     return m;
 }
 
+/* dir/draft_vocab.json ranking ids V-1 .. 0 (the highest first) */
+static void write_reverse_ranking(const char *dir, int V) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/draft_vocab.json", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return;
+    fprintf(f, "{\"method\": \"test: reverse id order\", \"ranked_ids\": [");
+    for (int i = V - 1; i >= 0; i--) fprintf(f, "%d%s", i, i ? ", " : "]}\n");
+    fclose(f);
+}
+
 static void make_prompt(int i, int32_t *p, int *n, int V) {
     uint64_t st = 1000 + (uint64_t)i;
     int len = 3 + (i * 7) % 29;
@@ -170,6 +181,14 @@ static void run_exact_controlled(void) {
     run_exact(sub, "block_vocab150", 1, 8, 4);
     snprintf(sub, sizeof sub, "block:%s/block,vocab=150,prune=off", g_dir);
     run_exact(sub, "block_vocab150_unpruned", 1, 3, 4);
+    /* ranked draft vocabularies (draft_vocab.json, highest ids first) with
+     * context ids: proposals from ids >= 201 and the rows' own tokens */
+    snprintf(sub, sizeof sub, "model:%s/draft_ranked,vocab=100", g_dir);
+    run_exact(sub, "model_same_ranked100", 0, 3, 4);
+    run_exact(sub, "model_same_ranked100", 1, 8, 4);
+    snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100", g_dir);
+    run_exact(sub, "mtp_ranked100", 0, 8, 4);
+    run_exact(sub, "mtp_ranked100", 1, 3, 4);
     g_fixed = 0;
     run_exact("ngram", "ngram_planned", 0, 3, 6);
     run_exact("ngram", "ngram_planned", 1, 8, 6);
@@ -595,6 +614,12 @@ int main(void) {
     tm_write(d1, &small_d);
     snprintf(d1, sizeof d1, "%s/mtp", g_dir);
     tm_write_mtp(d1, &tgt, tgt.layers, 31);
+    snprintf(d1, sizeof d1, "%s/draft_ranked", g_dir);
+    tm_write(d1, &tgt);
+    write_reverse_ranking(d1, tgt.vocab);
+    snprintf(d1, sizeof d1, "%s/mtp_ranked", g_dir);
+    tm_write_mtp(d1, &tgt, tgt.layers, 31);
+    write_reverse_ranking(d1, tgt.vocab);
     snprintf(d1, sizeof d1, "%s/mtp_wrong", g_dir);
     tm_write_mtp(d1, &tgt, tgt.layers + 1, 32);
     snprintf(d1, sizeof d1, "%s/block", g_dir);

@@ -11,13 +11,14 @@
  * itself), so rollback is a trim. Greedy drafting under the match rule; under
  * the rejection rule each draft is sampled from the draft model's own
  * distribution (q) with a draw stream separate from the target's.
- * A draft vocabulary (",vocab=N") cuts the draft's LM head, its largest
- * matrix, to ids 0..N-1: byte-level BPE ids follow merge order, so these are
- * the most frequent tokens; proposals then come from them only (q is zero
- * elsewhere), which the target's verification makes harmless to the output.
+ * A draft vocabulary (",vocab=N", spec/vocab.h) cuts the draft's LM head, its
+ * largest matrix, to N ids (ranked by DIR/draft_vocab.json, else 0..N-1);
+ * proposals then come from them only (q is zero elsewhere), which the target's
+ * verification makes harmless to the output.
  * The draft context's KV cache has the target context's kv_type (--kv-type
  * applies to both; a draft's storage changes proposals, never the output). */
 #include "spec/draft.h"
+#include "spec/vocab.h"
 #include "model/model.h"
 #include "nn/kernels.h"
 #include "util/util.h"
@@ -31,9 +32,9 @@
 typedef struct {
     td_model *m;     /* owned draft model */
     td_model view;   /* the model the draft context runs: m, with the LM head cut
-                        to the first n_sub rows when a draft vocabulary is set */
-    int n_sub;       /* draft vocabulary: ids 0..n_sub-1 (byte-level BPE ids are in
-                        merge order, a frequency ranking); = n_vocab when unset */
+                        to the draft vocabulary when one is set */
+    td_draft_vocab voc; /* the draft vocabulary (n_sub ids; all when unset) */
+    int n_sub;       /* = voc.n_sub */
 } dm_provider;
 
 typedef struct {
@@ -41,6 +42,7 @@ typedef struct {
     int32_t *kv_tok;   /* [cap] tokens held in the draft KV */
     int len, kv_len, cap;
     int kv_row;        /* row in the draft context */
+    td_draft_ctxids cx; /* context ids outside the draft vocabulary (spec/vocab.h) */
 } dm_row;
 
 typedef struct {
@@ -51,6 +53,10 @@ typedef struct {
     int n_rows, max_rows, max_ctx, max_depth, n_vocab; /* n_vocab: full vocabulary */
     int n_sub;         /* logits per draft position (the draft vocabulary) */
     float *logits;     /* [max_rows][n_sub] */
+    float *qsub;       /* [n_sub] q over the draft vocabulary, before it is spread */
+    float *taps;       /* [max_rows][n_embd] final residual of each fed row (context ids) */
+    float *hn;         /* [n_embd] its final norm */
+    float *cxl;        /* [TD_DRAFT_CTXIDS] context ids' logits */
     float *embd;       /* [max_tokens][n_embd] input embeddings (any id, full table) */
     int32_t *btok;     /* [max_tokens] batch tokens */
     int *brow, *bn;    /* [max_rows] batch rows / counts */
@@ -75,26 +81,22 @@ static int dm_append(void *gv, const int32_t *tokens, int n, const float *taps,
     r->cap = g->max_ctx + g->max_depth + 2;
     r->stream = malloc(sizeof(int32_t) * (size_t)r->cap);
     r->kv_tok = malloc(sizeof(int32_t) * (size_t)r->cap);
-    if (!r->stream || !r->kv_tok || td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
-        free(r->stream); free(r->kv_tok);
+    if (!r->stream || !r->kv_tok || td_draft_ctxids_init(&r->cx, &g->p->voc, err) != 0 ||
+        td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
+        free(r->stream); free(r->kv_tok); td_draft_ctxids_free(&r->cx);
         return td_seterr(err, TD_ENOMEM, "draft model: no memory or KV row for a new row");
     }
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= g->n_vocab) {
             td_ctx_row_remove(g->ctx, r->kv_row);
-            free(r->stream); free(r->kv_tok);
+            free(r->stream); free(r->kv_tok); td_draft_ctxids_free(&r->cx);
             return td_seterr(err, TD_ERANGE, "draft model: token %d out of range", (int)tokens[i]);
         }
     if (n) memcpy(r->stream, tokens, sizeof(int32_t) * (size_t)n);
     r->len = n;
+    td_draft_ctxids_note(&g->p->voc, &r->cx, tokens, n);
     g->n_rows++;
     return 0;
-}
-
-static int32_t argmax(const float *x, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* Feed the rows listed in bidx[0..nb): tokens already laid out in btok/bn. */
@@ -106,7 +108,9 @@ static int feed(dm_group *g, int nb, td_err *err) {
     int D = g->p->m->cfg.n_embd;
     for (int t = 0; t < nt; t++) td_tensor_row_f32(E, g->btok[t], D, g->embd + (size_t)t * D);
     td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .embd = g->embd};
-    return td_ctx_forward(g->ctx, &b, g->logits, NULL, err);
+    int last = g->p->m->cfg.n_layer;
+    if (g->p->voc.kept) { b.taps = &last; b.n_taps = 1; } /* for the context ids' logits */
+    return td_ctx_forward(g->ctx, &b, g->logits, g->p->voc.kept ? g->taps : NULL, err);
 }
 
 static void kv_push(dm_row *r, const int32_t *t, int n) {
@@ -178,12 +182,19 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
                 td_sampling sp = *q->sampling[i];
                 sp.seed ^= 0x5bd1e9955bd1e995ull; /* the draft's own draw stream */
                 float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->n_vocab;
-                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
+                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, g->qsub);
                 if (d < 0) return td_seterr(err, d, "draft model: sampling failed");
-                /* q is zero outside the draft vocabulary */
-                memset(pr + g->n_sub, 0, sizeof(float) * (size_t)(g->n_vocab - g->n_sub));
+                td_draft_vocab_scatter(&g->p->voc, g->qsub, pr); /* q is zero outside the draft vocabulary */
+                d = td_draft_vocab_id(&g->p->voc, d);
             } else {
-                d = argmax(lg, g->n_sub);
+                const float *hn = NULL;
+                if (r->cx.n) {
+                    const td_model *m = g->p->m;
+                    td_rmsnorm(g->hn, g->taps + (size_t)b * m->cfg.n_embd, m->w.out_norm.data, m->w.out_norm.dtype,
+                               m->cfg.n_embd, m->cfg.rms_eps);
+                    hn = g->hn;
+                }
+                d = td_draft_vocab_pick(&g->p->voc, lg, &r->cx, hn, g->cxl);
             }
             q->tokens[(size_t)i * q->max_depth + j] = d;
             q->n_tokens[i] = j + 1;
@@ -202,6 +213,7 @@ static int dm_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *er
         if (cm[i].n_accepted > 0)
             memcpy(r->stream + r->len, cm[i].accepted, sizeof(int32_t) * (size_t)cm[i].n_accepted);
         r->len += cm[i].n_accepted;
+        td_draft_ctxids_note(&g->p->voc, &r->cx, r->stream + old, r->len - old);
         /* the KV agrees with the stream up to their first difference */
         int keep = old < r->kv_len ? old : r->kv_len;
         while (keep < r->kv_len && keep < r->len && r->kv_tok[keep] == r->stream[keep]) keep++;
@@ -221,6 +233,7 @@ static void dm_filter(void *gv, const int *keep, int n_keep) {
         td_ctx_row_remove(g->ctx, g->rows[i].kv_row);
         free(g->rows[i].stream);
         free(g->rows[i].kv_tok);
+        td_draft_ctxids_free(&g->rows[i].cx);
     }
     g->n_rows = n_keep;
 }
@@ -241,10 +254,10 @@ static int dm_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err)
 static void dm_free_group(void *gv) {
     dm_group *g = gv;
     if (!g) return;
-    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].kv_tok); }
+    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].kv_tok); td_draft_ctxids_free(&g->rows[i].cx); }
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
-    free(g->rows); free(g->logits); free(g->embd); free(g->btok); free(g->brow); free(g->bn); free(g->bidx);
+    free(g->rows); free(g->logits); free(g->qsub); free(g->taps); free(g->hn); free(g->cxl); free(g->embd); free(g->btok); free(g->brow); free(g->bn); free(g->bidx);
     free(g);
 }
 
@@ -277,12 +290,16 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, co
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
     g->logits = malloc(sizeof(float) * (size_t)max_rows * (size_t)g->n_sub);
+    g->qsub = malloc(sizeof(float) * (size_t)g->n_sub);
+    g->taps = malloc(sizeof(float) * (size_t)max_rows * (size_t)p->m->cfg.n_embd);
+    g->hn = malloc(sizeof(float) * (size_t)p->m->cfg.n_embd);
+    g->cxl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
     g->embd = malloc(sizeof(float) * (size_t)g->max_tokens * (size_t)p->m->cfg.n_embd);
     g->btok = malloc(sizeof(int32_t) * (size_t)g->max_tokens);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bn = malloc(sizeof(int) * (size_t)max_rows);
     g->bidx = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->logits || !g->embd || !g->btok || !g->brow || !g->bn || !g->bidx ||
+    if (!g->rows || !g->logits || !g->qsub || !g->taps || !g->hn || !g->cxl || !g->embd || !g->btok || !g->brow || !g->bn || !g->bidx ||
         td_sampler_open(&g->smp, g->n_sub) != 0) {
         dm_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -294,6 +311,7 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, co
 static void dm_free(void *self) {
     dm_provider *p = self;
     if (!p) return;
+    td_draft_vocab_free(&p->voc);
     td_model_free(p->m);
     free(p);
 }
@@ -332,15 +350,11 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td
     int rc = td_model_open(&p->m, dir, err);
     if (rc == 0) rc = same_vocabulary(target, p->m, dir, err);
     if (rc) { dm_free(p); free(d); return rc; }
-    if (n_sub < 0 || n_sub > p->m->cfg.n_vocab) {
-        int nv = p->m->cfg.n_vocab;
-        dm_free(p); free(d);
-        return td_seterr(err, TD_EINVAL, "draft model %s: draft vocabulary %d outside [1, %d]", dir, n_sub, nv);
-    }
-    p->n_sub = n_sub ? n_sub : p->m->cfg.n_vocab;
     p->view = *p->m;
-    p->view.cfg.n_vocab = p->n_sub;   /* LM head rows 0..n_sub-1 are its first n_sub rows */
-    p->view.w.lm_head.shape[0] = p->n_sub;
+    rc = td_draft_vocab_open(&p->voc, dir, n_sub, &p->view.w.lm_head, err);
+    if (rc) { dm_free(p); free(d); return rc; }
+    p->n_sub = p->voc.n_sub;
+    p->view.cfg.n_vocab = p->n_sub;
     d->vt = &dm_vt;
     d->self = p;
     d->target = target;

@@ -29,6 +29,7 @@
  * mtp.norm). */
 #define _POSIX_C_SOURCE 200809L
 #include "spec/draft.h"
+#include "spec/vocab.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
@@ -48,7 +49,8 @@ typedef struct {
     td_tensor fc;             /* [D][2D] */
     td_tensor norm_emb, norm_hid; /* [D] */
     int tap;                  /* target layer tapped (= n_layer) */
-    int n_sub;                /* draft vocabulary: ids 0..n_sub-1 (= n_vocab when unset) */
+    td_draft_vocab voc;       /* the draft vocabulary (spec/vocab.h) */
+    int n_sub;                /* = voc.n_sub */
 } mtp_provider;
 
 typedef struct {
@@ -56,6 +58,7 @@ typedef struct {
     float *h;                 /* [cap][D] true target taps by position */
     int len, kv_len, cap;
     int kv_row;
+    td_draft_ctxids cx;       /* context ids outside the draft vocabulary (spec/vocab.h) */
 } mtp_row;
 
 typedef struct {
@@ -70,6 +73,9 @@ typedef struct {
     float *cat;               /* [2D] scratch */
     float *emb;               /* [D] scratch */
     float *logits;            /* [max_rows][V] */
+    float *qsub;              /* [V] q over the draft vocabulary, before it is spread */
+    float *hn;                /* [D] final norm of a row's head output (context ids) */
+    float *cxl;               /* [TD_DRAFT_CTXIDS] context ids' logits */
     float *y;                 /* [max_rows][D] head outputs (tap) */
     int *brow, *bn, *bidx;    /* [max_rows] */
 } mtp_group;
@@ -112,8 +118,9 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
     r->cap = g->max_ctx + g->max_depth + 2;
     r->stream = malloc(sizeof(int32_t) * (size_t)r->cap);
     r->h = malloc(sizeof(float) * (size_t)r->cap * (size_t)g->D);
-    if (!r->stream || !r->h || td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
-        free(r->stream); free(r->h);
+    if (!r->stream || !r->h || td_draft_ctxids_init(&r->cx, &g->p->voc, err) != 0 ||
+        td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
+        free(r->stream); free(r->h); td_draft_ctxids_free(&r->cx);
         return td_seterr(err, TD_ENOMEM, "mtp: no memory or KV row for a new row");
     }
     if (n) {
@@ -121,6 +128,7 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
         memcpy(r->h, taps, sizeof(float) * (size_t)n * g->D);
     }
     r->len = n;
+    td_draft_ctxids_note(&g->p->voc, &r->cx, tokens, n);
     g->n_rows++;
     return 0;
 }
@@ -130,12 +138,6 @@ static int feed(mtp_group *g, int nb, td_err *err) {
     int tap = 1;
     td_batch b = {.n_rows = nb, .rows = g->brow, .n_tokens = g->bn, .embd = g->u, .taps = &tap, .n_taps = 1};
     return td_ctx_forward(g->ctx, &b, g->logits, g->y, err);
-}
-
-static int32_t argmax(const float *x, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
 }
 
 static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
@@ -198,12 +200,18 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
                 td_sampling sp = *q->sampling[i];
                 sp.seed ^= 0x6a09e667f3bcc908ull; /* the head's own draw stream */
                 float *pr = q->probs + ((size_t)i * q->max_depth + j) * g->n_vocab;
-                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
+                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, g->qsub);
                 if (d < 0) return td_seterr(err, d, "mtp: sampling failed");
-                /* q is zero outside the draft vocabulary */
-                memset(pr + g->V, 0, sizeof(float) * (size_t)(g->n_vocab - g->V));
+                td_draft_vocab_scatter(&g->p->voc, g->qsub, pr); /* q is zero outside the draft vocabulary */
+                d = td_draft_vocab_id(&g->p->voc, d);
             } else {
-                d = argmax(lg, g->V);
+                const float *hn = NULL;
+                if (r->cx.n) {
+                    const td_model *h = &g->p->head;
+                    td_rmsnorm(g->hn, g->y + (size_t)i * D, h->w.out_norm.data, h->w.out_norm.dtype, D, h->cfg.rms_eps);
+                    hn = g->hn;
+                }
+                d = td_draft_vocab_pick(&g->p->voc, lg, &r->cx, hn, g->cxl);
             }
             q->tokens[(size_t)i * q->max_depth + j] = d;
             q->n_tokens[i] = j + 1;
@@ -224,6 +232,7 @@ static int mtp_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *e
         if (cm[i].taps) memcpy(r->h + (size_t)n * D, cm[i].taps, sizeof(float) * (size_t)(m + 1) * D);
         else memset(r->h + (size_t)n * D, 0, sizeof(float) * (size_t)(m + 1) * D);
         r->len = n + 1 + m;
+        td_draft_ctxids_note(&g->p->voc, &r->cx, r->stream + n, m + 1);
         /* only positions built from true taps stay: 0..n-1 */
         int keep = r->kv_len < n ? r->kv_len : n;
         if (keep < r->kv_len) { td_ctx_row_trim(g->ctx, r->kv_row, keep); r->kv_len = keep; }
@@ -239,6 +248,7 @@ static void mtp_filter(void *gv, const int *keep, int n_keep) {
         td_ctx_row_remove(g->ctx, g->rows[i].kv_row);
         free(g->rows[i].stream);
         free(g->rows[i].h);
+        td_draft_ctxids_free(&g->rows[i].cx);
     }
     g->n_rows = n_keep;
 }
@@ -263,10 +273,10 @@ static int mtp_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
 static void mtp_free_group(void *gv) {
     mtp_group *g = gv;
     if (!g) return;
-    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].h); }
+    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].h); td_draft_ctxids_free(&g->rows[i].cx); }
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
-    free(g->rows); free(g->u); free(g->cat); free(g->emb); free(g->logits); free(g->y);
+    free(g->rows); free(g->u); free(g->cat); free(g->emb); free(g->logits); free(g->qsub); free(g->hn); free(g->cxl); free(g->y);
     free(g->brow); free(g->bn); free(g->bidx);
     free(g);
 }
@@ -303,11 +313,14 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->cat = malloc(sizeof(float) * 2 * (size_t)g->D);
     g->emb = malloc(sizeof(float) * (size_t)g->D);
     g->logits = malloc(sizeof(float) * (size_t)max_rows * g->V);
+    g->qsub = malloc(sizeof(float) * (size_t)g->V);
+    g->hn = malloc(sizeof(float) * (size_t)g->D);
+    g->cxl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
     g->y = malloc(sizeof(float) * (size_t)max_rows * g->D);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bn = malloc(sizeof(int) * (size_t)max_rows);
     g->bidx = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->y || !g->brow || !g->bn || !g->bidx ||
+    if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->qsub || !g->hn || !g->cxl || !g->y || !g->brow || !g->bn || !g->bidx ||
         td_sampler_open(&g->smp, g->V) != 0) {
         mtp_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -326,6 +339,7 @@ static void mtp_free(void *self) {
     mtp_provider *p = self;
     if (!p) return;
     free(p->head.w.layers);
+    td_draft_vocab_free(&p->voc);
     td_st_free(p->file);
     free(p);
 }
@@ -379,7 +393,6 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_m
     if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
     p->target = target;
     p->tap = tc->n_layer;
-    p->n_sub = n_sub ? n_sub : tc->n_vocab;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
     /* the one-layer view: the target's config with one layer; its head and embeddings */
@@ -390,8 +403,9 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_m
     h->cfg.attn_bias = 0;
     h->w.tok_embd = target->w.tok_embd;
     h->w.lm_head = target->w.lm_head;
-    h->cfg.n_vocab = p->n_sub;          /* LM head rows 0..n_sub-1 are its first n_sub rows */
-    h->w.lm_head.shape[0] = p->n_sub;
+    if ((rc = td_draft_vocab_open(&p->voc, dir, n_sub, &h->w.lm_head, err)) != 0) { td_st_free(p->file); free(p); free(d); return rc; }
+    p->n_sub = p->voc.n_sub;
+    h->cfg.n_vocab = p->n_sub;
     h->w.layers = calloc(1, sizeof(td_layer_w));
     int D = tc->n_embd, Q = tc->n_head * tc->head_dim, KV = tc->n_kv_head * tc->head_dim, F = tc->n_ff, hd = tc->head_dim;
     td_layer_w *L = h->w.layers;
