@@ -153,6 +153,29 @@ done:
     t_end();
 }
 
+/* Round 0 of a fixture prompt: opens a one-row group of d, prefills it with
+ * the prompt less its last token (*t, the anchor) and returns round 0's
+ * logits_rows and drafts_unpruned (each K long). */
+static int round0_row(td_drafter *d, cJSON *p, int K, td_draft_rows *rows, int *row, int32_t *t, cJSON **lr, cJSON **du,
+                      td_err *err) {
+    cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
+    int N = cJSON_GetArraySize(ids);
+    int32_t S[256];
+    if (N < 2 || N > 256) { snprintf(err->msg, sizeof err->msg, "prompt of %d tokens", N); return TD_EFORMAT; }
+    for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+    cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 0);
+    *lr = cJSON_GetObjectItem(r0, "logits_rows");
+    *du = cJSON_GetObjectItem(r0, "drafts_unpruned");
+    if (cJSON_GetArraySize(*lr) != K || cJSON_GetArraySize(*du) != K) {
+        snprintf(err->msg, sizeof err->msg, "round 0 carries %d logits rows and %d drafts, not %d", cJSON_GetArraySize(*lr),
+                 cJSON_GetArraySize(*du), K);
+        return TD_EFORMAT;
+    }
+    *t = S[N - 1];
+    int rc = d->vt->open_rows(d->self, 1, 240, K, g_c, rows, err);
+    return rc ? rc : prefill_row(d, rows, row, S, N - 1, err);
+}
+
 static void test_logits(cJSON *fx) {
     t_begin("block_logits_match_pytorch");
     td_drafter *d = NULL;
@@ -170,16 +193,11 @@ static void test_logits(cJSON *fx) {
     int compared = 0, wanted = 0;
     cJSON *p;
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
-        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
-        int N = cJSON_GetArraySize(ids), row;
-        int32_t S[256];
-        for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
-        cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 0);
-        cJSON *lr = cJSON_GetObjectItem(r0, "logits_rows"), *du = cJSON_GetObjectItem(r0, "drafts_unpruned");
-        T_REQUIRE(cJSON_GetArraySize(lr) == K && cJSON_GetArraySize(du) == K, "round 0 carries %d logits rows", K);
-        int32_t t = S[N - 1];
-        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &rows, &err) == 0, "open rows");
-        T_REQUIRE(prefill_row(d, &rows, &row, S, N - 1, &err) == 0, "prefill: %s", err.msg);
+        int row;
+        int32_t t;
+        cJSON *lr, *du;
+        T_REQUIRE(round0_row(d, p, K, &rows, &row, &t, &lr, &du, &err) == 0, "round 0 of prompt %s: %s",
+                  cJSON_GetObjectItem(p, "id")->valuestring, err.msg);
         int seen[MAXK] = {0};
         wanted += K;
         /* greedy first: the unpruned drafts equal the reference's */
@@ -272,15 +290,11 @@ static void test_vocab(cJSON *fx) {
     double worst = 0;
     cJSON *p;
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
-        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
-        int N = cJSON_GetArraySize(ids), row;
-        int32_t S[256];
-        for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
-        cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 0);
-        cJSON *lr = cJSON_GetObjectItem(r0, "logits_rows"), *du = cJSON_GetObjectItem(r0, "drafts_unpruned");
-        int32_t t = S[N - 1];
-        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &rows, &err) == 0, "open rows");
-        T_REQUIRE(prefill_row(d, &rows, &row, S, N - 1, &err) == 0, "prefill: %s", err.msg);
+        int row;
+        int32_t t;
+        cJSON *lr, *du;
+        T_REQUIRE(round0_row(d, p, K, &rows, &row, &t, &lr, &du, &err) == 0, "round 0 of prompt %s: %s",
+                  cJSON_GetObjectItem(p, "id")->valuestring, err.msg);
         td_sampling sp = td_sampling_default();
         const td_sampling *spp = &sp;
         uint64_t pos = 0;
