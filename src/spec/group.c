@@ -75,7 +75,7 @@ struct td_spec {
     td_draft_commit *commits;  /* [max_rows] */
     int32_t *vtok;             /* [max_rows*(max_depth+1)] verify tokens */
     int *vrows, *vn, *vslot;   /* [max_rows] */
-    uint8_t *want;             /* [max_rows*(max_depth+1)] all ones */
+    uint8_t *want;             /* [ctx max_tokens] all ones */
     const int *taps;           /* [n_taps] target layers the drafter taps (borrowed) */
     int n_taps;
     float *vtaps;              /* [max_rows*(max_depth+1)][n_taps][n_embd] verify taps */
@@ -238,8 +238,10 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         g->ptaps = malloc(sizeof(float) * (size_t)g->max_ctx * tap_row);
     }
     g->maxk = malloc(sizeof(int) * (size_t)R);
-    g->want = malloc((size_t)R * W);
-    if (g->want) memset(g->want, 1, (size_t)R * W);
+    /* all ones, for any forward of the context: verify windows (R x W) and
+     * tapped prefill chunks (up to max_tokens, which is >= R x W) */
+    g->want = malloc((size_t)cp.max_tokens);
+    if (g->want) memset(g->want, 1, (size_t)cp.max_tokens);
     if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
         !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
         !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || (n_taps && (!g->vtaps || !g->ptaps)) ||
