@@ -358,16 +358,16 @@ static void test_depth_plan(void) {
     td_depth_init(&poor, 0.2);
     td_depth_ctl *ctl[2] = {&good, &poor};
     int maxk[2] = {8, 8}, k[2];
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, 0, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, 0, 1, k);
     T_CHECK(k[0] == 8 && k[1] >= 1, "cheap verify: deep drafts (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, 0, k);
+    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, 0, 1, k);
     T_CHECK(k[0] == 0 && k[1] == 0, "verify as costly as decoding: no drafting (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, 1, k);
     T_CHECK(k[0] <= 3 && k[1] == 0, "costly drafter: shallow for the good row, none for the poor (got %d, %d)", k[0], k[1]);
     /* the same cost for a whole block (one-shot drafter): depth is free once it drafts */
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 1, 1, k);
     T_CHECK(k[0] == 8, "costly one-shot drafter: the good row drafts the whole block (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0, 1, 1, k);
     T_CHECK(k[0] == 0 && k[1] == 0, "one-shot drafter costing 3 forwards: no drafting (got %d, %d)", k[0], k[1]);
     int probes = 0;
     td_depth_init(&poor, 0.2);
@@ -376,19 +376,28 @@ static void test_depth_plan(void) {
     /* a draft token costs half a forward: a poor drafter does not pay, a perfect one would */
     td_cost_curve half = {.n = 2, .T = {1, 65}, .s = {1.0, 33.0}};
     for (int r = 1; r <= 7 * TD_DEPTH_PROBE + 3; r++) {
-        td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, k);
+        int np = td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, 1, k);
+        T_CHECK(np == (k[0] ? 1 : 0), "a probe is reported as one (round %d: %d, depth %d)", r, np, k[0]);
         if (k[0]) { probes++; if (n_at < 8) at[n_at++] = r; }
     }
     /* probes after 16 rounds, then 32 more, then 64 more: each failed probe doubles the wait */
     T_CHECK(probes == 3 && at[0] == TD_DEPTH_PROBE && at[1] == at[0] + 2 * TD_DEPTH_PROBE &&
             at[2] == at[1] + 4 * TD_DEPTH_PROBE,
             "probes back off (probed %d times, at %d, %d, %d)", probes, n_at > 0 ? at[0] : -1, n_at > 1 ? at[1] : -1, n_at > 2 ? at[2] : -1);
+    /* over budget: the probe waits, and comes at the first round it is allowed */
+    td_depth_init(&poor, 0.2);
+    int first = -1;
+    for (int r = 1; r <= 3 * TD_DEPTH_PROBE && first < 0; r++) {
+        td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, r > 2 * TD_DEPTH_PROBE, k);
+        if (k[0]) first = r;
+    }
+    T_CHECK(first == 2 * TD_DEPTH_PROBE + 1, "no probe while probes are over budget (first probe at round %d)", first);
     for (int r = 0; r < 2 * TD_DEPTH_PROBE; r++) {
-        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, k);
+        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, 1, k);
         T_CHECK(k[0] == 0, "no probe while even a perfect draft cannot pay (round %d)", r);
     }
     for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
-    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, k);
+    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, 1, k);
     T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);
     for (int r = 0; r < 40; r++) td_depth_update(&good, 4, 0);
     T_CHECK(good.a[0] < 0.05 && good.a[1] > 0.85, "rejections lower only positions that were reached (%.2f, %.2f)", good.a[0], good.a[1]);

@@ -23,8 +23,8 @@ double td_cost_at(const td_cost_curve *c, int T) {
     return c->s[l] + slope * (T - c->T[l]);
 }
 
-void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                   const td_cost_curve *cv, double step_s, int one_shot, int *k) {
+int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
+                  const td_cost_curve *cv, double step_s, int one_shot, int allow_probe, int *k) {
     double E = n + n_other;        /* tokens emitted this round */
     int T = n + n_other, kmax = 0; /* verified tokens, draft steps */
     for (int i = 0; i < n; i++) k[i] = 0;
@@ -57,6 +57,7 @@ void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other
     /* probing is worth its catch-up only if a perfect draft could pay */
     int steps1 = kmax > 0 && !one_shot ? kmax : 1;
     int may_probe = (E + 1.0) / (td_cost_at(cv, T + 1) + step_s * steps1) > rate;
+    int probes = 0;
     for (int i = 0; i < n; i++) {
         td_depth_ctl *c = ctl[i];
         if (k[i] == 0 && maxk[i] > 0 && !may_probe) {
@@ -64,12 +65,14 @@ void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other
         } else if (k[i] == 0 && maxk[i] > 0) {
             if (c->since_probe == -1 && c->probe_every < TD_DEPTH_PROBE_MAX) c->probe_every *= 2; /* the last probe did not pay */
             if (c->since_probe < 0) c->since_probe = 0;
-            if (++c->since_probe >= c->probe_every) { c->since_probe = -1; k[i] = 1; }
+            if (c->since_probe < c->probe_every) c->since_probe++;
+            if (c->since_probe >= c->probe_every && allow_probe) { c->since_probe = -1; k[i] = 1; probes++; }
         } else if (k[i] > 0) { /* drafting on its own again */
             c->probe_every = TD_DEPTH_PROBE;
             c->since_probe = 0;
         }
     }
+    return probes;
 }
 
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {

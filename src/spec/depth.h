@@ -17,7 +17,10 @@
  * rounds so that a drafter that starts paying is noticed; each probe that does
  * not bring drafting back doubles the wait (a probe costs the drafter a
  * catch-up over the tokens it missed), and there is no probe at all while even
- * a perfectly accepted draft could not pay for its step. */
+ * a perfectly accepted draft could not pay for its step, nor while the caller
+ * says probes have cost more than their budget (allow_probe = 0: the group
+ * keeps the time spent in probe rounds under TD_PROBE_BUDGET of its verify
+ * time, so a drafter that never pays costs at most that). */
 #ifndef TD_DEPTH_H
 #define TD_DEPTH_H
 
@@ -26,6 +29,7 @@
 #define TD_DEPTH_PROBE 16
 #define TD_DEPTH_PROBE_MAX 512
 #define TD_COST_POINTS 16
+#define TD_PROBE_BUDGET 0.01 /* probe drafting time / verify time, at most */
 
 typedef struct td_depth_ctl {
     double a[TD_SPEC_MAX_DEPTH];  /* acceptance estimate by position */
@@ -47,9 +51,11 @@ void td_depth_init(td_depth_ctl *c, double prior);
 /* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
  * k[i]. step_s: seconds per draft step (one position for all rows); one_shot:
- * the drafter drafts every position in one step (its cost is per round). */
-void td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                   const td_cost_curve *cv, double step_s, int one_shot, int *k);
+ * the drafter drafts every position in one step (its cost is per round);
+ * allow_probe: 0 = no row at depth 0 probes this round. Returns the number of
+ * rows set to probe (depth 1 from the probe schedule, not from the plan). */
+int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
+                  const td_cost_curve *cv, double step_s, int one_shot, int allow_probe, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);
 

@@ -88,6 +88,9 @@ struct td_spec {
     double draft_s;            /* seconds per draft step (running): one position for all rows */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
     int measured;              /* draft_s has been measured (else it is the drafter's hint) */
+    double probe_spent;        /* seconds drafting in probe-only rounds (decaying sum) */
+    double verify_spent;       /* seconds verifying (the same decay): probes may cost
+                                  TD_PROBE_BUDGET of it */
     td_spec_stats total;
 };
 
@@ -440,7 +443,7 @@ int td_spec_step(td_spec *g, td_err *err) {
     compact_drafter(g);
     int D = g->p.max_depth, V = g->n_vocab;
     /* 1. depth and draft */
-    int n_dr = g->dr.vt ? g->dr.n_rows : 0, n_other = 0;
+    int n_dr = g->dr.vt ? g->dr.n_rows : 0, n_other = 0, n_probes = 0;
     g->have_q = 0;
     for (int i = 0; i < g->max_rows; i++) {
         sp_row *r = &g->rows[i];
@@ -462,7 +465,8 @@ int td_spec_step(td_spec *g, td_err *err) {
     }
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
-        else td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->one_shot, g->depth);
+        else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->one_shot,
+                                      g->probe_spent <= TD_PROBE_BUDGET * g->verify_spent, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
@@ -480,6 +484,9 @@ int td_spec_step(td_spec *g, td_err *err) {
             if ((rc = td_draft_rows_draft(&g->dr, &q, err)) != 0) return rc;
             double dt = td_now() - t0;
             g->total.t_draft += dt;
+            int drafting = 0;
+            for (int d = 0; d < n_dr; d++) drafting += g->depth[d] > 0;
+            if (n_probes == drafting) g->probe_spent += dt; /* a round of probes only */
             long nd = 0;
             for (int d = 0; d < n_dr; d++) {
                 if (g->n_drafts[d] > g->depth[d]) g->n_drafts[d] = g->depth[d];
@@ -528,6 +535,8 @@ int td_spec_step(td_spec *g, td_err *err) {
     if ((rc = td_ctx_forward(g->ctx, &b, g->logits, g->n_taps ? g->vtaps : NULL, err)) != 0) return rc;
     double vdt = td_now() - t0;
     g->total.t_verify += vdt;
+    g->verify_spent = 0.995 * g->verify_spent + vdt; /* a window of some hundred rounds */
+    g->probe_spent *= 0.995;
     /* keep the cost curve current: the startup measurement may have been taken
      * on a busier (or quieter) machine, and at a shorter context, than the one
      * running now. The whole curve moves by the observed/predicted ratio: moving
