@@ -405,9 +405,9 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
                 int k1 = k0 + kblk < K ? k0 + kblk : K;
                 int n = pb;
                 for (; n + NR_WIDE <= pe; n += NR_WIDE)
-                    ts->w[mr](ym + n, ldy, xm, ldx, wb + n * wrow, wrow, K, add, k0, k1, accs + (n - pb) * 8 * 16);
+                    ts->w[mr](ym + n, ldy, xm, ldx, wb + n * wrow, wrow, K, add, k0, k1, nkb > 1 ? accs + (n - pb) * 8 * 16 : NULL);
                 for (; n < pe; n++)
-                    ts->t[mr][0](ym + n, ldy, xm, ldx, wb + n * wrow, wrow, K, add, k0, k1, accs + (n - pb) * 8 * 16);
+                    ts->t[mr][0](ym + n, ldy, xm, ldx, wb + n * wrow, wrow, K, add, k0, k1, nkb > 1 ? accs + (n - pb) * 8 * 16 : NULL);
             }
         }
     }
