@@ -406,15 +406,17 @@ static int prefill(td_spec *g, sp_row *r, td_err *err) {
             return rc;
         done += n;
     }
-    double dt = td_now() - t0;
-    r->st.t_prefill += dt;
-    g->total.t_prefill += dt;
     r->state = ROW_LIVE;
-    if (r->gp->max_tokens == 0) { finish(g, r, TD_STOP_LENGTH); return 0; }
-    if (r->drafting) {
+    if (r->gp->max_tokens && r->drafting) {
         if ((rc = td_draft_rows_append(&g->dr, r->hist, r->n_prompt - 1, tapping ? g->ptaps : NULL, NULL, err)) != 0) return rc;
         r->dr = g->dr.n_rows - 1;
     }
+    /* prompt processing: the target's and the drafter's (which may fill its
+     * own cache from the prompt when the row joins) */
+    double dt = td_now() - t0;
+    r->st.t_prefill += dt;
+    g->total.t_prefill += dt;
+    if (r->gp->max_tokens == 0) { finish(g, r, TD_STOP_LENGTH); return 0; }
     return 0;
 }
 

@@ -64,6 +64,9 @@ typedef struct {
     int max_tokens;
 } dm_group;
 
+static int feed(dm_group *g, int nb, td_err *err);
+static void kv_push(dm_row *r, const int32_t *t, int n);
+
 static int dm_append(void *gv, const int32_t *tokens, int n, const float *taps,
                      const td_draft_checkpoint *ck, td_err *err) {
     dm_group *g = gv;
@@ -95,6 +98,22 @@ static int dm_append(void *gv, const int32_t *tokens, int n, const float *taps,
     if (n) memcpy(r->stream, tokens, sizeof(int32_t) * (size_t)n);
     r->len = n;
     td_draft_ctxids_note(&g->p->voc, &r->cx, tokens, n);
+    /* prefill: the stream enters the draft KV now, with the target's prompt
+     * processing, rather than as a backlog at the row's first draft */
+    for (int done = 0; done < n;) {
+        int c = n - done < g->max_tokens ? n - done : g->max_tokens;
+        memcpy(g->btok, r->stream + done, sizeof(int32_t) * (size_t)c);
+        g->bidx[0] = g->n_rows;
+        g->bn[0] = c;
+        int rc = feed(g, 1, err);
+        if (rc) {
+            td_ctx_row_remove(g->ctx, r->kv_row);
+            free(r->stream); free(r->kv_tok); td_draft_ctxids_free(&r->cx);
+            return rc;
+        }
+        kv_push(r, r->stream + done, c);
+        done += c;
+    }
     g->n_rows++;
     return 0;
 }

@@ -91,6 +91,8 @@ static void head_input(mtp_group *g, int32_t x, const float *h, float *u) {
     td_matmul(u, D, g->cat, 2 * D, 1, p->fc.data, p->fc.dtype, 2 * D, 0, D, 0);
 }
 
+static int feed(mtp_group *g, int nb, td_err *err);
+
 static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
                       const td_draft_checkpoint *ck, td_err *err) {
     mtp_group *g = gv;
@@ -129,6 +131,26 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
     }
     r->len = n;
     td_draft_ctxids_note(&g->p->voc, &r->cx, tokens, n);
+    /* prefill: positions 0..n-2 (whose next token is known) enter the head's
+     * KV now, with the target's prompt processing, not at the first draft */
+    while (r->len - 1 - r->kv_len > 0) {
+        int back = r->len - 1 - r->kv_len;
+        if (back > MTP_CHUNK) back = MTP_CHUNK;
+        if (back > g->max_tokens) back = g->max_tokens;
+        for (int k = 0; k < back; k++) {
+            int pos = r->kv_len + k;
+            head_input(g, r->stream[pos + 1], r->h + (size_t)pos * g->D, g->u + (size_t)k * g->D);
+        }
+        g->bidx[0] = g->n_rows;
+        g->bn[0] = back;
+        int rc = feed(g, 1, err);
+        if (rc) {
+            td_ctx_row_remove(g->ctx, r->kv_row);
+            free(r->stream); free(r->h); td_draft_ctxids_free(&r->cx);
+            return rc;
+        }
+        r->kv_len += back;
+    }
     g->n_rows++;
     return 0;
 }
