@@ -317,10 +317,12 @@ typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *
                                          size_t wrow, int K, int add, int k0, int k1, float *accs) {     \
         tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add, k0, k1, accs);                                 \
     }
-/* Tiles for 2 <= M < 8: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end
- * of a block, one output at the end of the range); M >= 8: 8 x NR_WIDE, so every
- * weight vector converted serves 8 tokens (measured in L2, K=1024 bf16, M=8: 4x6
- * 155 GFLOP/s, 8x3 184, 8x2 182 on one core); M = 1: 1 x 8. */
+/* Tiles for 2 <= M < 5: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end
+ * of a block, one output at the end of the range); M >= 5: min(M, 8) x NR_WIDE, so
+ * every weight vector converted serves up to 8 tokens (measured in L2, K=1024 bf16,
+ * M=8: 4x6 155 GFLOP/s, 8x3 184, 8x2 182 on one core; M = 5..7 in one pass of
+ * M x 3 tiles instead of a 4x6 and a 1..3x6 pass: K=1024 N=16384 from DRAM, one
+ * core, 131/140/149 -> 149/158/164 GFLOP/s; M = 3, 4 gain nothing); M = 1: 1 x 8. */
 #ifndef MR_MAIN
 #define MR_MAIN 4
 #endif
@@ -375,7 +377,7 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
         for (; n < n1; n++) ts->t[1][0](y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
         return;
     }
-    if (M < 8) {
+    if (M < 5) { /* 5..7 tokens: one pass of the wide tiles (the 4-token tiles would take two) */
         int n = n0;
         for (; n + NR_MAIN <= n1; n += NR_MAIN)
             for (int m = 0; m < M; m += MR_MAIN) {
