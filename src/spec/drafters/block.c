@@ -47,6 +47,7 @@
 
 #define BLK_CHUNK 64   /* context positions projected per pass */
 #define BLK_MAX_TAPS 8
+#define BLK_MAX_LAYERS 64 /* drafter layers */
 #define BLK_MAX_G 17   /* anchor + TD_SPEC_MAX_DEPTH drafts */
 
 typedef struct {
@@ -78,6 +79,11 @@ typedef struct {
     int n_rows, max_rows, max_ctx, max_depth, cap, max_tok;
     float *rcos, *rsin;       /* [cap][hd/2] RoPE table */
     float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
+    float *tb;                /* [max_tok][n_taps*D] gathered taps of committed positions */
+    float *ckv;               /* [2*n_layer][max_tok][KVH*hd] their K and V, by layer */
+    blk_row **crow;           /* [max_rows] a commit's rows, */
+    const float **ctap;       /* [max_rows] their taps */
+    int *cn;                  /* [max_rows] and their position counts */
     float *lg;                /* [max_rows*(G-1)][n_sub] logits of kept positions */
     float *a;                 /* [rank] Markov input */
     float *scratch;           /* [TD_ATTEND_QB][cap] attention scores */
@@ -105,32 +111,75 @@ static size_t kv_at(const blk_group *g, int l, int h, int pos) {
     return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
 }
 
-/* Project n context positions (taps [n][n_taps*D]) of row r into its K/V at r->len.. */
-static void project_context(blk_group *g, blk_row *r, const float *taps, int n) {
+/* Several products of one input x [M][K] on the pool in one job: each thread
+ * takes its share of every part's outputs. */
+typedef struct { float *y; int ldy; const td_tensor *w; int N; } mm_part;
+typedef struct { const float *x; int ldx, M, K, n; const mm_part *part; } mm_multi;
+static void mm_multi_run(void *arg, int ith, int nth) {
+    const mm_multi *j = arg;
+    for (int i = 0; i < j->n; i++) {
+        const mm_part *q = &j->part[i];
+        int blocks = (q->N + 7) / 8;
+        int n0 = blocks * ith / nth * 8, n1 = blocks * (ith + 1) / nth * 8;
+        if (n1 > q->N) n1 = q->N;
+        if (n0 < n1) td_matmul(q->y, q->ldy, j->x, j->ldx, j->M, q->w->data, q->w->dtype, j->K, n0, n1, 0);
+    }
+}
+
+/* Append context positions to several rows at once: row rr[i] gets n[i]
+ * positions whose taps are tp[i] ([n[i]][n_taps*D]), at its r->len; the sum of
+ * n[i] is at most max_tok. The rows' taps are gathered so that the fc product
+ * and all layers' K and V products run as two pool jobs whatever the row count
+ * (a commit at batch 8 would otherwise cost 8 x (1 + 2 n_layer) small jobs). */
+static void project_batch(blk_group *g, int nr, blk_row *const *rr, const float *const *tp, const int *n) {
     const blk_provider *p = g->p;
-    int D = p->D, hd = p->hd, KW = p->KVH * hd, half = hd / 2;
-    for (int done = 0; done < n; done += BLK_CHUNK) {
-        int m = n - done < BLK_CHUNK ? n - done : BLK_CHUNK;
-        mm(g, g->x, D, taps + (size_t)done * p->n_taps * D, p->n_taps * D, m, &p->fc, p->n_taps * D, D, 0);
-        for (int t = 0; t < m; t++)
-            td_rmsnorm(g->x + (size_t)t * D, g->x + (size_t)t * D, p->hidden_norm.data, p->hidden_norm.dtype, D, p->eps);
-        for (int l = 0; l < p->n_layer; l++) {
-            const td_layer_w *L = &p->L[l];
-            mm(g, g->kb, KW, g->x, D, m, &L->wk, D, KW, 0);
-            mm(g, g->vb, KW, g->x, D, m, &L->wv, D, KW, 0);
-            for (int t = 0; t < m; t++) {
-                int pos = r->len + done + t;
+    int D = p->D, hd = p->hd, KW = p->KVH * hd, half = hd / 2, TW = p->n_taps * D, M = 0;
+    for (int i = 0; i < nr; i++) {
+        memcpy(g->tb + (size_t)M * TW, tp[i], sizeof(float) * (size_t)n[i] * TW);
+        M += n[i];
+    }
+    if (!M) return;
+    mm(g, g->x, D, g->tb, TW, M, &p->fc, TW, D, 0);
+    for (int t = 0; t < M; t++)
+        td_rmsnorm(g->x + (size_t)t * D, g->x + (size_t)t * D, p->hidden_norm.data, p->hidden_norm.dtype, D, p->eps);
+    mm_part part[2 * BLK_MAX_LAYERS];
+    size_t mt = (size_t)g->max_tok;
+    for (int l = 0; l < p->n_layer; l++) {
+        part[2 * l] = (mm_part){g->ckv + (size_t)(2 * l) * mt * KW, KW, &p->L[l].wk, KW};
+        part[2 * l + 1] = (mm_part){g->ckv + (size_t)(2 * l + 1) * mt * KW, KW, &p->L[l].wv, KW};
+    }
+    mm_multi job = {g->x, D, M, D, 2 * p->n_layer, part};
+    td_pool_run(g->pool, mm_multi_run, &job);
+    int t = 0;
+    for (int i = 0; i < nr; i++) {
+        blk_row *r = rr[i];
+        for (int c = 0; c < n[i]; c++, t++) {
+            int pos = r->len + c;
+            for (int l = 0; l < p->n_layer; l++) {
+                const td_layer_w *L = &p->L[l];
+                float *kb = g->ckv + (size_t)(2 * l) * mt * KW + (size_t)t * KW;
+                const float *vb = g->ckv + (size_t)(2 * l + 1) * mt * KW + (size_t)t * KW;
                 for (int h = 0; h < p->KVH; h++) {
-                    float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
+                    float *k = kb + (size_t)h * hd;
                     td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
                     td_rope(k, g->rcos + (size_t)pos * half, g->rsin + (size_t)pos * half, hd);
                     memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
-                    memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                    memcpy(r->V + kv_at(g, l, h, pos), vb + (size_t)h * hd, sizeof(float) * (size_t)hd);
                 }
             }
         }
+        r->len += n[i];
     }
-    r->len += n;
+}
+
+/* Project n context positions (taps [n][n_taps*D]) of row r into its K/V at r->len.. */
+static void project_context(blk_group *g, blk_row *r, const float *taps, int n) {
+    for (int done = 0; done < n;) {
+        int m = n - done < g->max_tok ? n - done : g->max_tok;
+        const float *tp = taps + (size_t)done * g->p->n_taps * g->p->D;
+        project_batch(g, 1, &r, &tp, &m);
+        done += m;
+    }
 }
 
 static int row_alloc(blk_group *g, blk_row *r) {
@@ -324,11 +373,20 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
 static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
     blk_group *g = gv;
     for (int i = 0; i < n_rows; i++) {
-        blk_row *r = &g->rows[i];
         int m = cm[i].n_accepted;
-        if (m < 0 || r->len + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
-        /* no taps: a row that finished and leaves before the next draft */
-        if (cm[i].taps) project_context(g, r, cm[i].taps, m + 1);
+        if (m < 0 || m + 1 > g->p->G)
+            return td_seterr(err, TD_EINVAL, "block: row %d commits %d accepted drafts, more than a block holds", i, m);
+        if (g->rows[i].len + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+    }
+    /* all rows' accepted windows in batches of at most max_tok positions */
+    int nr = 0, tot = 0;
+    for (int i = 0; i <= n_rows; i++) {
+        int m = i < n_rows && cm[i].taps ? cm[i].n_accepted + 1 : 0; /* no taps: a row that finished and leaves */
+        if (i == n_rows || tot + m > g->max_tok) {
+            project_batch(g, nr, g->crow, g->ctap, g->cn);
+            nr = tot = 0;
+        }
+        if (m) { g->crow[nr] = &g->rows[i]; g->ctap[nr] = cm[i].taps; g->cn[nr] = m; nr++; tot += m; }
     }
     return 0;
 }
@@ -378,7 +436,8 @@ static void blk_free_group(void *gv) {
     td_sampler_free(g->smp);
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
-    free(g->lg); free(g->a); free(g->scratch); free(g->brow); free(g->nk);
+    free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn);
+    free(g->a); free(g->scratch); free(g->brow); free(g->nk);
     free(g);
 }
 
@@ -414,12 +473,17 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->g = malloc(sizeof(float) * mt * p->F);
     g->u = malloc(sizeof(float) * mt * p->F);
     g->lg = malloc(sizeof(float) * (size_t)max_rows * (p->G - 1) * p->n_sub);
+    g->tb = malloc(sizeof(float) * mt * p->n_taps * D);
+    g->ckv = malloc(sizeof(float) * mt * 2 * p->n_layer * p->KVH * p->hd);
+    g->crow = malloc(sizeof(blk_row *) * (size_t)max_rows);
+    g->ctap = malloc(sizeof(float *) * (size_t)max_rows);
+    g->cn = malloc(sizeof(int) * (size_t)max_rows);
     g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
     g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->nk = malloc(sizeof(int) * (size_t)p->G);
     if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
-        !g->lg || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->n_sub) != 0 ||
+        !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -497,7 +561,7 @@ static int parse_config(blk_provider *p, const cJSON *j, const td_config *tc, co
     double eps, theta;
     if ((rc = cfg_int(j, "hidden_size", 1, 1 << 20, &hs, path, err)) || (rc = cfg_int(j, "block_size", 2, BLK_MAX_G, &p->G, path, err)) ||
         (rc = cfg_int(j, "mask_token_id", 0, tc->n_vocab - 1, &p->mask_id, path, err)) ||
-        (rc = cfg_int(j, "num_hidden_layers", 1, 64, &p->n_layer, path, err)) ||
+        (rc = cfg_int(j, "num_hidden_layers", 1, BLK_MAX_LAYERS, &p->n_layer, path, err)) ||
         (rc = cfg_int(j, "num_attention_heads", 1, 1024, &p->H, path, err)) ||
         (rc = cfg_int(j, "num_key_value_heads", 1, 1024, &p->KVH, path, err)) ||
         (rc = cfg_int(j, "head_dim", 2, 1024, &p->hd, path, err)) ||
