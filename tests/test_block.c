@@ -374,8 +374,19 @@ static int variant(const char *name, const char *from, const char *to, char *dir
     snprintf(dir, cap, "%s/%s", g_tmp, name);
     mkdir(dir, 0755);
     char path[600];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (copy_file(BLK "/model.safetensors", path)) return -1;
+    /* the weights: one file or shards with their index (whichever the drafter has) */
+    static const char *const files[] = {"model.safetensors", "model.safetensors.index.json",
+                                        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    int copied = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char from[600];
+        snprintf(from, sizeof from, "%s/%s", BLK, files[i]);
+        if (access(from, R_OK) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (copy_file(from, path)) return -1;
+        copied++;
+    }
+    if (!copied) return -1;
     char *cfg = t_slurp(BLK "/config.json", NULL);
     if (!cfg) return -1;
     char *at = strstr(cfg, from);
@@ -428,6 +439,31 @@ static void test_refusals(void) {
     }
     expect_refusal("ffn", "\"intermediate_size\": 1280", "\"intermediate_size\": 1024", TD_EFORMAT, "shape");
     expect_refusal("rank", "\"markov_rank\": 32", "\"markov_rank\": 16", TD_EFORMAT, "markov");
+    /* shard indexes naming files outside the directory, or none */
+    {
+        static const struct { const char *name, *index, *msg; } bad[] = {
+            {"idx_escape", "{\"weight_map\": {\"fc.weight\": \"../model-00001-of-00002.safetensors\"}}", "not a file name"},
+            {"idx_empty", "{\"weight_map\": {}}", "names no shard"},
+            {"idx_nomap", "{\"metadata\": {}}", "weight_map"},
+            {"idx_missing", "{\"weight_map\": {\"fc.weight\": \"model-00009-of-00009.safetensors\"}}", "model-00009"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            char dir[400], path[600], spec[420];
+            td_err err = {0};
+            td_drafter *d = NULL;
+            T_REQUIRE(variant(bad[i].name, "{", "{", dir, sizeof dir) == 0, "variant");
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            unlink(path);
+            snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+            FILE *f = fopen(path, "w");
+            T_REQUIRE(f, "index");
+            fputs(bad[i].index, f);
+            fclose(f);
+            snprintf(spec, sizeof spec, "block:%s", dir);
+            T_CHECK(td_drafter_open(&d, spec, g_m, &err) != 0 && d == NULL && strstr(err.msg, bad[i].msg),
+                    "%s: refused with '%s' (wanted '%s')", bad[i].name, err.msg, bad[i].msg);
+        }
+    }
     /* a truncated weight file */
     {
         char dir[400], path[600], spec[420];
@@ -435,6 +471,7 @@ static void test_refusals(void) {
         td_drafter *d = NULL;
         T_REQUIRE(variant("trunc", "{", "{", dir, sizeof dir) == 0, "variant");
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
         T_REQUIRE(truncate(path, 4096) == 0, "truncate");
         snprintf(spec, sizeof spec, "block:%s", dir);
         T_CHECK(td_drafter_open(&d, spec, g_m, &err) != 0 && d == NULL, "truncated weights refused: %s", err.msg);

@@ -128,6 +128,22 @@ struct td_tensor;
 int td_draft_bind(const struct td_st_file *f, struct td_tensor *t, const char *name, int64_t d0, int64_t d1,
                   const char *path, td_err *err);
 
+/* A drafter's weights: DIR/model.safetensors, or the shards that
+ * DIR/model.safetensors.index.json's "weight_map" names (plain file names in
+ * DIR, as transformers writes them; files stay under 16 MB in a repository). */
+#define TD_DRAFT_MAX_SHARDS 8
+typedef struct td_draft_weights {
+    int n;                                      /* files open */
+    struct td_st_file *f[TD_DRAFT_MAX_SHARDS];  /* owned mappings */
+    char path[TD_DRAFT_MAX_SHARDS][1280];       /* their paths, for messages */
+    size_t bytes;                               /* mapped bytes in all */
+} td_draft_weights;
+int td_draft_weights_open(td_draft_weights *w, const char *dir, td_err *err);
+void td_draft_weights_free(td_draft_weights *w);
+/* td_draft_bind on whichever file holds `name` (exactly one may). */
+int td_draft_weights_bind(const td_draft_weights *w, struct td_tensor *t, const char *name, int64_t d0, int64_t d1,
+                          td_err *err);
+
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
                                        const td_draft_checkpoint *ck, td_err *err) {

@@ -6,9 +6,11 @@
 #include "model/model.h"
 #include "util/util.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err) {
     *out = NULL;
@@ -86,4 +88,70 @@ int td_draft_bind(const struct td_st_file *f, struct td_tensor *t, const char *n
     t->shape[0] = d0;
     t->shape[1] = d1;
     return 0;
+}
+
+int td_draft_weights_open(td_draft_weights *w, const char *dir, td_err *err) {
+    memset(w, 0, sizeof *w);
+    char path[1024];
+    if (snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir) >= (int)sizeof path)
+        return td_seterr(err, TD_EINVAL, "%.64s...: directory name too long", dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (access(path, F_OK) == 0) {
+        snprintf(w->path[0], sizeof w->path[0], "%s", path);
+        int rc = td_st_open(&w->f[0], path, err);
+        if (rc) return rc;
+        w->n = 1;
+        w->bytes = w->f[0]->map_len;
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = td_read_file(path, &text, &len, err);
+    if (rc) return td_seterr(err, rc, "%s: neither model.safetensors nor model.safetensors.index.json can be read", dir);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *map = j ? cJSON_GetObjectItemCaseSensitive(j, "weight_map") : NULL;
+    if (!cJSON_IsObject(map)) { cJSON_Delete(j); return td_seterr(err, TD_EFORMAT, "%s: needs an object \"weight_map\"", path); }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        const char *s = cJSON_IsString(e) ? e->valuestring : NULL;
+        if (!s || !*s || strchr(s, '/') || !strcmp(s, ".") || !strcmp(s, "..")) {
+            rc = td_seterr(err, TD_EFORMAT, "%s: tensor %s: shard name is not a file name in the directory", path, e->string);
+            break;
+        }
+        int k = 0;
+        while (k < w->n && strcmp(strrchr(w->path[k], '/') + 1, s)) k++;
+        if (k < w->n) continue;
+        if (w->n == TD_DRAFT_MAX_SHARDS) { rc = td_seterr(err, TD_EFORMAT, "%s: more than %d shards", path, TD_DRAFT_MAX_SHARDS); break; }
+        if (snprintf(w->path[w->n], sizeof w->path[0], "%s/%s", dir, s) >= (int)sizeof w->path[0]) {
+            rc = td_seterr(err, TD_EINVAL, "%s: shard name %.64s... too long", path, s);
+            break;
+        }
+        if ((rc = td_st_open(&w->f[w->n], w->path[w->n], err)) != 0) break;
+        w->bytes += w->f[w->n]->map_len;
+        w->n++;
+    }
+    cJSON_Delete(j);
+    if (!rc && !w->n) rc = td_seterr(err, TD_EFORMAT, "%s: the weight map names no shard", path);
+    if (rc) td_draft_weights_free(w);
+    return rc;
+}
+
+void td_draft_weights_free(td_draft_weights *w) {
+    if (!w) return;
+    for (int k = 0; k < w->n; k++) td_st_free(w->f[k]);
+    memset(w, 0, sizeof *w);
+}
+
+int td_draft_weights_bind(const td_draft_weights *w, struct td_tensor *t, const char *name, int64_t d0, int64_t d1,
+                          td_err *err) {
+    int at = -1;
+    for (int k = 0; k < w->n; k++)
+        if (td_st_find(w->f[k], name)) {
+            if (at >= 0) return td_seterr(err, TD_EFORMAT, "tensor %s is in both %s and %s", name, w->path[at], w->path[k]);
+            at = k;
+        }
+    if (at < 0) return td_seterr(err, TD_EFORMAT, "%s: tensor %s is missing", w->n ? w->path[0] : "drafter", name);
+    return td_draft_bind(w->f[at], t, name, d0, d1, w->path[at], err);
 }

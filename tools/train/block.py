@@ -181,7 +181,12 @@ def save(m, d):
     from safetensors.torch import save_file
     os.makedirs(d, exist_ok=True)
     sd = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in m.state_dict().items()}
+    for f in os.listdir(d):  # a previous save's weights, one file or shards
+        if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+            os.remove(os.path.join(d, f))
     save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    import shard
+    shard.split(d)  # files in the repository stay under 16 MB
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(m.c, f, indent=2)
         f.write("\n")
@@ -192,7 +197,13 @@ def load(d, dtype=torch.float32, device="cpu"):
     from safetensors.torch import load_file
     c = json.load(open(os.path.join(d, "config.json")))
     m = BlockDrafter(c)
-    sd = load_file(os.path.join(d, "model.safetensors"))
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        sd = {}
+        for f in sorted(set(json.load(open(idx))["weight_map"].values())):
+            sd.update(load_file(os.path.join(d, f)))
+    else:
+        sd = load_file(os.path.join(d, "model.safetensors"))
     m.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True)
     return m.to(device=device, dtype=dtype).eval()
 

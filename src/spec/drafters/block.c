@@ -52,7 +52,7 @@
 
 typedef struct {
     const td_model *target;   /* borrowed */
-    td_st_file *file;         /* owned mapping */
+    td_draft_weights w;       /* owned mappings (one file or shards) */
     int D, V, n_layer, H, KVH, hd, F, G, mask_id, rank, n_taps, taps[BLK_MAX_TAPS];
     float eps;
     double theta;
@@ -508,14 +508,15 @@ static void blk_free(void *self) {
     blk_provider *p = self;
     if (!p) return;
     free(p->L);
-    td_st_free(p->file);
+    td_draft_weights_free(&p->w);
     free(p);
 }
 
 static const td_drafter_vt blk_vt = {.open_rows = blk_open_rows, .tap_layers = blk_tap_layers, .free = blk_free};
 
 static int bind(blk_provider *p, td_tensor *t, const char *name, int64_t d0, int64_t d1, const char *path, td_err *err) {
-    return td_draft_bind(p->file, t, name, d0, d1, path, err);
+    (void)path;
+    return td_draft_weights_bind(&p->w, t, name, d0, d1, err);
 }
 
 /* An integer field in [lo, hi]; names the field when it is missing or wrong. */
@@ -637,8 +638,8 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     p->D = target->cfg.n_embd;
     p->V = target->cfg.n_vocab;
     p->n_sub = n_sub ? (int)n_sub : p->V;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
+    snprintf(path, sizeof path, "%s", dir);
+    if ((rc = td_draft_weights_open(&p->w, dir, err)) != 0) { free(p); free(d); return rc; }
     int D = p->D, Q = p->H * p->hd, KV = p->KVH * p->hd, F = p->F, hd = p->hd;
     p->L = calloc((size_t)p->n_layer, sizeof *p->L);
     if (!p->L) rc = td_seterr(err, TD_ENOMEM, "out of memory");
@@ -670,11 +671,11 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     d->vt = &blk_vt;
     d->self = p;
     d->target = target;
-    d->weight_bytes = p->file->map_len;
+    d->weight_bytes = p->w.bytes;
     /* one forward drafts the whole block: it reads the drafter's layers and
      * the shared LM head once, whatever the depth */
     d->one_shot = 1;
-    d->step_cost_hint = 0.05 + ((double)p->file->map_len + (double)p->n_sub * D * 2.0) /
+    d->step_cost_hint = 0.05 + ((double)p->w.bytes + (double)p->n_sub * D * 2.0) /
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%ld", n_sub);
