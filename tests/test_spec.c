@@ -186,6 +186,10 @@ static void run_exact_controlled(void) {
     snprintf(sub, sizeof sub, "model:%s/draft_ranked,vocab=100", g_dir);
     run_exact(sub, "model_same_ranked100", 0, 3, 4);
     run_exact(sub, "model_same_ranked100", 1, 8, 4);
+    /* a draft model quantized at load (q8_0: integer products), with a ranked vocabulary */
+    snprintf(sub, sizeof sub, "model:%s/draft_ranked,quant=q8_0,vocab=100", g_dir);
+    run_exact(sub, "model_same_q8_ranked100", 0, 3, 4);
+    run_exact(sub, "model_same_q8_ranked100", 1, 8, 4);
     snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100", g_dir);
     run_exact(sub, "mtp_ranked100", 0, 8, 4);
     run_exact(sub, "mtp_ranked100", 1, 3, 4);
@@ -574,6 +578,15 @@ static void test_bad_input(void) {
     snprintf(spec, sizeof spec, "mtp:%s/mtp,vocab=302", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "vocabulary"),
             "MTP draft vocabulary past the target's: %s", err.msg);
+    snprintf(spec, sizeof spec, "model:%s/draft_same,quant=q3_k", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "q8_0"),
+            "an unknown draft quantization: %s", err.msg);
+    snprintf(spec, sizeof spec, "model:%s/draft_same,vocab=100,fast=1", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "unknown option"),
+            "an unknown drafter option: %s", err.msg);
+    snprintf(spec, sizeof spec, "mtp:%s/mtp,quant=q8_0", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "unknown option"),
+            "quant= is the model drafter's option: %s", err.msg);
     snprintf(spec, sizeof spec, "mtp:%s/mtp,vocab=x", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "positive count"),
             "MTP draft vocabulary not a number: %s", err.msg);

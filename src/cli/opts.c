@@ -41,9 +41,9 @@ const char *cli_default_drafter(const char *model_dir) {
     snprintf(tmp, sizeof tmp, "%s", model_dir);
     const char *fam = dirname(tmp);
     /* drafting over the 1,024 ids the target emits most plus each row's context
-     * ids measured faster than the full vocabulary on bench/prompts
-     * (bench/results/spec.jsonl: 1.73x vs 1.34x plain at batch 1) */
-    snprintf(spec, sizeof spec, "model:%s/draft,vocab=1024", fam);
+     * ids, with the draft model's matrices in q8_0, measured fastest on
+     * bench/prompts (bench/results/spec.jsonl) */
+    snprintf(spec, sizeof spec, "model:%s/draft,vocab=1024,quant=q8_0", fam);
     char cfg[PATH_MAX + 32];
     snprintf(cfg, sizeof cfg, "%s/draft/config.json", fam);
     return access(cfg, R_OK) == 0 ? spec : "none";
@@ -106,9 +106,9 @@ void cli_gen_opts_init(cli_gen_opts *o) {
 void cli_gen_opts_help(void) {
     printf("  -m, --model DIR        model directory (Hugging Face layout); default: the bundled model\n"
            "  -n, --n-predict N      new tokens at most (default 128)\n"
-           "      --draft SPEC       none | ngram[:MIN-MAX] | model:DIR[,vocab=N] | mtp:DIR[,vocab=N]\n"
-           "                         | block:DIR[,prune=on|off][,vocab=N]  (default: the bundled\n"
-           "                         draft model with the bundled target, else none)\n"
+           "      --draft SPEC       none | ngram[:MIN-MAX] | model:DIR[,vocab=N][,quant=q8_0|q4_0]\n"
+           "                         | mtp:DIR[,vocab=N] | block:DIR[,prune=on|off][,vocab=N]\n"
+           "                         (default: the bundled draft model with the bundled target, else none)\n"
            "      --draft-depth N    most draft tokens per round, 0..16 (default 8; 0 = plain decoding)\n"
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"
            "      --accept RULE      match (exact, default) | rejection (speculative sampling)\n"

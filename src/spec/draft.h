@@ -174,7 +174,10 @@ static inline int td_drafter_taps(const td_drafter *d, const int **layers) {
 
 /* Provider constructors, one per drafter file in spec/drafters/. */
 int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err);
-int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
+/* quant: 0, or TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0 to quantize the draft model's
+ * matrices at load (cheaper draft steps; the target's verification keeps the
+ * output exact). */
+int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err);
 int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
 /* spec: "DIR[,prune=on|off][,vocab=N]" (the part after "block:") */
 int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);

@@ -1,5 +1,5 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off][,vocab=N]".
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off][,vocab=N]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "io/safetensors.h"
@@ -19,22 +19,34 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
     if (!strcmp(spec, "ngram")) return td_drafter_ngram_open(out, NULL, target, err);
     if (!strncmp(spec, "ngram:", 6)) return td_drafter_ngram_open(out, spec + 6, target, err);
     if (!strncmp(spec, "model:", 6) || !strncmp(spec, "mtp:", 4)) {
-        /* KIND:DIR[,vocab=N] */
+        /* KIND:DIR[,vocab=N][,quant=q8_0|q4_0] (quant: the model drafter only) */
         int is_model = spec[1] == 'o';
+        const char *kind = is_model ? "model" : "mtp";
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", spec + (is_model ? 6 : 4));
-        int n_sub = 0;
-        char *opt = strstr(dir, ",vocab=");
-        if (opt) {
-            char *end;
-            long v = strtol(opt + 7, &end, 10);
-            if (*end || end == opt + 7 || v < 1 || v > (1L << 24))
-                return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as %s:DIR,vocab=4096", spec,
-                                 is_model ? "model" : "mtp");
-            n_sub = (int)v;
-            *opt = 0;
+        int n_sub = 0, quant = 0;
+        char *opt = strchr(dir, ',');
+        if (opt) *opt++ = 0;
+        while (opt && *opt) {
+            char *next = strchr(opt, ',');
+            if (next) *next++ = 0;
+            if (!strncmp(opt, "vocab=", 6)) {
+                char *end;
+                long v = strtol(opt + 6, &end, 10);
+                if (*end || end == opt + 6 || v < 1 || v > (1L << 24))
+                    return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as %s:DIR,vocab=4096", spec, kind);
+                n_sub = (int)v;
+            } else if (is_model && !strncmp(opt, "quant=", 6)) {
+                if (!strcmp(opt + 6, "q8_0")) quant = TD_DTYPE_Q8_0;
+                else if (!strcmp(opt + 6, "q4_0")) quant = TD_DTYPE_Q4_0;
+                else return td_seterr(err, TD_EINVAL, "'%s': quant= takes q8_0 or q4_0", spec);
+            } else {
+                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (%s)", spec, opt,
+                                 is_model ? "vocab=N or quant=q8_0|q4_0" : "vocab=N");
+            }
+            opt = next;
         }
-        return is_model ? td_drafter_model_open(out, dir, n_sub, target, err) : td_drafter_mtp_open(out, dir, n_sub, target, err);
+        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, target, err) : td_drafter_mtp_open(out, dir, n_sub, target, err);
     }
     if (!strncmp(spec, "block:", 6)) return td_drafter_block_open(out, spec + 6, target, err);
     return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR, mtp:DIR or block:DIR)", spec);

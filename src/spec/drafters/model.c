@@ -360,7 +360,7 @@ static int same_vocabulary(const td_model *t, const td_model *d, const char *dir
     return 0;
 }
 
-int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err) {
+int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err) {
     *out = NULL;
     if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "draft model: give a directory, as model:DIR");
     dm_provider *p = calloc(1, sizeof *p);
@@ -368,6 +368,7 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td
     if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
     int rc = td_model_open(&p->m, dir, err);
     if (rc == 0) rc = same_vocabulary(target, p->m, dir, err);
+    if (rc == 0 && quant) rc = td_model_quantize_weights(p->m, quant, err);
     if (rc) { dm_free(p); free(d); return rc; }
     p->view = *p->m;
     rc = td_draft_vocab_open(&p->voc, dir, n_sub, &p->view.w.lm_head, err);
@@ -386,8 +387,9 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, const td
         if (layers < 0) layers = 0;
         d->step_cost_hint = 0.1 + (layers + head) / (double)(target->weight_bytes ? target->weight_bytes : 1);
     }
-    if (n_sub) snprintf(d->id, sizeof d->id, "model:%s,vocab=%d", dir, n_sub);
-    else snprintf(d->id, sizeof d->id, "model:%s", dir);
+    char vs[32] = "";
+    if (n_sub) snprintf(vs, sizeof vs, ",vocab=%d", n_sub);
+    snprintf(d->id, sizeof d->id, "model:%.120s%s%s", dir, vs, quant == TD_DTYPE_Q8_0 ? ",quant=q8_0" : quant ? ",quant=q4_0" : "");
     snprintf(d->ns, sizeof d->ns, "model-v1");
     *out = d;
     return 0;
