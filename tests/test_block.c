@@ -263,30 +263,44 @@ done:
     t_end();
 }
 
-/* A draft vocabulary (vocab=N): drafts and q come from ids 0..N-1 only. The
- * reference rows hold the full logits (Markov bias of the full-vocabulary
- * drafts), so position j is checked while the drafts before it agree with
- * the reference's: greedy = the argmax of the row over ids < N; q at position
- * 1 (whose Markov input is the anchor) = softmax(row / 0.5) over ids < N,
+/* A draft vocabulary (vocab=N): the first N ids of BLK/draft_vocab.json's
+ * ranking plus the row's context ids (its committed tokens outside them). The
+ * reference rows hold the full logits (LM head + Markov bias of the
+ * full-vocabulary drafts), so position j is checked while the drafts before it
+ * agree with the reference's: greedy = the argmax of the row over the kept ids
+ * and the context ids (the Markov bias applies to both); q at position 1
+ * (whose Markov input is the anchor) = softmax(row / 0.5) over the kept ids,
  * zero beyond. */
 static void test_vocab(cJSON *fx) {
-    t_begin("block_vocab_subset");
-    enum { NSUB = 4096 };
+    t_begin("block_vocab_ranked_context_ids");
+    enum { NSUB = 1024 };
     td_drafter *d = NULL;
     td_draft_rows rows = {0};
     td_err err = {0};
     float *probs = NULL, *flog = NULL;
+    uint8_t *kept = NULL, *cand = NULL;
+    int32_t *rank = NULL;
     size_t fbytes = 0;
+    char *vt = t_slurp(BLK "/draft_vocab.json", NULL);
+    cJSON *vj = vt ? cJSON_Parse(vt) : NULL;
+    free(vt);
     flog = (float *)t_slurp(FX "/logits.f32", &fbytes);
     T_REQUIRE(flog, "missing " FX "/logits.f32");
+    cJSON *ra = cJSON_GetObjectItem(vj, "ranked_ids");
+    T_REQUIRE(cJSON_GetArraySize(ra) >= NSUB, BLK "/draft_vocab.json ranks %d ids", cJSON_GetArraySize(ra));
+    kept = calloc((size_t)g_V, 1);
+    cand = calloc((size_t)g_V, 1);
+    rank = malloc(sizeof(int32_t) * NSUB);
+    T_REQUIRE(kept && cand && rank, "memory");
+    for (int i = 0; i < NSUB; i++) rank[i] = cJSON_GetArrayItem(ra, i)->valueint, kept[rank[i]] = 1;
     char spec[300];
     snprintf(spec, sizeof spec, "block:%s,prune=off,vocab=%d", BLK, NSUB);
     T_REQUIRE(td_drafter_open(&d, spec, g_m, &err) == 0, "block: %s", err.msg);
-    T_CHECK(strstr(td_drafter_id(d), "vocab=4096") != NULL, "the id names the draft vocabulary: %s", td_drafter_id(d));
+    T_CHECK(strstr(td_drafter_id(d), "vocab=1024") != NULL, "the id names the draft vocabulary: %s", td_drafter_id(d));
     int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
     probs = malloc(sizeof(float) * (size_t)K * g_V);
     T_REQUIRE(probs, "memory");
-    int greedy_checked = 0, q_checked = 0;
+    int greedy_checked = 0, q_checked = 0, from_ctx = 0, ctx_beat_kept = 0;
     double worst = 0;
     cJSON *p;
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
@@ -295,6 +309,10 @@ static void test_vocab(cJSON *fx) {
         cJSON *lr, *du;
         T_REQUIRE(round0_row(d, p, K, &rows, &row, &t, &lr, &du, &err) == 0, "round 0 of prompt %s: %s",
                   cJSON_GetObjectItem(p, "id")->valuestring, err.msg);
+        /* the candidates: kept ids, then the committed stream's other ids (the prompt less its anchor) */
+        memcpy(cand, kept, (size_t)g_V);
+        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
+        for (int i = 0; i + 1 < cJSON_GetArraySize(ids); i++) cand[cJSON_GetArrayItem(ids, i)->valueint] = 1;
         td_sampling sp = td_sampling_default();
         const td_sampling *spp = &sp;
         uint64_t pos = 0;
@@ -308,11 +326,32 @@ static void test_vocab(cJSON *fx) {
             int fr = cJSON_GetArrayItem(lr, j)->valueint;
             T_REQUIRE(fr >= 0 && (size_t)(fr + 1) * g_V * sizeof(float) <= fbytes, "logits row in range");
             const float *ref = flog + (size_t)fr * g_V;
-            int best = 0;
-            for (int v = 1; v < NSUB; v++) if (ref[v] > ref[best]) best = v;
-            T_CHECK(dr[j] == best, "prompt %s position %d: draft %d, the reference's argmax below %d is %d",
-                    cJSON_GetObjectItem(p, "id")->valuestring, j + 1, (int)dr[j], NSUB, best);
+            int best = -1, best_kept = rank[0];
+            for (int v = 0; v < g_V; v++)
+                if (cand[v] && (best < 0 || ref[v] > ref[best])) best = v;
+            for (int i = 1; i < NSUB; i++) if (ref[rank[i]] > ref[best_kept]) best_kept = rank[i];
+            T_CHECK(dr[j] == best, "prompt %s position %d: draft %d, the reference's argmax over the kept and context ids is %d",
+                    cJSON_GetObjectItem(p, "id")->valuestring, j + 1, (int)dr[j], best);
+            from_ctx += !kept[dr[j]];
+            ctx_beat_kept += best != best_kept;
             greedy_checked++;
+        }
+        { /* a checkpoint carries the context ids: the restored row drafts the same */
+            td_draft_rows other = {0};
+            td_draft_checkpoint *ck = NULL;
+            int32_t d2[MAXK];
+            int n2 = 0;
+            T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
+            T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
+            int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
+            td_draft_checkpoint_free(ck);
+            T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
+            td_draft_req q2 = q;
+            q2.tokens = d2;
+            q2.n_tokens = &n2;
+            T_REQUIRE(td_draft_rows_draft(&other, &q2, &err) == 0, "draft restored: %s", err.msg);
+            T_CHECK(n2 == nd && memcmp(d2, dr, sizeof(int32_t) * (size_t)nd) == 0, "a restored row drafts as the original");
+            td_draft_rows_free(&other);
         }
         sp.temperature = 0.5f;
         sp.seed = 7;
@@ -320,24 +359,25 @@ static void test_vocab(cJSON *fx) {
         T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0 && q.has_probs && nd == K, "draft with q");
         const float *ref = flog + (size_t)cJSON_GetArrayItem(lr, 0)->valueint * g_V;
         double mx = -1e30, s = 0, md = 0, pm = 0, beyond = 0;
-        for (int v = 0; v < NSUB; v++) mx = ref[v] > mx ? ref[v] : mx;
-        for (int v = 0; v < NSUB; v++) s += exp((ref[v] - mx) / 0.5);
+        for (int v = 0; v < g_V; v++) if (kept[v]) mx = ref[v] > mx ? ref[v] : mx;
+        for (int v = 0; v < g_V; v++) if (kept[v]) s += exp((ref[v] - mx) / 0.5);
         for (int v = 0; v < g_V; v++) {
-            double pv = v < NSUB ? exp((ref[v] - mx) / 0.5) / s : 0;
+            double pv = kept[v] ? exp((ref[v] - mx) / 0.5) / s : 0;
             if (fabs(pv - probs[v]) > md) md = fabs(pv - probs[v]);
             if (pv > pm) pm = pv;
-            if (v >= NSUB) beyond += fabs(probs[v]);
+            if (!kept[v]) beyond += fabs(probs[v]);
         }
         T_CHECK(beyond == 0, "q is zero outside the draft vocabulary (sum %g)", beyond);
-        T_CHECK(dr[0] < NSUB, "the sampled draft %d is inside the draft vocabulary", (int)dr[0]);
+        T_CHECK(kept[dr[0]], "the sampled draft %d is inside the draft vocabulary", (int)dr[0]);
         if (md / pm > worst) worst = md / pm;
         q_checked++;
         td_draft_rows_free(&rows);
         td_ctx_row_remove(g_c, row);
     }
-    printf("  %d greedy positions and %d distributions checked against the reference cut to ids < %d; worst relative error %.2e\n",
-           greedy_checked, q_checked, NSUB, worst);
+    printf("  %d greedy positions (%d drafted from context ids) and %d distributions checked against the reference cut to "
+           "%d ranked ids; worst relative error %.2e\n", greedy_checked, from_ctx, q_checked, NSUB, worst);
     T_CHECK(greedy_checked >= q_checked && q_checked > 0, "positions checked");
+    T_CHECK(from_ctx == ctx_beat_kept, "a context id is drafted exactly where it beats every kept id (%d, %d)", from_ctx, ctx_beat_kept);
     T_CHECK(worst <= 1e-3, "draft distribution differs from PyTorch's cut to the vocabulary by %.2e relative", worst);
     td_drafter_free(d);
     d = NULL;
@@ -347,7 +387,14 @@ static void test_vocab(cJSON *fx) {
     snprintf(spec, sizeof spec, "block:%s,vocab=x", BLK);
     T_CHECK(td_drafter_open(&d, spec, g_m, &err) == TD_EINVAL && d == NULL && strstr(err.msg, "option"),
             "a draft vocabulary that is not a number: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s,vocab=0", BLK);
+    T_CHECK(td_drafter_open(&d, spec, g_m, &err) == TD_EINVAL && d == NULL && strstr(err.msg, "vocabulary"),
+            "an empty draft vocabulary: %s", err.msg);
 done:
+    cJSON_Delete(vj);
+    free(kept);
+    free(cand);
+    free(rank);
     free(probs);
     free(flog);
     td_draft_rows_free(&rows);

@@ -193,6 +193,15 @@ static void run_exact_controlled(void) {
     snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100", g_dir);
     run_exact(sub, "mtp_ranked100", 0, 8, 4);
     run_exact(sub, "mtp_ranked100", 1, 3, 4);
+    /* the block drafter: ranked LM-head and Markov rows, context ids with their Markov rows */
+    snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100", g_dir);
+    for (int temp = 0; temp <= 1; temp++) {
+        run_exact(sub, "block_ranked100", temp, 1, 5);
+        run_exact(sub, "block_ranked100", temp, 3, 5);
+        run_exact(sub, "block_ranked100", temp, 8, 4);
+    }
+    snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100,prune=off", g_dir);
+    run_exact(sub, "block_ranked100_unpruned", 0, 3, 6);
     g_fixed = 0;
     run_exact("ngram", "ngram_planned", 0, 3, 6);
     run_exact("ngram", "ngram_planned", 1, 8, 6);
@@ -606,6 +615,27 @@ static void test_bad_input(void) {
     snprintf(spec, sizeof spec, "block:%s/block,vocab=302", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "vocabulary"),
             "block draft vocabulary past the target's: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s/block,vocab=-3", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "vocabulary"),
+            "a negative block draft vocabulary: %s", err.msg);
+    { /* a malformed ranking next to the block drafter's weights */
+        char dir[700], path[800];
+        snprintf(dir, sizeof dir, "%s/block_badrank", g_dir);
+        tm_shape tgt = {.llama = 0, .vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16,
+                        .ffn = 96, .ctx = 256, .tied = 1, .bf16 = 1, .seed = 11};
+        tm_write_block(dir, &tgt, tgt.layers, "[1, 2]", 2, "[]", 43);
+        snprintf(path, sizeof path, "%s/draft_vocab.json", dir);
+        FILE *f = fopen(path, "w");
+        T_REQUIRE(f, "ranking file");
+        fputs("{\"ranked_ids\": [5, 7, 5]}", f);
+        fclose(f);
+        snprintf(spec, sizeof spec, "block:%s/block_badrank,vocab=3", g_dir);
+        T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EFORMAT && d2 == NULL && strstr(err.msg, "repeats"),
+                "a block ranking that repeats an id: %s", err.msg);
+        snprintf(spec, sizeof spec, "block:%s/block_badrank,vocab=4", g_dir);
+        T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "fewer"),
+                "a block ranking shorter than the vocabulary asked for: %s", err.msg);
+    }
 done:
     td_spec_free(g);
     td_ctx_free(c);
@@ -646,6 +676,9 @@ int main(void) {
     tm_write_mtp(d1, &tgt, tgt.layers + 1, 32);
     snprintf(d1, sizeof d1, "%s/block", g_dir);
     tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41);
+    snprintf(d1, sizeof d1, "%s/block_ranked", g_dir);
+    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41);
+    write_reverse_ranking(d1, tgt.vocab);
     snprintf(d1, sizeof d1, "%s/block_wrong", g_dir);
     tm_write_block(d1, &tgt, tgt.layers + 3, "[1, 2]", 2, "[]", 42);
     if (!g_target || !g_target_small_vocab) return 1;

@@ -19,20 +19,23 @@
  * confidence reaches config.json's prune_thresholds[j-1], so a row may draft
  * fewer than asked (spec option prune=off keeps them all). The LM head runs
  * once, over the kept positions only; the Markov bias is added in order.
- * A draft vocabulary (spec option vocab=N) cuts the shared LM head and the
- * Markov output to their first N rows (the tokenizer's ids are ranked by
- * frequency): drafts come from ids 0..N-1, their distributions are zero
- * beyond; the target's verification keeps the output exact.
- *
+ * A draft vocabulary (spec option vocab=N, spec/vocab.h) keeps N ids of the
+ * shared LM head and of the Markov output — the first N of DIR/draft_vocab.json's
+ * ranking, else ids 0..N-1 — plus each row's context ids (ids of its prompt and
+ * committed output outside those N, whose LM-head and markov.out rows it gathers
+ * as they appear): a greedy draft is the argmax over both, every logit the
+ * same two dots as the full head's; sampled drafts (q) come from the N kept ids
+ * and are zero beyond. The target's verification keeps the output exact.
  * Rows own their context K/V ([layer][kv head][position][head_dim], with room
  * for G block entries past the committed length, written during a draft and
  * overwritten by the next commit; always f32, whatever the target's kv_type —
  * they are small and their checkpoints are f32). Matrix products run on the target
  * context's thread pool (drafting and verifying never overlap; a second pool's
- * spinning workers would take the cores from the target's). Checkpoints ("block-v1") hold a row's context K/V, checked for
- * size and finiteness on restore. */
+ * spinning workers would take the cores from the target's). Checkpoints ("block-v2") hold a row's context K/V and context
+ * ids, checked for size, finiteness and range on restore. */
 #define _POSIX_C_SOURCE 200809L
 #include "spec/draft.h"
+#include "spec/vocab.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
@@ -62,12 +65,18 @@ typedef struct {
     td_tensor conf_w, conf_b;          /* [1][D], [1], or absent */
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
-    int n_sub;                         /* draft vocabulary: ids 0..n_sub-1 (= V when unset) */
+    td_tensor head;                    /* the target's LM head cut to the draft vocabulary
+                                          (a view, or voc's gathered rows) [n_sub][D] */
+    td_draft_vocab voc;                /* the draft vocabulary over the LM head (spec/vocab.h) */
+    td_draft_vocab mvoc;               /* the same ids over markov.out (mk_out cut likewise) */
+    int n_sub;                         /* = voc.n_sub (V when no vocab=N) */
 } blk_provider;
 
 typedef struct {
     float *K, *V;             /* [n_layer][KVH][cap][hd] context rows (+ block scratch) */
     int len, cap;             /* committed positions held; capacity incl. G */
+    td_draft_ctxids cx;       /* context ids outside the draft vocabulary: LM-head rows */
+    td_draft_ctxids mx;       /* the same ids' markov.out rows (rank > 0) */
 } blk_row;
 
 typedef struct {
@@ -86,6 +95,8 @@ typedef struct {
     int *cn;                  /* [max_rows] and their position counts */
     float *lg;                /* [max_rows*(G-1)][n_sub] logits of kept positions */
     float *a;                 /* [rank] Markov input */
+    float *qsub;              /* [n_sub] q over the draft vocabulary, before it is spread */
+    float *cl;                /* [TD_DRAFT_CTXIDS] context ids' logits */
     float *scratch;           /* [TD_ATTEND_QB][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
     int *nk;                  /* [G] keys per block query */
@@ -182,18 +193,39 @@ static void project_context(blk_group *g, blk_row *r, const float *taps, int n) 
     }
 }
 
+static void row_free(blk_row *r) {
+    free(r->K);
+    free(r->V);
+    td_draft_ctxids_free(&r->cx);
+    td_draft_ctxids_free(&r->mx);
+    memset(r, 0, sizeof *r);
+}
+
 static int row_alloc(blk_group *g, blk_row *r) {
-    size_t n = (size_t)g->p->n_layer * g->p->KVH * g->cap * g->p->hd;
+    const blk_provider *p = g->p;
+    size_t n = (size_t)p->n_layer * p->KVH * g->cap * p->hd;
+    td_err e;
+    memset(r, 0, sizeof *r);
     r->K = malloc(sizeof(float) * n);
     r->V = malloc(sizeof(float) * n);
-    r->len = 0;
     r->cap = g->cap;
-    if (!r->K || !r->V) { free(r->K); free(r->V); r->K = r->V = NULL; return TD_ENOMEM; }
+    if (!r->K || !r->V || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
+        (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
+        row_free(r);
+        return TD_ENOMEM;
+    }
     return 0;
 }
 
-/* checkpoint "block-v1": [int32 len][int32 n_layer][int32 KVH*hd] then for each
- * position, layer, kv head: K[hd] then V[hd] (float32). */
+/* Note stream tokens as context ids (LM-head and Markov rows alike, same order). */
+static void row_note(const blk_provider *p, blk_row *r, const int32_t *t, int n) {
+    td_draft_ctxids_note(&p->voc, &r->cx, t, n);
+    if (p->rank) td_draft_ctxids_note(&p->mvoc, &r->mx, t, n);
+}
+
+/* checkpoint "block-v2": [int32 len][int32 n_layer][int32 KVH*hd][int32 n_ids]
+ * then for each position, layer, kv head: K[hd] then V[hd] (float32), then the
+ * row's context ids (int32 [n_ids], in the order they were noted). */
 static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
                       const td_draft_checkpoint *ck, td_err *err) {
     blk_group *g = gv;
@@ -201,22 +233,33 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
     int hd = p->hd, KVH = p->KVH;
     if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "block: row group is full (%d rows)", g->max_rows);
     if (ck) {
-        int32_t hdr[3];
-        if (strcmp(ck->ns, "block-v1") != 0 || ck->size < sizeof hdr)
-            return td_seterr(err, TD_EFORMAT, "block: checkpoint of namespace '%s' is not a block-v1 checkpoint", ck->ns);
+        int32_t hdr[4];
+        if (strcmp(ck->ns, "block-v2") != 0 || ck->size < sizeof hdr)
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint of namespace '%s' is not a block-v2 checkpoint", ck->ns);
         memcpy(hdr, ck->data, sizeof hdr);
         size_t per = (size_t)p->n_layer * KVH * hd * 2;
         if (hdr[1] != p->n_layer || hdr[2] != KVH * hd)
             return td_seterr(err, TD_EFORMAT, "block: checkpoint holds %d layers of width %d; this drafter has %d of %d",
                              (int)hdr[1], (int)hdr[2], p->n_layer, KVH * hd);
-        if (hdr[0] < 0 || hdr[0] > g->max_ctx || ck->size != sizeof hdr + (size_t)hdr[0] * per * sizeof(float))
-            return td_seterr(err, TD_EFORMAT, "block: checkpoint of %zu bytes does not hold %d positions (context %d)",
-                             ck->size, (int)hdr[0], g->max_ctx);
+        if (hdr[0] < 0 || hdr[0] > g->max_ctx || hdr[3] < 0 || hdr[3] > TD_DRAFT_CTXIDS ||
+            ck->size != sizeof hdr + (size_t)hdr[0] * per * sizeof(float) + (size_t)hdr[3] * sizeof(int32_t))
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint of %zu bytes does not hold %d positions (context %d) and %d context ids",
+                             ck->size, (int)hdr[0], g->max_ctx, (int)hdr[3]);
         const float *src = (const float *)(ck->data + sizeof hdr);
         for (size_t i = 0; i < (size_t)hdr[0] * per; i++)
             if (!isfinite(src[i])) return td_seterr(err, TD_EFORMAT, "block: checkpoint value %zu is not finite", i);
+        int32_t *cids = malloc(sizeof(int32_t) * (size_t)(hdr[3] ? hdr[3] : 1));
+        if (!cids) return td_seterr(err, TD_ENOMEM, "out of memory");
+        memcpy(cids, ck->data + sizeof hdr + (size_t)hdr[0] * per * sizeof(float), sizeof(int32_t) * (size_t)hdr[3]);
+        for (int i = 0; i < hdr[3]; i++)
+            if (cids[i] < 0 || cids[i] >= p->V) {
+                free(cids);
+                return td_seterr(err, TD_EFORMAT, "block: checkpoint context id %d is outside the vocabulary", (int)cids[i]);
+            }
         blk_row *r = &g->rows[g->n_rows];
-        if (row_alloc(g, r)) return td_seterr(err, TD_ENOMEM, "block: no memory for a row");
+        if (row_alloc(g, r)) { free(cids); return td_seterr(err, TD_ENOMEM, "block: no memory for a row"); }
+        row_note(p, r, cids, hdr[3]);
+        free(cids);
         for (int pos = 0; pos < hdr[0]; pos++)
             for (int l = 0; l < p->n_layer; l++)
                 for (int h = 0; h < KVH; h++) {
@@ -235,15 +278,10 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
             return td_seterr(err, TD_ERANGE, "block: token %d at position %d is outside the vocabulary", (int)tokens[i], i);
     blk_row *r = &g->rows[g->n_rows];
     if (row_alloc(g, r)) return td_seterr(err, TD_ENOMEM, "block: no memory for a row");
+    row_note(p, r, tokens, n);
     if (n) project_context(g, r, taps, n);
     g->n_rows++;
     return 0;
-}
-
-static int32_t argmax(const float *x, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
 }
 
 static float w_at(const td_tensor *t, size_t i) {
@@ -340,10 +378,11 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         q->n_tokens[i] = k; /* provisional: the count of kept positions */
         nz += k;
     }
-    if (nz) mm(g, g->lg, Vs, g->n, D, nz, &p->target->w.lm_head, D, Vs, 0);
+    if (nz) mm(g, g->lg, Vs, g->n, D, nz, &p->head, D, Vs, 0);
     size_t off = 0;
     for (int b = 0; b < nb; b++) {
         int i = g->brow[b], k = q->n_tokens[i];
+        const blk_row *r = &g->rows[i];
         int32_t prev = q->pending[i];
         for (int j = 0; j < k; j++, off++) {
             float *lg = g->lg + off * Vs;
@@ -357,11 +396,18 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
                 td_sampling sp = *q->sampling[i];
                 sp.seed ^= 0x3c6ef372fe94f82bull; /* the drafter's own draw stream */
                 float *pr = q->probs + ((size_t)i * q->max_depth + j) * V;
-                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, pr);
+                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, g->qsub);
                 if (d < 0) return td_seterr(err, d, "block: sampling failed");
-                memset(pr + Vs, 0, sizeof(float) * (size_t)(V - Vs)); /* zero outside the draft vocabulary */
+                td_draft_vocab_scatter(&p->voc, g->qsub, pr); /* zero outside the draft vocabulary */
+                d = td_draft_vocab_id(&p->voc, d);
             } else {
-                d = argmax(lg, Vs);
+                /* the best of the kept ids and the row's context ids, each
+                 * logit = its LM-head row . z + its markov.out row . a */
+                if (r->cx.n) {
+                    td_draft_ctxids_logits(&p->voc, &r->cx, g->n + off * D, g->cl, 0);
+                    if (p->rank) td_draft_ctxids_logits(&p->mvoc, &r->mx, g->a, g->cl, 1);
+                }
+                d = td_draft_vocab_best(&p->voc, lg, &r->cx, g->cl);
             }
             q->tokens[(size_t)i * q->max_depth + j] = d;
             prev = d;
@@ -377,6 +423,10 @@ static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *e
         if (m < 0 || m + 1 > g->p->G)
             return td_seterr(err, TD_EINVAL, "block: row %d commits %d accepted drafts, more than a block holds", i, m);
         if (g->rows[i].len + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+    }
+    for (int i = 0; i < n_rows; i++) {
+        row_note(g->p, &g->rows[i], &cm[i].old_pending, 1);
+        row_note(g->p, &g->rows[i], cm[i].accepted, cm[i].n_accepted);
     }
     /* all rows' accepted windows in batches of at most max_tok positions */
     int nr = 0, tot = 0;
@@ -396,8 +446,7 @@ static void blk_filter(void *gv, const int *keep, int n_keep) {
     int k = 0;
     for (int i = 0; i < g->n_rows; i++) {
         if (k < n_keep && keep[k] == i) { g->rows[k++] = g->rows[i]; continue; }
-        free(g->rows[i].K);
-        free(g->rows[i].V);
+        row_free(&g->rows[i]);
     }
     g->n_rows = n_keep;
 }
@@ -409,11 +458,11 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
     if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "block: no row %d", row);
     blk_row *r = &g->rows[row];
     int hd = p->hd;
-    int32_t hdr[3] = {r->len, p->n_layer, p->KVH * hd};
+    int32_t hdr[4] = {r->len, p->n_layer, p->KVH * hd, r->cx.n};
     size_t per = (size_t)p->n_layer * p->KVH * hd * 2;
-    size_t bytes = sizeof hdr + (size_t)r->len * per * sizeof(float);
+    size_t bytes = sizeof hdr + (size_t)r->len * per * sizeof(float) + sizeof(int32_t) * (size_t)r->cx.n;
     td_draft_checkpoint *ck;
-    int rc = td_draft_checkpoint_new(&ck, "block-v1", bytes, err);
+    int rc = td_draft_checkpoint_new(&ck, "block-v2", bytes, err);
     if (rc) return rc;
     memcpy(ck->data, hdr, sizeof hdr);
     float *dst = (float *)(ck->data + sizeof hdr);
@@ -424,6 +473,7 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
                 memcpy(dst + hd, r->V + kv_at(g, l, h, pos), sizeof(float) * (size_t)hd);
                 dst += 2 * hd;
             }
+    if (r->cx.n) memcpy(dst, r->cx.ids, sizeof(int32_t) * (size_t)r->cx.n);
     *out = ck;
     return 0;
 }
@@ -431,13 +481,13 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
 static void blk_free_group(void *gv) {
     blk_group *g = gv;
     if (!g) return;
-    for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].K); free(g->rows[i].V); }
+    for (int i = 0; i < g->n_rows; i++) row_free(&g->rows[i]);
     if (g->own_pool) td_pool_free(g->pool);
     td_sampler_free(g->smp);
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn);
-    free(g->a); free(g->scratch); free(g->brow); free(g->nk);
+    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->nk);
     free(g);
 }
 
@@ -479,11 +529,13 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->ctap = malloc(sizeof(float *) * (size_t)max_rows);
     g->cn = malloc(sizeof(int) * (size_t)max_rows);
     g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
+    g->qsub = malloc(sizeof(float) * (size_t)p->n_sub);
+    g->cl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
     g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->nk = malloc(sizeof(int) * (size_t)p->G);
     if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
-        !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->n_sub) != 0 ||
+        !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -508,6 +560,8 @@ static void blk_free(void *self) {
     blk_provider *p = self;
     if (!p) return;
     free(p->L);
+    td_draft_vocab_free(&p->voc);
+    td_draft_vocab_free(&p->mvoc);
     td_draft_weights_free(&p->w);
     free(p);
 }
@@ -637,7 +691,6 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     p->prune = prune;
     p->D = target->cfg.n_embd;
     p->V = target->cfg.n_vocab;
-    p->n_sub = n_sub ? (int)n_sub : p->V;
     snprintf(path, sizeof path, "%s", dir);
     if ((rc = td_draft_weights_open(&p->w, dir, err)) != 0) { free(p); free(d); return rc; }
     int D = p->D, Q = p->H * p->hd, KV = p->KVH * p->hd, F = p->F, hd = p->hd;
@@ -667,6 +720,12 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     if (!rc && p->rank) rc = bind(p, &p->mk_out, "markov.out.weight", p->V, p->rank, path, err);
     if (!rc && has_conf) rc = bind(p, &p->conf_w, "confidence.weight", 1, D, path, err);
     if (!rc && has_conf) rc = bind(p, &p->conf_b, "confidence.bias", 1, 0, path, err);
+    /* the draft vocabulary: the same ids (DIR/draft_vocab.json's ranking, else
+     * 0..n_sub-1) over the shared LM head and over markov.out */
+    p->head = target->w.lm_head;
+    if (!rc) rc = td_draft_vocab_open(&p->voc, dir, (int)n_sub, &p->head, err);
+    if (!rc && p->rank) rc = td_draft_vocab_open(&p->mvoc, dir, (int)n_sub, &p->mk_out, err);
+    if (!rc) p->n_sub = p->voc.n_sub;
     if (rc) { blk_free(p); free(d); return rc; }
     d->vt = &blk_vt;
     d->self = p;
@@ -680,7 +739,7 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%ld", n_sub);
     snprintf(d->id, sizeof d->id, "block:%.110s%s%s", dir, prune ? "" : ",prune=off", vs);
-    snprintf(d->ns, sizeof d->ns, "block-v1");
+    snprintf(d->ns, sizeof d->ns, "block-v2");
     *out = d;
     return 0;
 }
