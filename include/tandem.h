@@ -199,6 +199,10 @@ typedef struct td_ctx_params {
                         instead of starting new ones (it must outlive this context, and the
                         two must not run forwards at the same time). Drafters share the
                         target's threads, so idle workers of one never compete with the other. */
+    int serial_tokens;  /* a forward of at most this many new tokens runs on the calling thread
+                        alone, without waking the pool (0 = never): for a small model, the
+                        workers' hand-offs cost more than the work they take. The bits are the
+                        same either way (every output is computed identically by any thread). */
 } td_ctx_params;
 
 td_ctx_params td_ctx_default_params(void);

@@ -26,7 +26,7 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     snprintf(nm, sizeof nm, "%s%s%s", name, kv == TD_DTYPE_F32 ? "" : "_kv_", kv == TD_DTYPE_F32 ? "" : KVN[kv]);
     t_begin(nm);
     td_model *m = open_model(dir, s);
-    td_ctx *c3 = NULL;
+    td_ctx *c3 = NULL, *cs = NULL;
     float *a = NULL, *dd = NULL;
     T_REQUIRE(m != NULL, "model did not open");
     int V = s->vocab;
@@ -47,9 +47,24 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     T_REQUIRE(tc_feed(c3, r, seq, 5, dd) == 0, "prefill 3 threads");
     T_REQUIRE(tc_feed(c3, r, seq + 5, 7, dd) == 0, "block 3 threads");
     T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=7 with 3 threads differs from T=1");
+    /* serial forwards (serial_tokens: every job on the caller, chunk 0 of 1) of a
+     * 2-thread context: the prefill of 5 runs on the pool, the block of 7 serially */
+    {
+        td_ctx_params p = td_ctx_default_params();
+        p.max_rows = 1; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = 2; p.kv_type = kv;
+        p.serial_tokens = 7;
+        td_err err = {0};
+        T_REQUIRE(td_ctx_open(&cs, m, &p, &err) == 0, "serial context: %s", err.msg);
+        td_ctx_row_add(cs, &r);
+        memset(dd, 0, sizeof(float) * 7 * V);
+        T_REQUIRE(tc_feed(cs, r, seq, 5, dd) == 0, "prefill, pool");
+        T_REQUIRE(tc_feed(cs, r, seq + 5, 7, dd) == 0, "block, serial");
+        T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "a serial T=7 forward differs from T=1");
+    }
 done:
     free(a); free(dd);
     td_ctx_free(c3);
+    td_ctx_free(cs);
     td_model_free(m);
     t_end();
 }

@@ -79,7 +79,15 @@ struct td_ctx {
     int *nkg;               /* [n_threads][ATT_TC * n_head] their key counts */
     int *brow_t0;           /* [max_rows] first token of each batch row (this forward) */
     int *brow_n;            /* [max_rows] its number of new tokens */
+    int serial;             /* this forward runs on the caller alone (p.serial_tokens) */
 };
+
+/* Run a job on the pool, or on the caller alone (chunk 0 of 1) in a serial
+ * forward: chunks own their outputs, so the bits do not change. */
+static void run_job(td_ctx *c, td_pool_fn fn, void *arg) {
+    if (c->serial) fn(arg, 0, 1);
+    else td_pool_run(c->pool, fn, arg);
+}
 
 td_ctx_params td_ctx_default_params(void) {
     td_ctx_params p = {.max_rows = 1, .max_ctx = 0, .max_tokens = 512, .max_logits = 256, .n_threads = 0};
@@ -307,7 +315,7 @@ static void mm_run(void *arg, int ith, int nth) {
 /* y[M][N] = x[M][K] W^T   (add: y += x W^T) */
 static void matmul_add(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N, int add) {
     mm_job j = {.c = c, .x = x, .M = M, .K = K, .add = add, .n_out = 1, .o = {{y, ldy, w, N}}};
-    td_pool_run(c->pool, mm_run, &j);
+    run_job(c, mm_run, &j);
 }
 static void matmul(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N) {
     matmul_add(c, y, ldy, x, M, w, K, N, 0);
@@ -420,13 +428,13 @@ static void fused_attn_run(void *arg, int ith, int nth) {
  * those keep every thread equally busy. Both give the same bits. */
 static void attention(td_ctx *c, int T, int layer, int n_rows) {
     tok_job tj = {c, T, layer, n_rows};
-    int nth = td_pool_size(c->pool), units = n_rows * c->m->cfg.n_kv_head;
+    int nth = c->serial ? 1 : td_pool_size(c->pool), units = n_rows * c->m->cfg.n_kv_head;
     if (units % nth == 0 || units >= 4 * nth) {
-        td_pool_run(c->pool, fused_attn_run, &tj);
+        run_job(c, fused_attn_run, &tj);
     } else {
-        td_pool_run(c->pool, qkv_post_run, &tj);
+        run_job(c, qkv_post_run, &tj);
         /* new K/V are in the cache: row lengths as seen by attention include them */
-        td_pool_run(c->pool, attn_run, &tj);
+        run_job(c, attn_run, &tj);
     }
 }
 
@@ -443,7 +451,7 @@ static void norm_run(void *arg, int ith, int nth) {
 static void rmsnorm_rows(td_ctx *c, float *dst, const float *src, int T, const td_tensor *w, int n) {
     norm_job j = {c, T, w, dst, src, n};
     if (T <= NORM_INLINE_T) norm_run(&j, 0, 1); /* less work than a pool round trip */
-    else td_pool_run(c->pool, norm_run, &j);
+    else run_job(c, norm_run, &j);
 }
 
 /* ---- forward ----------------------------------------------------------- */
@@ -480,6 +488,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         }
         T += n;
     }
+    c->serial = T <= c->p.serial_tokens;
     int n_out = 0;
     for (int t = 0; t < T && !b->embd; t++) {
         int32_t id = b->tokens[t];
@@ -521,7 +530,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
             mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .n_out = 3,
                         .o = {{c->q, c->q_dim, &L->wq, c->q_dim}, {c->k, c->kv_dim, &L->wk, c->kv_dim},
                               {c->v, c->kv_dim, &L->wv, c->kv_dim}}};
-            td_pool_run(c->pool, mm_run, &j);
+            run_job(c, mm_run, &j);
         }
         if (cfg->attn_bias) {
             add_bias(c->q, c->q_dim, T, &L->bq, c->q_dim);
@@ -540,7 +549,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         {
             mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .swiglu = 1, .n_out = 2,
                         .o = {{c->hg, F, &L->w_gate, F}, {c->hu, F, &L->w_up, F}}};
-            td_pool_run(c->pool, mm_run, &j);
+            run_job(c, mm_run, &j);
         }
         matmul_add(c, c->x, D, c->hg, T, &L->w_down, F, D, 1); /* x += h Wdown^T */
         for (int ti = 0; ti < b->n_taps; ti++)

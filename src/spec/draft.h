@@ -144,6 +144,16 @@ void td_draft_weights_free(td_draft_weights *w);
 int td_draft_weights_bind(const td_draft_weights *w, struct td_tensor *t, const char *name, int64_t d0, int64_t d1,
                           td_err *err);
 
+/* For a drafter's own context (td_ctx_params.serial_tokens): how many new
+ * tokens a forward of model view v may hold and still run on the calling thread
+ * alone. A small drafter's matrices take microseconds each, less than handing
+ * them to the pool's workers and back; the bound is TD_DRAFT_SERIAL_MACS
+ * multiply-adds (a token's: its layers' products and its LM-head rows, i.e. the
+ * draft vocabulary). 0 for a model too large for one token to qualify. */
+#define TD_DRAFT_SERIAL_MACS 4000000.0
+struct td_model;
+int td_draft_serial_tokens(const struct td_model *v);
+
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
                                        const td_draft_checkpoint *ck, td_err *err) {

@@ -167,3 +167,11 @@ int td_draft_weights_bind(const td_draft_weights *w, struct td_tensor *t, const 
     if (at < 0) return td_seterr(err, TD_EFORMAT, "%s: tensor %s is missing", w->n ? w->path[0] : "drafter", name);
     return td_draft_bind(w->f[at], t, name, d0, d1, w->path[at], err);
 }
+
+int td_draft_serial_tokens(const td_model *v) {
+    const td_config *c = &v->cfg;
+    double qd = (double)c->n_head * c->head_dim, kvd = (double)c->n_kv_head * c->head_dim;
+    double per_layer = c->n_embd * (2.0 * qd + 2.0 * kvd) + 3.0 * c->n_embd * (double)c->n_ff;
+    double tok = c->n_layer * per_layer + (double)c->n_vocab * c->n_embd;
+    return tok > 0 ? (int)(TD_DRAFT_SERIAL_MACS / tok) : 0;
+}

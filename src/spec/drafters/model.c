@@ -301,6 +301,7 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, co
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = max_rows;
     cp.share_threads = target_ctx;
+    cp.serial_tokens = td_draft_serial_tokens(&p->view);
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
     cp.max_logits = max_rows;

@@ -324,6 +324,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = max_rows;
     cp.share_threads = target_ctx;
+    cp.serial_tokens = td_draft_serial_tokens(&p->head);
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
     cp.max_logits = g->max_tokens; /* the backlog feed asks for its last positions only */
