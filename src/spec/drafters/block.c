@@ -253,8 +253,9 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
         memcpy(cids, ck->data + sizeof hdr + (size_t)hdr[0] * per * sizeof(float), sizeof(int32_t) * (size_t)hdr[3]);
         for (int i = 0; i < hdr[3]; i++)
             if (cids[i] < 0 || cids[i] >= p->V) {
+                int bad = (int)cids[i];
                 free(cids);
-                return td_seterr(err, TD_EFORMAT, "block: checkpoint context id %d is outside the vocabulary", (int)cids[i]);
+                return td_seterr(err, TD_EFORMAT, "block: checkpoint context id %d is outside the vocabulary", bad);
             }
         blk_row *r = &g->rows[g->n_rows];
         if (row_alloc(g, r)) { free(cids); return td_seterr(err, TD_ENOMEM, "block: no memory for a row"); }

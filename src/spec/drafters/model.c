@@ -390,7 +390,7 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quan
     }
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%d", n_sub);
-    snprintf(d->id, sizeof d->id, "model:%.120s%s%s", dir, vs, quant == TD_DTYPE_Q8_0 ? ",quant=q8_0" : quant ? ",quant=q4_0" : "");
+    snprintf(d->id, sizeof d->id, "model:%.100s%s%s", dir, vs, quant == TD_DTYPE_Q8_0 ? ",quant=q8_0" : quant ? ",quant=q4_0" : "");
     snprintf(d->ns, sizeof d->ns, "model-v1");
     *out = d;
     return 0;
