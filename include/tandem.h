@@ -143,6 +143,8 @@ typedef struct td_model_info {
     int n_tensors;
     int32_t eos_ids[8];      /* from generation_config.json / config.json */
     int n_eos;
+    int copied;              /* 1: the weights were copied into anonymous memory at load
+                                (td_model_params.use_mmap), 0: views of the mapped files */
 } td_model_info;
 
 /* Weight dtypes. Q8_0 / Q4_0 are GGUF's block formats (32 values per block with an
@@ -153,11 +155,28 @@ enum { TD_DTYPE_F32 = 0, TD_DTYPE_F16 = 1, TD_DTYPE_BF16 = 2, TD_DTYPE_Q8_0 = 3,
 /* Open a model directory in Hugging Face layout: config.json, model.safetensors or
  * sharded model-*.safetensors + model.safetensors.index.json, and, when present,
  * generation_config.json, tokenizer.json, tokenizer_config.json. Weights are
- * mmapped; every header field, offset, shape and dtype is validated.
+ * mmapped (large models: then copied, see td_model_params); every header
+ * field, offset, shape and dtype is validated first.
  * dir may also be a llama.cpp GGUF file (architectures qwen3, llama; config and
  * tokenizer from its metadata), or a directory without config.json holding
  * exactly one .gguf file. */
 int td_model_open(td_model **out, const char *dir, td_err *err);
+
+/* How td_model_open_params loads the weights. */
+typedef struct td_model_params {
+    int use_mmap;    /* 1: the weights are views of the mmapped files (page-cache pages);
+                        0: after every header, offset, shape and dtype check, the weights the
+                        model uses are copied into anonymous memory, 2 MiB-aligned and advised
+                        MADV_HUGEPAGE (as llama.cpp's --no-mmap), and the files' pages are
+                        released: decode streams the weights through 2 MiB pages whatever the
+                        page cache holds; -1 (the default): copy when the weights are at least
+                        TD_MODEL_COPY_MIN bytes, map otherwise (small models start faster). */
+} td_model_params;
+#define TD_MODEL_COPY_MIN ((size_t)256 << 20)
+td_model_params td_model_default_params(void);
+/* td_model_open with params (NULL: td_model_default_params()); td_model_open
+ * uses the defaults. */
+int td_model_open_params(td_model **out, const char *dir, const td_model_params *params, td_err *err);
 void td_model_free(td_model *m);
 void td_model_get_info(const td_model *m, td_model_info *info);
 /* The tokenizer loaded from the directory, or NULL when it has none.

@@ -10,6 +10,8 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "nn/pool.h"
+
 static td_model *open_model(const char *dir, const tm_shape *s) {
     if (tm_write(dir, s) != 0) return NULL;
     td_model *m = NULL;
@@ -61,11 +63,62 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
         T_REQUIRE(tc_feed(cs, r, seq + 5, 7, dd) == 0, "block, serial");
         T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "a serial T=7 forward differs from T=1");
     }
+    /* matrix products in more chunks than threads (any chunk size, claimed
+     * dynamically and stolen): the same bits, 2 and 3 threads */
+    for (int nth = 2; nth <= 3; nth++)
+        for (int per = 2; per <= 7; per += 5) {
+            td_ctx_free(c3);
+            c3 = tc_open_ctx(m, 1, nth, kv);
+            T_REQUIRE(c3 != NULL, "context");
+            td_ctx_set_mm_chunks(c3, per, 1);
+            td_ctx_row_add(c3, &r);
+            T_REQUIRE(tc_feed(c3, r, seq, 5, dd) == 0, "prefill chunks");
+            for (int i = 5; i < 12; i++) T_REQUIRE(tc_feed(c3, r, seq + i, 1, dd + (size_t)(i - 5) * V) == 0, "T=1 chunks");
+            T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=1 with %d threads x %d chunks differs", nth, per);
+            td_ctx_row_trim(c3, r, 5);
+            T_REQUIRE(tc_feed(c3, r, seq + 5, 7, dd) == 0, "block chunks");
+            T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=7 with %d threads x %d chunks differs", nth, per);
+        }
 done:
     free(a); free(dd);
     td_ctx_free(c3);
     td_ctx_free(cs);
     td_model_free(m);
+    t_end();
+}
+
+/* A model whose weights were copied out of the files (use_mmap = 0) gives the
+ * same logits as the mapped one, bit for bit. */
+static void test_copied(const tm_shape *s, const char *dir) {
+    t_begin("forward_copied_weights_same_logits");
+    td_model *m = open_model(dir, s), *mc = NULL;
+    td_ctx *c = NULL, *cc = NULL;
+    float *a = NULL, *b = NULL;
+    T_REQUIRE(m != NULL, "model");
+    td_model_params mp = {.use_mmap = 0};
+    td_err err = {0};
+    T_REQUIRE(td_model_open_params(&mc, dir, &mp, &err) == 0, "copied: %s", err.msg);
+    td_model_info ia, ib;
+    td_model_get_info(m, &ia);
+    td_model_get_info(mc, &ib);
+    T_CHECK(ia.copied == 0 && ib.copied == 1, "copied flags %d %d", ia.copied, ib.copied);
+    int V = s->vocab;
+    a = malloc(sizeof(float) * 12 * V); b = malloc(sizeof(float) * 12 * V);
+    c = tc_open_ctx(m, 1, 2, TD_DTYPE_F32);
+    cc = tc_open_ctx(mc, 1, 2, TD_DTYPE_F32);
+    T_REQUIRE(a && b && c && cc, "ctx");
+    int32_t seq[12];
+    uint64_t st = 17;
+    for (int i = 0; i < 12; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    int r, rc2;
+    td_ctx_row_add(c, &r);
+    td_ctx_row_add(cc, &rc2);
+    T_REQUIRE(tc_feed(c, r, seq, 12, a) == 0 && tc_feed(cc, rc2, seq, 12, b) == 0, "forward");
+    T_CHECK(memcmp(a, b, sizeof(float) * 12 * V) == 0, "copied weights give other logits");
+done:
+    free(a); free(b);
+    td_ctx_free(c); td_ctx_free(cc);
+    td_model_free(m); td_model_free(mc);
     t_end();
 }
 
@@ -253,6 +306,8 @@ int main(void) {
         test_invariance("batch_invariance_llama_f32", &l, d2, kv);
         test_rollback(&q, d1, kv);
     }
+    test_copied(&q, d1);
+    test_copied(&l, d2);
     test_kv_types(&q, d1);
     test_bad_batches(&qf, d3);
     test_taps(&qf, d3);

@@ -105,6 +105,17 @@ static void case_roundtrip(const char *dir, const char *type, const char *gguf_n
         if (memcmp(&la[i], &lb[i], 4) != 0) first = (long)i;
     T_CHECK(first < 0, "logits differ, first at float %ld: %.9g vs %.9g", first, first < 0 ? 0.0 : (double)la[first],
             first < 0 ? 0.0 : (double)lb[first]);
+    /* the same GGUF with its weights copied out of the file (use_mmap = 0): the same bits */
+    td_model_free(b);
+    b = NULL;
+    td_model_params mp = {.use_mmap = 0};
+    T_REQUIRE(td_model_open_params(&b, path, &mp, &err) == 0, "open gguf copied: %s", err.msg);
+    td_model_get_info(b, &ib);
+    T_CHECK(ib.copied == 1, "not copied");
+    free(la);
+    la = run_logits(b, toks, n, &err);
+    T_REQUIRE(la, "forward GGUF copied: %s", err.msg);
+    T_CHECK(memcmp(la, lb, bytes) == 0, "copied GGUF weights give other logits");
 done:
     free(la);
     free(lb);

@@ -19,6 +19,7 @@
 
 #include <math.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 static const char *g_suffix = "";
@@ -216,6 +217,52 @@ static void test_threads(void) {
 done:
     td_pool_free(p1);
     td_pool_free(p2);
+    t_end();
+}
+
+/* td_pool_run_n: every chunk of every job runs exactly once with the job's
+ * chunk count, for more chunks than threads and fewer, over thousands of
+ * back-to-back jobs (claims and steals racing); and a product split into 13
+ * chunks on 3 threads equals the one-thread product. */
+typedef struct { atomic_int *cnt; int n; atomic_int bad; } cj;
+static void cj_run(void *arg, int ith, int nth) {
+    cj *j = arg;
+    if (nth != j->n || ith < 0 || ith >= nth) atomic_fetch_add(&j->bad, 1);
+    else atomic_fetch_add(&j->cnt[ith], 1);
+}
+static void test_pool_chunks(void) {
+    tb("pool_chunks_each_once");
+    td_pool *p[3] = {0};
+    static const int nthr[3] = {2, 3, 5}, nch[] = {1, 2, 3, 4, 7, 13, 64, 1000};
+    atomic_int *cnt = calloc(1000, sizeof *cnt);
+    T_REQUIRE(cnt, "memory");
+    for (int k = 0; k < 3; k++) T_REQUIRE(td_pool_open(&p[k], nthr[k]) == 0, "pool %d", nthr[k]);
+    int wrong = 0;
+    for (int it = 0; it < 3000; it++)
+        for (int k = 0; k < 3; k++) {
+            int n = nch[(it + k) % (int)(sizeof nch / sizeof nch[0])];
+            for (int i = 0; i < n; i++) atomic_store(&cnt[i], 0);
+            cj j = {cnt, n, 0};
+            td_pool_run_n(p[k], cj_run, &j, n);
+            int ok = atomic_load(&j.bad) == 0;
+            for (int i = 0; i < n; i++) ok &= atomic_load(&cnt[i]) == 1;
+            if (!ok && wrong++ < 3) printf("  %d threads, %d chunks: a chunk ran twice, never or with a wrong count\n", nthr[k], n);
+        }
+    T_CHECK(wrong == 0, "%d jobs ran wrong", wrong);
+    {
+        int K = 389, N = 203, M = 3;
+        float *x = rand_f((size_t)M * K);
+        void *W = rand_w((size_t)N * K, TD_DTYPE_BF16);
+        float *ya = malloc(sizeof(float) * M * N), *yb = malloc(sizeof(float) * M * N);
+        pj a = {ya, x, M, W, TD_DTYPE_BF16, K, N}, b = {yb, x, M, W, TD_DTYPE_BF16, K, N};
+        pj_run(&a, 0, 1);
+        td_pool_run_n(p[1], pj_run, &b, 13);
+        T_CHECK(memcmp(ya, yb, sizeof(float) * M * N) == 0, "13 chunks on 3 threads differ from one thread");
+        free(x); free(W); free(ya); free(yb);
+    }
+done:
+    for (int k = 0; k < 3; k++) td_pool_free(p[k]);
+    free(cnt);
     t_end();
 }
 
@@ -534,6 +581,7 @@ int main(void) {
     test_matmul();
     test_matmul_large();
     test_threads();
+    test_pool_chunks();
     test_default_threads();
     test_exp();
     test_norm_swiglu();

@@ -224,16 +224,24 @@ static void rm_tree(const char *path) {
 }
 
 /* Open expecting failure with code; the message must contain every needle. */
+/* The open fails with code and a message naming n1 and n2 — mapped (the
+ * default for small models) and with the weights copied (use_mmap = 0): every
+ * check happens before any copy. */
 static void expect_fail(const char *dir, int code, const char *n1, const char *n2) {
-    td_err err = {0};
-    td_model *m = (td_model *)1;
-    int rc = td_model_open(&m, dir, &err);
-    T_CHECK(rc == code, "rc %d (%s), want %d; msg: %s", rc, td_strerror(rc), code, err.msg);
-    T_CHECK(m == NULL, "out not NULL on failure");
-    T_CHECK(err.code == rc, "err.code %d", err.code);
-    if (n1) T_CHECK(strstr(err.msg, n1), "message lacks \"%s\": %s", n1, err.msg);
-    if (n2) T_CHECK(strstr(err.msg, n2), "message lacks \"%s\": %s", n2, err.msg);
-    if (m && m != (td_model *)1) td_model_free(m);
+    for (int mode = 0; mode < 2; mode++) {
+        td_err err = {0};
+        td_model *m = (td_model *)1;
+        td_model_params mp = td_model_default_params();
+        mp.use_mmap = mode == 0 ? -1 : 0;
+        int rc = mode == 0 ? td_model_open(&m, dir, &err) : td_model_open_params(&m, dir, &mp, &err);
+        const char *mn = mode == 0 ? "mapped" : "copied";
+        T_CHECK(rc == code, "%s: rc %d (%s), want %d; msg: %s", mn, rc, td_strerror(rc), code, err.msg);
+        T_CHECK(m == NULL, "%s: out not NULL on failure", mn);
+        T_CHECK(err.code == rc, "%s: err.code %d", mn, err.code);
+        if (n1) T_CHECK(strstr(err.msg, n1), "%s: message lacks \"%s\": %s", mn, n1, err.msg);
+        if (n2) T_CHECK(strstr(err.msg, n2), "%s: message lacks \"%s\": %s", mn, n2, err.msg);
+        if (m && m != (td_model *)1) td_model_free(m);
+    }
 }
 
 /* Every bound tensor's values match what was written. */
@@ -326,6 +334,54 @@ static void test_good(void) {
     free(buf);
 done:
     td_model_free(m);
+    t_end();
+}
+
+/* use_mmap = 0: the same values, now in one 2 MiB-aligned anonymous arena
+ * outside every file mapping; use_mmap = 1 and the default (a small model)
+ * keep views of the mapping; a bad use_mmap is refused. Sharded files too. */
+static void test_copy(void) {
+    t_begin("model: use_mmap = 0 copies the weights out of the files (same values, 2 MiB-aligned arena)");
+    tmodel tm;
+    tiny_tensors(&tm, "BF16");
+    char d[512];
+    write_model("copy", NULL, &tm, d);
+    td_err err = {0};
+    td_model *m = NULL, *mm = NULL;
+    td_model_params mp = td_model_default_params();
+    T_CHECK(mp.use_mmap == -1, "default use_mmap %d", mp.use_mmap);
+    T_REQUIRE(td_model_open(&mm, d, &err) == 0, "open: %s", err.msg);
+    td_model_info in;
+    td_model_get_info(mm, &in);
+    T_CHECK(in.copied == 0 && in.weight_bytes < TD_MODEL_COPY_MIN, "a small model is mapped by default");
+    mp.use_mmap = 0;
+    T_REQUIRE(td_model_open_params(&m, d, &mp, &err) == 0, "open copied: %s", err.msg);
+    td_model_get_info(m, &in);
+    T_CHECK(in.copied == 1 && m->copied == 1, "copied flag");
+    T_CHECK(check_values(m, &tm) == 0, "copied values differ");
+    T_CHECK(((uintptr_t)m->w.tok_embd.data & (((uintptr_t)2 << 20) - 1)) == 0, "arena not 2 MiB-aligned");
+    const td_st_file *f = m->files[0];
+    const td_tensor *ts[] = {&m->w.tok_embd, &m->w.lm_head, &m->w.out_norm, &m->w.layers[0].wq, &m->w.layers[0].w_down,
+                             &m->w.layers[0].q_norm, &m->w.layers[0].attn_norm};
+    int inside = 0;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        inside += (const char *)ts[i]->data >= (const char *)f->map && (const char *)ts[i]->data < (const char *)f->map + f->map_len;
+    T_CHECK(inside == 0, "%d tensors still point into the file mapping", inside);
+    T_CHECK(memcmp(m->w.layers[0].w_up.data, mm->w.layers[0].w_up.data, 16 * 8 * 2) == 0, "w_up bytes differ");
+    td_model_free(m);
+    m = NULL;
+    mp.use_mmap = 1;
+    T_REQUIRE(td_model_open_params(&m, d, &mp, &err) == 0, "open mapped: %s", err.msg);
+    T_CHECK(m->copied == 0 && (const char *)m->w.tok_embd.data > (const char *)m->files[0]->map, "use_mmap = 1 maps");
+    td_model_free(m);
+    m = (td_model *)1;
+    mp.use_mmap = 2;
+    T_CHECK(td_model_open_params(&m, d, &mp, &err) == TD_EINVAL && m == NULL && strstr(err.msg, "use_mmap"),
+            "use_mmap 2 refused: %s", err.msg);
+    m = NULL;
+done:
+    td_model_free(m);
+    td_model_free(mm);
     t_end();
 }
 
@@ -914,13 +970,16 @@ static void test_robust(void) {
         FILE *f = fopen(p, "wb");
         fwrite(orig, 1, cut, f);
         fclose(f);
-        td_err err = {0};
-        td_model *m = NULL;
-        int rc = td_model_open(&m, d, &err);
-        if (rc >= 0 || m || !err.msg[0] || !strstr(err.msg, "model.safetensors")) {
-            if (bad++ < 3) printf("  cut %zu: rc %d msg %s\n", cut, rc, err.msg);
+        for (int mode = 0; mode < 2; mode++) { /* mapped, then copied (use_mmap = 0) */
+            td_err err = {0};
+            td_model *m = NULL;
+            td_model_params mp = {.use_mmap = mode ? 0 : 1};
+            int rc = td_model_open_params(&m, d, &mp, &err);
+            if (rc >= 0 || m || !err.msg[0] || !strstr(err.msg, "model.safetensors")) {
+                if (bad++ < 3) printf("  cut %zu (%s): rc %d msg %s\n", cut, mode ? "copied" : "mapped", rc, err.msg);
+            }
+            td_model_free(m);
         }
-        td_model_free(m);
     }
     T_CHECK(bad == 0, "%d truncations misreported", bad);
     uint64_t hl = 0;
@@ -1048,6 +1107,7 @@ int main(void) {
         return 1;
     }
     test_good();
+    test_copy();
     test_sharded();
     test_dtypes();
     test_mixed();

@@ -178,7 +178,7 @@ int cmd_bench(int argc, char **argv) {
     if (!o.draft) o.draft = bundled ? cli_default_drafter(o.model_dir) : "ngram";
     td_err err = {0};
     td_model *m = NULL;
-    if (td_model_open(&m, o.model_dir, &err) != 0) return cli_die(o.model_dir, &err);
+    if (td_model_open_params(&m, o.model_dir, &o.mp, &err) != 0) return cli_die(o.model_dir, &err);
     int rc = 1, np = 0;
     bench_prompt *ps = NULL;
     td_drafter *d = NULL;

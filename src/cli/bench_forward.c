@@ -8,6 +8,9 @@
  *      tokens (all wanting logits) on a row holding 512 positions, rolled back
  *      after each (median of several).
  * floor_fraction = (weight_bytes / bandwidth) / (decode time per token).
+ * Also reported: the model's load time, whether its weights were copied
+ * (--no-mmap) and how much of the process is in 2 MiB pages after the run
+ * (AnonHugePages, FilePmdMapped of /proc/self/smaps_rollup).
  * Uses only include/tandem.h (and the CLI helpers). */
 #define _GNU_SOURCE
 #include "cli/cli.h"
@@ -24,7 +27,7 @@
 #endif
 
 static void bf_help(void) {
-    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant q8_0|q4_0] [--kv-type T] [--json]\n"
+    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant q8_0|q4_0] [--kv-type T] [--no-mmap] [--json]\n"
            "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
            "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
            "  -m, --model DIR        model directory (default: the bundled target)\n"
@@ -34,6 +37,7 @@ static void bf_help(void) {
            "                         (for a machine shared with other work; default 1)\n"
            "      --quant TYPE       quantize the matmul weights to q8_0 or q4_0 at load\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
+           CLI_MMAP_HELP
            "      --json             print one JSON object\n"
            "  -h, --help             this help\n");
 }
@@ -159,6 +163,19 @@ static double loadavg(void) {
     return l;
 }
 
+/* A "Key:   N kB" field of /proc/self/smaps_rollup in MiB; -1 when unreadable. */
+static double smaps_mib(const char *key) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    double v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') { v = strtod(line + kl + 1, NULL) / 1024.0; break; }
+    fclose(f);
+    return v;
+}
+
 static int32_t argmax(const float *v, int n) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -171,6 +188,7 @@ int cmd_bench_forward(int argc, char **argv) {
     const char *model_dir = NULL;
     long threads = 0, bw_mib = 1024, reps = 1;
     int json = 0, quant = -1, kv_type = td_ctx_default_params().kv_type;
+    td_model_params mp = td_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bf_help(); return 0; }
@@ -179,6 +197,8 @@ int cmd_bench_forward(int argc, char **argv) {
         else if (!strcmp(a, "--bw-mib")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 16, 1 << 20, &bw_mib)) return 2; }
         else if (!strcmp(a, "--reps")) { if (!cli_need_arg(i, argc, a) || !cli_parse_int(argv[++i], a, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--no-mmap")) mp.use_mmap = 0;
+        else if (!strcmp(a, "--mmap")) mp.use_mmap = 1;
         else if (!strcmp(a, "--kv-type")) { if (!cli_need_arg(i, argc, a) || !cli_parse_kv_type(argv[++i], a, &kv_type)) return 2; }
         else if (!strcmp(a, "--quant")) {
             if (!cli_need_arg(i, argc, a)) return 2;
@@ -192,8 +212,13 @@ int cmd_bench_forward(int argc, char **argv) {
     if (threads <= 0) threads = td_ctx_default_threads() > 256 ? 256 : td_ctx_default_threads();
     td_err err = {0};
     td_model *m = NULL;
-    if (td_model_open(&m, model_dir, &err) != 0) return cli_die(model_dir, &err);
+    /* a quantized model's matrices live in anonymous memory anyway: copying the
+     * file's weights first would only cost time, unless asked for */
+    if (quant >= 0 && mp.use_mmap < 0) mp.use_mmap = 1;
+    double tl0 = cli_now();
+    if (td_model_open_params(&m, model_dir, &mp, &err) != 0) return cli_die(model_dir, &err);
     if (quant >= 0 && td_model_quantize_weights(m, quant, &err) != 0) { td_model_free(m); return cli_die(model_dir, &err); }
+    double load_s = cli_now() - tl0;
     td_model_info info;
     td_model_get_info(m, &info);
 
@@ -282,6 +307,7 @@ int cmd_bench_forward(int argc, char **argv) {
             if (verify_ms1[i] < verify_ms[i]) verify_ms[i] = verify_ms1[i];
     }
     double load = loadavg();
+    double anon_huge = smaps_mib("AnonHugePages"), file_pmd = smaps_mib("FilePmdMapped");
     double prefill_tps = PREFILL / prefill_s;
     double decode_tps = DEC_N / decode_s;
     double floor_s = (double)info.weight_bytes / (bw * 1e9);
@@ -291,10 +317,12 @@ int cmd_bench_forward(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"kv_type\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
                "\"bandwidth_gbs\": %.3f, \"floor_ms\": %.4f, \"prefill_tokens\": %d, \"prefill_tps\": %.2f, "
                "\"decode_tokens\": %d, \"decode_tps\": %.2f, \"decode_ms\": %.4f, \"decode_median_ms\": %.4f, \"floor_fraction\": %.4f, "
-               "\"loadavg_before\": %.2f, \"loadavg_after\": %.2f, "
+               "\"loadavg_before\": %.2f, \"loadavg_after\": %.2f, \"load_s\": %.3f, \"weights_copied\": %d, "
+               "\"anon_huge_mib\": %.1f, \"file_pmd_mib\": %.1f, "
                "\"verify_ctx\": %d, \"verify_ms\": {",
                model_dir, info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? dtn[info.dtype] : "?", td_kv_type_name(kv_type), threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
-               DEC_N, decode_tps, decode_s / DEC_N * 1e3, decode_med_ms, floor_fraction, load0, load, CTX);
+               DEC_N, decode_tps, decode_s / DEC_N * 1e3, decode_med_ms, floor_fraction, load0, load, load_s, info.copied,
+               anon_huge, file_pmd, CTX);
         for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_ms[i]);
         printf("}, \"verify_ratio_8_1\": %.4f, \"prefill_best_tps\": %.2f, \"decode_best_ms\": %.4f, "
                "\"floor_fraction_best\": %.4f, \"verify_best_ms\": {", verify_ms[3] / verify_ms[0], PREFILL / prefill_min_s,
@@ -315,6 +343,8 @@ int cmd_bench_forward(int argc, char **argv) {
                decode_min_ms, 100 * floor_s * 1e3 / decode_min_ms);
         for (int i = 0; i < NT; i++) printf("  T=%d %.3f", TS[i], verify_min_ms[i]);
         printf(" ms\n");
+        printf("model loaded in %.3f s (%s); in 2 MiB pages: %.1f MiB anonymous, %.1f MiB of mapped files\n", load_s,
+               info.copied ? "weights copied" : "weights mapped", anon_huge, file_pmd);
         printf("load average %.2f before, %.2f after (other processes on these cores make the numbers noisy)\n", load0, load);
     }
     rc = 0;

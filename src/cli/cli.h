@@ -31,6 +31,7 @@ typedef struct cli_gen_opts {
     td_accept_rule accept;
     long threads, ctx;
     int kv_type;              /* td_ctx_params.kv_type (default: td_ctx_default_params()'s) */
+    td_model_params mp;       /* --no-mmap / --mmap (default: td_model_default_params()) */
     td_gen_params gp;
     const char *stops[16];
 } cli_gen_opts;
@@ -41,6 +42,11 @@ void cli_gen_opts_init(cli_gen_opts *o);
 int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i);
 /* Help text for the shared options. */
 void cli_gen_opts_help(void);
+/* Help lines of --no-mmap / --mmap (td_model_params.use_mmap). */
+#define CLI_MMAP_HELP                                                                                      \
+    "      --no-mmap          copy the weights into anonymous 2 MiB pages at load (default for\n"          \
+    "                         weights of 256 MiB or more; smaller models are mapped)\n"                   \
+    "      --mmap             use the weights where the files are mapped (no copy)\n"
 
 int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);

@@ -86,7 +86,7 @@ static int cmd_run(int argc, char **argv) {
     char *file_text = NULL;
     if (file && !(prompt = file_text = read_text_file(file))) return 1;
     td_model *m = NULL;
-    if (td_model_open(&m, o.model_dir, &err) != 0) { free(file_text); return cli_die(o.model_dir, &err); }
+    if (td_model_open_params(&m, o.model_dir, &o.mp, &err) != 0) { free(file_text); return cli_die(o.model_dir, &err); }
     const td_tokenizer *tok = td_model_tokenizer(m);
     int rc = 1;
     td_ctx *c = NULL;
@@ -195,7 +195,8 @@ static int cmd_inspect(int argc, char **argv) {
     if (!dir) dir = cli_default_model_dir();
     td_err err = {0};
     td_model *m = NULL;
-    if (td_model_open(&m, dir, &err) != 0) return cli_die(dir, &err);
+    td_model_params mp = {.use_mmap = 1}; /* describing reads no weights: no copy */
+    if (td_model_open_params(&m, dir, &mp, &err) != 0) return cli_die(dir, &err);
     td_model_describe(m, stdout);
     td_model_free(m);
     return 0;

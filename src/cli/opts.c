@@ -96,6 +96,7 @@ int cli_parse_kv_type(const char *s, const char *opt, int *out) {
 void cli_gen_opts_init(cli_gen_opts *o) {
     memset(o, 0, sizeof *o);
     o->kv_type = td_ctx_default_params().kv_type;
+    o->mp = td_model_default_params();
     o->depth = 8;
     o->accept = TD_ACCEPT_MATCH;
     o->gp.sampling = td_sampling_default();
@@ -124,7 +125,8 @@ void cli_gen_opts_help(void) {
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16 (half the bytes;\n"
            "                         a model drafter's cache follows it)\n"
-           "  -t, --threads N        threads (default: physical cores)\n");
+           "  -t, --threads N        threads (default: physical cores)\n"
+           CLI_MMAP_HELP);
 }
 
 int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *ip) {
@@ -167,6 +169,8 @@ int cli_gen_opt(cli_gen_opts *o, int argc, char **argv, int *ip) {
     }
     else if (!strcmp(a, "--ignore-eos")) o->gp.ignore_eos = 1;
     else if (!strcmp(a, "--kv-type")) { VAL(); if (!cli_parse_kv_type(argv[i], a, &o->kv_type)) return -1; }
+    else if (!strcmp(a, "--no-mmap")) o->mp.use_mmap = 0;
+    else if (!strcmp(a, "--mmap")) o->mp.use_mmap = 1;
     else if (!strcmp(a, "--ctx")) { VAL(); if (!cli_parse_int(argv[i], a, 1, 1 << 22, &lv)) return -1; o->ctx = lv; }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { VAL(); if (!cli_parse_int(argv[i], a, 1, 256, &lv)) return -1; o->threads = lv; }
     else return 0;

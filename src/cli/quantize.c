@@ -32,7 +32,8 @@ int cmd_quantize(int argc, char **argv) {
     if (!in || !out) { fprintf(stderr, "tandem quantize: needs IN and OUT.gguf (see --help)\n"); return 2; }
     td_err err = {0};
     td_model *m = NULL;
-    if (td_model_open(&m, in, &err) != 0) return cli_die(in, &err);
+    td_model_params mp = {.use_mmap = 1}; /* the weights are read once: no copy */
+    if (td_model_open_params(&m, in, &mp, &err) != 0) return cli_die(in, &err);
     if (!type) {
         td_model_info info;
         td_model_get_info(m, &info);

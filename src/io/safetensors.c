@@ -349,6 +349,10 @@ fail:
     return rc;
 }
 
+void td_st_release(td_st_file *f) {
+    if (f && f->map) madvise(f->map, f->map_len, MADV_DONTNEED);
+}
+
 const td_st_tensor *td_st_find(const td_st_file *f, const char *name) {
     if (!f || !name) return NULL;
     int lo = 0, hi = f->n_tensors - 1;

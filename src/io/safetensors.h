@@ -32,6 +32,10 @@ typedef struct td_st_file {
 
 int td_st_open(td_st_file **out, const char *path, td_err *err);
 void td_st_free(td_st_file *f);
+/* Drop the mapping's pages from the process (MADV_DONTNEED): for a caller that
+ * copied what it needs. The mapping stays valid (pages fault back in from the
+ * file if read again). */
+void td_st_release(td_st_file *f);
 /* The tensor called name, or NULL. */
 const td_st_tensor *td_st_find(const td_st_file *f, const char *name);
 

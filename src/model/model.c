@@ -13,10 +13,18 @@
  * then ignored, as transformers does). Tensors the model does not use are
  * ignored but counted. Finally tokenizer.json (+ tokenizer_config.json) is
  * loaded when present; its vocabulary must fit in the model's.
+ * Then (td_model_open_params: use_mmap = 0, or by default when the weights are
+ * at least TD_MODEL_COPY_MIN bytes) every bound tensor is copied into one
+ * anonymous 2 MiB-aligned MADV_HUGEPAGE arena and the files' pages are dropped
+ * from the process: a decode streams all weights per token, and page-cache
+ * pages are mapped 4 KiB at a time unless the cache happens to hold 2 MiB
+ * folios (bench/forward-notes.md, "Weights copied at load"). The copy comes
+ * after every check above, so an untrusted file is refused by the same checks,
+ * with the same messages, before anything is copied.
  * A path to a file, or a directory without config.json holding one .gguf file,
  * is opened as GGUF by model_gguf.c.
  * All failures free everything, leave *out NULL and name the file/tensor/field. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* MADV_DONTNEED */
 #include "model/model.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -29,6 +37,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -346,13 +355,72 @@ static int md_open(td_model *m, const char *dir, td_err *err) {
     return md_load_tokenizer(m, err);
 }
 
-int td_model_open(td_model **out, const char *dir, td_err *err) {
+/* Bytes of a bound tensor (1-D: [d0]; 2-D: d0 rows of d1). */
+static size_t md_tensor_bytes(const td_tensor *t) {
+    return t->n_dims == 2 ? td_dtype_row_bytes(t->dtype, t->shape[1]) * (size_t)t->shape[0]
+                          : td_dtype_row_bytes(t->dtype, t->shape[0]);
+}
+
+/* Copy every bound tensor into one anonymous arena (td_model_alloc_huge: 2 MiB
+ * aligned, MADV_HUGEPAGE), rebind the tensors to it, then drop the files'
+ * pages from this process (MADV_DONTNEED on a private read-only file mapping
+ * only unmaps them; the mapping stays valid, so header views into it do too).
+ * Runs after md_open: every size and offset was checked against the files. */
+static int md_copy_weights(td_model *m, td_err *err) {
+    const td_config *c = &m->cfg;
+    td_wspec s[TD_WSPEC_MAX];
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        char *arena = NULL;
+        if (pass == 1) {
+            void **no = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *no);
+            if (no) m->owned = no;
+            arena = no ? td_model_alloc_huge(total) : NULL;
+            if (!arena) return td_seterr(err, TD_ENOMEM, "out of memory copying %zu bytes of weights", total);
+            m->owned[m->n_owned++] = arena;
+        }
+        size_t off = 0;
+        for (int l = -1; l < c->n_layer; l++) {
+            int n = td_weight_specs(m, l, s);
+            for (int j = 0; j < n; j++) {
+                td_tensor *t = s[j].t;
+                if (!s[j].when || !t->data) continue;
+                size_t nb = md_tensor_bytes(t);
+                if (pass == 1) {
+                    memcpy(arena + off, t->data, nb);
+                    t->data = arena + off;
+                }
+                off += (nb + 63) & ~(size_t)63;
+            }
+        }
+        total = off ? off : 64;
+    }
+    if (c->tied) m->w.lm_head = m->w.tok_embd;
+    for (int i = 0; i < m->n_files; i++) td_st_release(m->files[i]);
+    if (m->gguf && m->gguf->mapped) madvise(m->gguf->map, m->gguf->map_len, MADV_DONTNEED);
+    m->copied = 1;
+    return 0;
+}
+
+td_model_params td_model_default_params(void) {
+    td_model_params p = {.use_mmap = -1};
+    return p;
+}
+
+int td_model_open(td_model **out, const char *dir, td_err *err) { return td_model_open_params(out, dir, NULL, err); }
+
+int td_model_open_params(td_model **out, const char *dir, const td_model_params *params, td_err *err) {
     if (!out) return td_seterr(err, TD_EINVAL, "td_model_open: out is NULL");
     *out = NULL;
     if (!dir) return td_seterr(err, TD_EINVAL, "td_model_open: dir is NULL");
+    td_model_params p = params ? *params : td_model_default_params();
+    if (p.use_mmap < -1 || p.use_mmap > 1)
+        return td_seterr(err, TD_EINVAL, "td_model_params.use_mmap is %d (1 map, 0 copy, -1 by size)", p.use_mmap);
     td_model *m = calloc(1, sizeof *m);
     if (!m) return td_seterr(err, TD_ENOMEM, "out of memory opening model %s", dir);
     int rc = md_open(m, dir, err);
+    if (rc == 0 && (p.use_mmap == 0 || (p.use_mmap < 0 && m->weight_bytes >= TD_MODEL_COPY_MIN)))
+        rc = md_copy_weights(m, err);
     if (rc) {
         td_model_free(m);
         return rc;
@@ -394,6 +462,7 @@ void td_model_get_info(const td_model *m, td_model_info *info) {
     info->weight_bytes = m->weight_bytes;
     info->n_tensors = m->n_tensors;
     info->n_eos = c->n_eos;
+    info->copied = m->copied;
     memcpy(info->eos_ids, c->eos_ids, sizeof info->eos_ids);
 }
 

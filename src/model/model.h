@@ -3,7 +3,8 @@
  * Design: the loader (model.c, with io/safetensors.c) parses config.json, maps
  * every safetensors shard read-only, validates each tensor's dtype, shape and
  * byte range against the config, and fills td_weights with typed views into the
- * mappings. Nothing is copied: weights stay mmapped for the model's lifetime.
+ * mappings. Then, unless td_model_params.use_mmap says to map (small models by
+ * default), the bound weights are copied into anonymous 2 MiB pages.
  * The forward (nn/forward.c) reads only td_model.cfg and td_model.w. */
 #ifndef TD_MODEL_H
 #define TD_MODEL_H
@@ -83,10 +84,15 @@ struct td_model {
     int dtype;             /* TD_DTYPE_* holding the most weight bytes */
     int dtype_count[TD_DTYPE_COUNT];    /* bound tensors per TD_DTYPE_* */
     size_t dtype_bytes[TD_DTYPE_COUNT]; /* bound bytes per TD_DTYPE_* */
-    void **owned;          /* [n_owned] weight buffers made in memory (td_model_quantize_weights), owned */
+    void **owned;          /* [n_owned] weight buffers made in memory (td_model_quantize_weights,
+                              the copy of td_model_params.use_mmap = 0), owned */
     int n_owned;
+    int copied;            /* 1: the weights were copied out of the files (use_mmap = 0) */
 };
 
+/* n bytes (rounded up to 2 MiB), 2 MiB-aligned and advised MADV_HUGEPAGE;
+ * free() releases it. NULL when out of memory. */
+void *td_model_alloc_huge(size_t n);
 /* Set m->dtype to the dtype holding the most weight bytes. */
 void td_model_main_dtype(td_model *m);
 /* The dtype a quantizer gives a matmul weight when asked for dtype: the output

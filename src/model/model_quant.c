@@ -27,8 +27,7 @@
 
 #define HUGE_ALIGN ((size_t)2 << 20)
 
-/* n bytes, 2 MiB-aligned and advised for huge pages (free() releases it) */
-static void *alloc_huge(size_t n) {
+void *td_model_alloc_huge(size_t n) {
     size_t sz = (n + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
     void *p = aligned_alloc(HUGE_ALIGN, sz);
     if (p) madvise(p, sz, MADV_HUGEPAGE); /* advice only: without it the memory still works */
@@ -105,7 +104,7 @@ int td_model_quantize_weights(td_model *m, int dtype, td_err *err) {
     }
     size_t total = 0;
     for (int i = 0; i < n; i++) total += mq_bytes(&items[i]);
-    char *arena = total ? alloc_huge(total) : NULL;
+    char *arena = total ? td_model_alloc_huge(total) : NULL;
     int rc = 0;
     if (total && !arena) rc = td_seterr(err, TD_ENOMEM, "out of memory quantizing the model (%zu bytes)", total);
     size_t off = 0;

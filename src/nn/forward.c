@@ -42,6 +42,8 @@
 
 #define ATT_TC 8         /* tokens per attention call (queries share K/V loads) */
 #define NORM_INLINE_T 32 /* row norms of up to this many tokens run on the caller */
+#define MM_CHUNKS 1      /* matrix-product chunks per thread (more: finer balance; measured, see forward-notes) */
+#define MM_CHUNK_MIN ((size_t)64 << 10) /* but at least this many weight bytes per chunk */
 
 struct td_ctx {
     const td_model *m;      /* borrowed */
@@ -80,6 +82,8 @@ struct td_ctx {
     int *brow_t0;           /* [max_rows] first token of each batch row (this forward) */
     int *brow_n;            /* [max_rows] its number of new tokens */
     int serial;             /* this forward runs on the caller alone (p.serial_tokens) */
+    int mm_chunks;          /* matrix-product chunks per thread (MM_CHUNKS, TD_MM_CHUNKS) */
+    size_t mm_chunk_min;    /* bytes of weights a chunk gets at least (MM_CHUNK_MIN) */
 };
 
 /* Run a job on the pool, or on the caller alone (chunk 0 of 1) in a serial
@@ -233,9 +237,26 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     } else {
         c->pool_owned = 1;
     }
+    c->mm_chunks = MM_CHUNKS;
+    c->mm_chunk_min = MM_CHUNK_MIN;
+    const char *mc = getenv("TD_MM_CHUNKS"); /* a tuning knob for A/B runs */
+    if (mc && *mc) {
+        char *end;
+        long v = strtol(mc, &end, 10);
+        if (*end || v < 1 || v > 64) {
+            td_ctx_free(c);
+            return td_seterr(err, TD_EINVAL, "TD_MM_CHUNKS='%.32s' is not an integer in [1, 64]", mc);
+        }
+        c->mm_chunks = (int)v;
+    }
     rope_table(c);
     *out = c;
     return 0;
+}
+
+void td_ctx_set_mm_chunks(td_ctx *c, int per_thread, size_t min_bytes) {
+    c->mm_chunks = per_thread < 1 ? 1 : per_thread;
+    c->mm_chunk_min = min_bytes < 1 ? 1 : min_bytes;
 }
 
 td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
@@ -312,10 +333,32 @@ static void mm_run(void *arg, int ith, int nth) {
     }
 }
 
+/* Run a product job as mm_chunks chunks per thread (each a whole number of
+ * 8-output blocks of every output, claimed dynamically, so a thread that falls
+ * behind — descheduled, or sharing memory bandwidth unevenly — leaves its
+ * chunks to the other), but no chunk under mm_chunk_min weight bytes nor under
+ * one block. Every output element is computed the same way whatever chunk it
+ * falls in: the chunk count never changes a bit. */
+static void mm_pool_run(td_ctx *c, mm_job *j) {
+    if (c->serial) { mm_run(j, 0, 1); return; }
+    int nth = td_pool_size(c->pool);
+    size_t bytes = 0;
+    int blocks = 1;
+    for (int i = 0; i < j->n_out; i++) {
+        bytes += td_dtype_row_bytes(j->o[i].w->dtype, j->K) * (size_t)j->o[i].N;
+        if ((j->o[i].N + 7) / 8 > blocks) blocks = (j->o[i].N + 7) / 8;
+    }
+    size_t n = (size_t)nth * (size_t)c->mm_chunks;
+    if (n > bytes / c->mm_chunk_min) n = bytes / c->mm_chunk_min;
+    if (n > (size_t)blocks) n = (size_t)blocks;
+    if (n < (size_t)nth) n = (size_t)nth;
+    td_pool_run_n(c->pool, mm_run, j, (int)n);
+}
+
 /* y[M][N] = x[M][K] W^T   (add: y += x W^T) */
 static void matmul_add(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N, int add) {
     mm_job j = {.c = c, .x = x, .M = M, .K = K, .add = add, .n_out = 1, .o = {{y, ldy, w, N}}};
-    run_job(c, mm_run, &j);
+    mm_pool_run(c, &j);
 }
 static void matmul(td_ctx *c, float *y, int ldy, const float *x, int M, const td_tensor *w, int K, int N) {
     matmul_add(c, y, ldy, x, M, w, K, N, 0);
@@ -530,7 +573,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
             mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .n_out = 3,
                         .o = {{c->q, c->q_dim, &L->wq, c->q_dim}, {c->k, c->kv_dim, &L->wk, c->kv_dim},
                               {c->v, c->kv_dim, &L->wv, c->kv_dim}}};
-            run_job(c, mm_run, &j);
+            mm_pool_run(c, &j);
         }
         if (cfg->attn_bias) {
             add_bias(c->q, c->q_dim, T, &L->bq, c->q_dim);
@@ -549,7 +592,7 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         {
             mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .swiglu = 1, .n_out = 2,
                         .o = {{c->hg, F, &L->w_gate, F}, {c->hu, F, &L->w_up, F}}};
-            run_job(c, mm_run, &j);
+            mm_pool_run(c, &j);
         }
         matmul_add(c, c->x, D, c->hg, T, &L->w_down, F, D, 1); /* x += h Wdown^T */
         for (int ti = 0; ti < b->n_taps; ti++)

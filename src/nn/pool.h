@@ -15,6 +15,8 @@
 #ifndef TD_POOL_H
 #define TD_POOL_H
 
+#include <stddef.h>
+
 typedef struct td_pool td_pool;
 typedef void (*td_pool_fn)(void *arg, int ith, int nth);
 
@@ -24,9 +26,20 @@ int td_pool_open(td_pool **out, int n_threads);
  * the same threads (a second pool's spinning workers would steal the cores). */
 struct td_ctx;
 td_pool *td_ctx_pool(const struct td_ctx *c);
+/* Matrix products of c's forwards run as per_thread chunks per thread (at
+ * least 1; default MM_CHUNKS = 1 or the environment's TD_MM_CHUNKS, see forward.c)
+ * of at least min_bytes of weights each (default 64 KiB). For tests and A/B
+ * runs: no count changes a bit. */
+void td_ctx_set_mm_chunks(struct td_ctx *c, int per_thread, size_t min_bytes);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);
+/* The same with n_chunks chunks (fn(arg, i, n_chunks), i = 0..n_chunks-1; at
+ * least 1) instead of one per thread: more chunks than threads balance a job
+ * whose threads run at different speeds (a shared machine), at the price of a
+ * claim per chunk. Scratch indexed by chunk must then have n_chunks slots. A
+ * pool of one thread calls fn(arg, 0, 1), as td_pool_run does. */
+void td_pool_run_n(td_pool *p, td_pool_fn fn, void *arg, int n_chunks);
 /* The default pool size: physical cores among the CPUs this process may run on
  * (sched_getaffinity; hyper-threads of one core, from /sys/devices/system/cpu/
  * cpuN/topology/thread_siblings_list, count once). Without that topology: the

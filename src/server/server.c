@@ -44,6 +44,7 @@ static void serve_help(void) {
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
            "  -t, --threads N        threads per context (default: physical cores)\n"
+           CLI_MMAP_HELP
            "      --host ADDR        address to listen on (default 127.0.0.1)\n"
            "      --port N           port (default 8080; 0 = any free port)\n"
            "      --max-rows N       requests generating at once (default 8)\n"
@@ -83,7 +84,7 @@ int td_serve_main(int argc, char **argv) {
     cf->shutdown_grace = 30;
     const char *name = NULL;
     static const char *shared[] = {"-m", "--model", "--draft", "--draft-depth", "--fixed-depth", "--accept",
-                                   "--ctx", "--kv-type", "-t", "--threads"};
+                                   "--ctx", "--kv-type", "-t", "--threads", "--no-mmap", "--mmap"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int is_shared = 0;
@@ -141,7 +142,7 @@ int td_serve_main(int argc, char **argv) {
     td_err err = {0};
     int rc = 1;
     struct MHD_Daemon *d = NULL;
-    if (td_model_open(&S.model, o.model_dir, &err) != 0) { cli_die(o.model_dir, &err); goto out; }
+    if (td_model_open_params(&S.model, o.model_dir, &o.mp, &err) != 0) { cli_die(o.model_dir, &err); goto out; }
     if (!(S.tok = td_model_tokenizer(S.model))) { fprintf(stderr, "tandem serve: %s has no tokenizer.json\n", o.model_dir); goto out; }
     td_model_info info;
     td_model_get_info(S.model, &info);

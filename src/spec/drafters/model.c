@@ -367,7 +367,9 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quan
     dm_provider *p = calloc(1, sizeof *p);
     td_drafter *d = calloc(1, sizeof *d);
     if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
-    int rc = td_model_open(&p->m, dir, err);
+    td_model_params mp = td_model_default_params();
+    if (quant) mp.use_mmap = 1; /* the quantized matrices are anonymous memory anyway: no copy first */
+    int rc = td_model_open_params(&p->m, dir, &mp, err);
     if (rc == 0) rc = same_vocabulary(target, p->m, dir, err);
     if (rc == 0 && quant) rc = td_model_quantize_weights(p->m, quant, err);
     if (rc) { dm_free(p); free(d); return rc; }
