@@ -14,7 +14,8 @@
  * q[K] int8 then d[K/32] f32; the AVX-512 layout is per row and per pair of
  * blocks 192 bytes: the 64 q bytes, 16 int32 lanes of -128 * (sum of 4 q) (the
  * start of the vpdpbusd accumulator, see quant.h) and 16 f32 scales (d of the
- * even block in lanes 0-7, of the odd one in 8-15). */
+ * even block in lanes 0-7, of the odd one in 8-15); the strip kernels (M >= 2,
+ * below) use a 136-byte variant with the two blocks' dwords interleaved. */
 #define _GNU_SOURCE
 #include "nn/quant.h"
 #include "nn/kernels.h"
@@ -334,21 +335,33 @@ AI void act_block_v(const float *x, int8_t *q, float *d) {
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, vid))));
 }
 
-static void pack_v(char *a, size_t lda, const float *x, int ldx, int M, int K) {
+/* Row layout (strip = 0; PAIR bytes per row and pair, see the top of the
+ * file) or the strip kernels' layout (strip = 1; XAP bytes per pair: the q
+ * dwords of the two blocks interleaved, 2l = dword l of block 2p, 2l + 1 =
+ * dword l of block 2p + 1; the 16 int32 -128 * (sum of that dword's 4 q) in
+ * the same order; then f32 d of 2p and of 2p + 1). */
+#define XAP 136
+static void pack_v(char *a, size_t lda, const float *x, int ldx, int M, int K, int strip) {
     int nb = K / TD_QK;
     const __m512i u128 = _mm512_set1_epi8((char)0x80);
+    const __m512i idx = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
     for (int m = 0; m < M; m++)
         for (int p = 0; 2 * p < nb; p++) {
-            char *o = a + (size_t)m * lda + (size_t)p * PAIR;
+            char *o = a + (size_t)m * lda + (size_t)p * (strip ? XAP : PAIR);
             float d[2] = {0.0f, 0.0f};
             for (int h = 0; h < 2; h++) {
                 if (2 * p + h < nb) act_block_v(x + (size_t)m * ldx + (size_t)(2 * p + h) * TD_QK, (int8_t *)o + 32 * h, &d[h]);
                 else memset(o + 32 * h, 0, TD_QK);
             }
             __m512i q = _mm512_loadu_si512(o);
+            if (strip) {
+                q = _mm512_permutexvar_epi32(idx, q);
+                _mm512_storeu_si512(o, q);
+            }
             __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u128, q); /* 128 * sum of 4 q per lane */
             _mm512_storeu_si512(o + 64, _mm512_sub_epi32(_mm512_setzero_si512(), s));
-            _mm512_storeu_ps(o + 128, _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1));
+            if (strip) memcpy(o + 128, d, sizeof d);
+            else _mm512_storeu_ps(o + 128, _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1));
         }
 }
 
@@ -500,6 +513,171 @@ static void matmul_v(float *y, int ldy, const char *a, size_t lda, int M, const 
                          NULL);
         }
 }
+/* ---- strips: 8 outputs per 512-bit vector, M >= QXM ------------------------
+ * The same Q16 lanes, laid out across outputs: a strip of 8 weight rows is
+ * transposed once per call (per QMB rows) into vectors whose dword lane 2j + h
+ * holds the 4 weight bytes l of row j, block 2p + h (as u8 = w + 128). One
+ * vpdpbusd against the token's 4 activation bytes l of blocks 2p and 2p + 1
+ * (a broadcast qword) then gives P_b[l] of 8 outputs x 2 blocks, and
+ * acc[l] = fma(c, P, acc[l]) updates Q16 lanes (h, l) of the 8 outputs: each
+ * lane receives the fmas of the row layout in the same order, and the D16 fold
+ * becomes vertical adds (lane 2j: even + odd, then l, l + 4, ...). The scale
+ * product c = dw * d costs one multiply per token and pair for 8 outputs (the
+ * row tiles: one per output), and the fold is shared by 8 outputs. */
+#define XS 8              /* outputs per strip */
+#define XPAIR (8 * 64 + 64) /* strip bytes per pair of blocks: 8 weight vectors, 16 f32 scales */
+/* smallest M for the strip kernels (one core, weights streaming from DRAM,
+ * K = 1024 / 3072, bench/quant_ab.c against the row tiles: q8_0 M = 2 1.22x,
+ * M = 8 1.29x / 0.99x, M = 64 1.35x / 1.17x; q4_0 M = 4 0.94x, M = 8 1.36x / 1.09x) */
+#define QXM_Q8 2
+#define QXM_Q4 8
+#ifndef QXPF
+#define QXPF 1 /* strips prefetched ahead */
+#endif
+#ifndef QXR
+#define QXR 3 /* tokens per strip tile */
+#endif
+
+/* Transpose nv (<= 8) weight rows (w, stride wrow; missing rows are zeros) of
+ * nb blocks into s: per pair p, XPAIR bytes (8 vectors l, then the scales). */
+AI void strip_xx(char *s, const char *w, size_t wrow, int nv, int dt, int nb, const char *pf) {
+    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const __m512i idx = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+    for (int p = 0; 2 * p < nb; p++) {
+        int one = 2 * p + 1 >= nb;
+        __m512i r[8];
+        uint16_t dh[16];
+        if (pf)
+#pragma GCC unroll 8
+            for (int j = 0; j < XS; j++) {
+                _mm_prefetch(pf + (size_t)j * wrow + (size_t)(2 * p) * bs, _MM_HINT_T0);
+                if (dt == TD_DTYPE_Q8_0) _mm_prefetch(pf + (size_t)j * wrow + (size_t)(2 * p) * bs + 64, _MM_HINT_T0);
+            }
+#pragma GCC unroll 8
+        for (int j = 0; j < XS; j++) {
+            if (j < nv) {
+                const char *blk = w + (size_t)j * wrow + (size_t)(2 * p) * bs;
+                r[j] = _mm512_permutexvar_epi32(idx, wpair(blk, dt, one));
+                memcpy(&dh[2 * j], blk, 2);
+                if (one) dh[2 * j + 1] = 0;
+                else memcpy(&dh[2 * j + 1], blk + bs, 2);
+            } else {
+                r[j] = _mm512_set1_epi8((char)0x80);
+                dh[2 * j] = dh[2 * j + 1] = 0;
+            }
+        }
+        /* 8 x 8 qwords: o[l] qword j = r[j] qword l */
+        __m512i t[8], u[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+            t[j] = _mm512_unpacklo_epi64(r[j], r[j + 1]);
+            t[j + 1] = _mm512_unpackhi_epi64(r[j], r[j + 1]);
+        }
+        /* t[2i] 128-bit lane k = (r[2i] q2k, r[2i+1] q2k); t[2i+1]: q2k+1 */
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            u[4 * e + 0] = _mm512_shuffle_i64x2(t[e], t[e + 2], 0x88);
+            u[4 * e + 1] = _mm512_shuffle_i64x2(t[e], t[e + 2], 0xDD);
+            u[4 * e + 2] = _mm512_shuffle_i64x2(t[e + 4], t[e + 6], 0x88);
+            u[4 * e + 3] = _mm512_shuffle_i64x2(t[e + 4], t[e + 6], 0xDD);
+        }
+        char *o = s + (size_t)p * XPAIR;
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            /* qword l = 2k + e */
+            _mm512_storeu_si512(o + 64 * (0 + e), _mm512_shuffle_i64x2(u[4 * e], u[4 * e + 2], 0x88));
+            _mm512_storeu_si512(o + 64 * (4 + e), _mm512_shuffle_i64x2(u[4 * e], u[4 * e + 2], 0xDD));
+            _mm512_storeu_si512(o + 64 * (2 + e), _mm512_shuffle_i64x2(u[4 * e + 1], u[4 * e + 3], 0x88));
+            _mm512_storeu_si512(o + 64 * (6 + e), _mm512_shuffle_i64x2(u[4 * e + 1], u[4 * e + 3], 0xDD));
+        }
+        _mm512_storeu_ps(o + 512, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
+    }
+}
+static void strip_full_q8(char *s, const char *w, size_t wrow, int nb, const char *pf) { strip_xx(s, w, wrow, XS, TD_DTYPE_Q8_0, nb, pf); }
+static void strip_full_q4(char *s, const char *w, size_t wrow, int nb, const char *pf) { strip_xx(s, w, wrow, XS, TD_DTYPE_Q4_0, nb, pf); }
+/* nv (<= 8) rows; a full strip of 8 through the specialized copies */
+static void strip_x(char *s, const char *w, size_t wrow, int nv, int dt, int nb, const char *pf) {
+    if (nv == XS) {
+        if (dt == TD_DTYPE_Q8_0) strip_full_q8(s, w, wrow, nb, pf);
+        else strip_full_q4(s, w, wrow, nb, pf);
+    } else strip_xx(s, w, wrow, nv, dt, nb, NULL);
+}
+
+AI __m512i bcst64(const char *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return _mm512_set1_epi64(v);
+}
+
+/* MR tokens (packed by pack_v(..., 1) at a, stride lda) x one strip s of nv outputs. */
+AI void xtile(int MR, float *y, int ldy, const char *a, size_t lda, const char *s, int nb, int nv, int add) {
+    __m512 acc[QXR][8];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) acc[i][l] = _mm512_setzero_ps();
+    for (int p = 0; 2 * p < nb; p++) {
+        const char *sp = s + (size_t)p * XPAIR;
+        const int one = 2 * p + 1 >= nb;
+        __m512 dw = _mm512_loadu_ps(sp + 512), c[QXR];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+            c[i] = _mm512_mul_ps(dw, _mm512_castsi512_ps(bcst64(a + (size_t)i * lda + (size_t)p * XAP + 128)));
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) {
+            __m512i wv = _mm512_loadu_si512(sp + 64 * l);
+#pragma GCC unroll 8
+            for (int i = 0; i < MR; i++) {
+                const char *ap = a + (size_t)i * lda + (size_t)p * XAP;
+                __m512i ia = _mm512_dpbusd_epi32(bcst64(ap + 64 + 8 * l), wv, bcst64(ap + 8 * l));
+                __m512 pv = _mm512_cvtepi32_ps(ia);
+                acc[i][l] = one ? _mm512_mask3_fmadd_ps(c[i], pv, acc[i][l], 0x5555) : _mm512_fmadd_ps(c[i], pv, acc[i][l]);
+            }
+        }
+    }
+    const __mmask8 vm = (__mmask8)((1u << nv) - 1);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        __m512 t[8];
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) /* lane 2j: s8[l] of output j (even + odd block lanes) */
+            t[l] = _mm512_add_ps(acc[i][l], _mm512_permute_ps(acc[i][l], 0xB1));
+#pragma GCC unroll 4
+        for (int l = 0; l < 4; l++) t[l] = _mm512_add_ps(t[l], t[l + 4]);
+        t[0] = _mm512_add_ps(t[0], t[2]);
+        t[1] = _mm512_add_ps(t[1], t[3]);
+        __m512 sv = _mm512_add_ps(t[0], t[1]);
+        __m256 r = _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, sv));
+        float *yp = y + (size_t)i * ldy;
+        if (add) r = _mm256_add_ps(_mm256_maskz_loadu_ps(vm, yp), r);
+        _mm256_mask_storeu_ps(yp, vm, r);
+    }
+}
+
+typedef void (*xtile_fn)(float *y, int ldy, const char *a, size_t lda, const char *s, int nb, int nv, int add);
+#define XT_INST(MR)                                                                                       \
+    static void xt_##MR(float *y, int ldy, const char *a, size_t lda, const char *s, int nb, int nv, int add) { \
+        xtile(MR, y, ldy, a, lda, s, nb, nv, add);                                                        \
+    }
+XT_INST(1) XT_INST(2) XT_INST(3)
+static const xtile_fn XTILES[4] = {0, xt_1, xt_2, xt_3};
+
+/* rows [0, M) of the strip-packed activations a against weight rows [n0, n1);
+ * s: scratch for one strip */
+static void matmul_x(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
+                     int n1, int add, char *s) {
+    size_t wrow = td_dtype_row_bytes(dt, K);
+    int nb = K / TD_QK;
+    for (int n = n0; n < n1; n += XS) {
+        int nv = n1 - n < XS ? n1 - n : XS;
+        const char *pf = n + (1 + QXPF) * XS <= n1 ? W + (size_t)(n + QXPF * XS) * wrow : NULL;
+        strip_x(s, W + (size_t)n * wrow, wrow, nv, dt, nb, pf);
+        for (int m = 0; m < M; m += QXR) {
+            int mr = M - m < QXR ? M - m : QXR;
+            XTILES[mr](y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, s, nb, nv, add);
+        }
+    }
+}
 #endif /* TQ_VNNI */
 
 static void set_nan(float *y, int ldy, int M, int n0, int n1) {
@@ -515,11 +693,23 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
 #ifdef TQ_VNNI
     if (path == TD_KPATH_AVX512 && vnni_ok()) {
         size_t lda = (size_t)(K / TD_QK + 1) / 2 * PAIR;
+        if (M >= (dtype == TD_DTYPE_Q8_0 ? QXM_Q8 : QXM_Q4)) {
+            size_t sb = (size_t)(K / TD_QK + 1) / 2 * XPAIR;
+            lda = ((size_t)(K / TD_QK + 1) / 2 * XAP + 63) & ~(size_t)63;
+            char *a = scratch(lda * (size_t)mb + sb);
+            if (!a) { set_nan(y, ldy, M, n0, n1); return; }
+            for (int m = 0; m < M; m += QMB) {
+                int me = m + QMB < M ? m + QMB : M;
+                pack_v(a, lda, x + (size_t)m * ldx, ldx, me - m, K, 1);
+                matmul_x(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add, a + lda * (size_t)mb);
+            }
+            return;
+        }
         char *a = scratch(lda * (size_t)mb);
         if (!a) { set_nan(y, ldy, M, n0, n1); return; }
         for (int m = 0; m < M; m += QMB) {
             int me = m + QMB < M ? m + QMB : M;
-            pack_v(a, lda, x + (size_t)m * ldx, ldx, me - m, K);
+            pack_v(a, lda, x + (size_t)m * ldx, ldx, me - m, K, 0);
             matmul_v(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
         }
         return;
