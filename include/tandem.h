@@ -214,6 +214,14 @@ typedef struct td_ctx_params {
                         speculative exactness hold for every type; bf16/f16 change the logits
                         slightly (tests/test_conformance.c states the tolerance). Other values:
                         TD_EINVAL. */
+    int act_type;    /* precision of the activations entering products with bf16 weights:
+                        TD_DTYPE_F32 (the default, 0: weights widened exactly, f32 fmas) or
+                        TD_DTYPE_BF16 (each activation row rounded once to bf16, nearest even;
+                        bf16 dot products, AVX-512 BF16's vdpbf16ps where the CPU has it, a
+                        bit-identical emulation elsewhere; src/nn/kernels.h, "B32"). Batch
+                        invariance and speculative exactness hold in both; bf16 moves the
+                        logits (tests/test_conformance.c states the tolerance). Products with
+                        f32, f16 or quantized weights are unchanged. Other values: TD_EINVAL. */
     const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads
                         instead of starting new ones (it must outlive this context, and the
                         two must not run forwards at the same time). Drafters share the
@@ -229,6 +237,10 @@ td_ctx_params td_ctx_default_params(void);
 int td_kv_type_parse(const char *name);
 /* The name of a KV type ("f32", "bf16", "f16"), or NULL when it is not one. */
 const char *td_kv_type_name(int kv_type);
+/* The activation type of a name: "f32" or "bf16" -> TD_DTYPE_*; -1 for any other. */
+int td_act_type_parse(const char *name);
+/* The name of an activation type ("f32", "bf16"), or NULL when it is not one. */
+const char *td_act_type_name(int act_type);
 /* The default thread count: physical cores among the CPUs this process may run
  * on (hyper-thread siblings count once); the CPU count where the kernel does not
  * describe its topology. */

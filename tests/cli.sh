@@ -29,6 +29,9 @@ for c in "run -p x" "bench forward" "bench spec --random 1" "serve"; do
   out=$($T $c --kv-type fp8 2>&1); rc=$?
   n=cli_err_kv_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
   [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not f32, bf16 or f16" && ok "$n" || bad "$n" "rc=$rc: $out"
+  out=$($T $c --act-type f16 2>&1); rc=$?
+  n=cli_err_act_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
+  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32 or bf16" && ok "$n" || bad "$n" "rc=$rc: $out"
 done
 out=$($T frobnicate 2>&1); rc=$?
 [ $rc -ne 0 ] && ok cli_err_unknown_command || bad cli_err_unknown_command "rc=$rc"
@@ -50,6 +53,12 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   a=$($T run -m $M -p 'def main(' -n 32 --kv-type bf16 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
   b=$($T run -m $M -p 'def main(' -n 32 --kv-type bf16 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
   [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_kv_bf16_spec_equals_plain || bad cli_run_kv_bf16_spec_equals_plain "plain [$a] spec [$b]"
+  # --act-type bf16: the bundled drafter (its model follows the mode) still gives plain's ids
+  a=$($T run -m $M -p 'def main(' -n 32 --act-type bf16 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
+  b=$($T run -m $M -p 'def main(' -n 32 --act-type bf16 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_act_bf16_spec_equals_plain || bad cli_run_act_bf16_spec_equals_plain "plain [$a] spec [$b]"
+  out=$($T bench forward -m $M --act-type bf16 --bw-mib 16 --json 2>&1); rc=$?
+  [ $rc -eq 0 ] && echo "$out" | grep -q '"act_type": "bf16"' && ok cli_bench_forward_act_type || bad cli_bench_forward_act_type "rc=$rc: $out"
   out=$($T bench forward -m $M --kv-type f16 --bw-mib 16 --json 2>&1); rc=$?
   [ $rc -eq 0 ] && echo "$out" | grep -q '"kv_type": "f16"' && ok cli_bench_forward_kv_type || bad cli_bench_forward_kv_type "rc=$rc: $out"
   out=$($T run -m $M -p 'def f(x):' -n 64 --stop 'return' 2>/dev/null); rc=$?

@@ -9,11 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* td_ctx_params.act_type of the contexts tc_open_ctx opens (a test sets it
+ * around the runs of another activation type). */
+static int tc_act = TD_DTYPE_F32;
+
 /* A context of `rows` rows x 64 positions, 64 tokens and logits per forward,
- * its KV cache stored as kv (TD_DTYPE_F32, BF16 or F16). */
+ * its KV cache stored as kv (TD_DTYPE_F32, BF16 or F16), activations tc_act. */
 static inline td_ctx *tc_open_ctx(const td_model *m, int rows, int threads, int kv) {
     td_ctx_params p = td_ctx_default_params();
     p.max_rows = rows; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = threads; p.kv_type = kv;
+    p.act_type = tc_act;
     td_ctx *c = NULL;
     td_err err = {0};
     if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);

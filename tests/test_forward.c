@@ -25,7 +25,8 @@ static const char *KVN[3] = {[TD_DTYPE_F32] = "f32", [TD_DTYPE_F16] = "f16", [TD
 /* kv: the KV cache's type (each type must keep every invariance) */
 static void test_invariance(const char *name, const tm_shape *s, const char *dir, int kv) {
     char nm[128];
-    snprintf(nm, sizeof nm, "%s%s%s", name, kv == TD_DTYPE_F32 ? "" : "_kv_", kv == TD_DTYPE_F32 ? "" : KVN[kv]);
+    snprintf(nm, sizeof nm, "%s%s%s%s", name, kv == TD_DTYPE_F32 ? "" : "_kv_", kv == TD_DTYPE_F32 ? "" : KVN[kv],
+             tc_act == TD_DTYPE_BF16 ? "_act_bf16" : "");
     t_begin(nm);
     td_model *m = open_model(dir, s);
     td_ctx *c3 = NULL, *cs = NULL;
@@ -54,6 +55,7 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
     {
         td_ctx_params p = td_ctx_default_params();
         p.max_rows = 1; p.max_ctx = 64; p.max_tokens = 64; p.max_logits = 64; p.n_threads = 2; p.kv_type = kv;
+        p.act_type = tc_act;
         p.serial_tokens = 7;
         td_err err = {0};
         T_REQUIRE(td_ctx_open(&cs, m, &p, &err) == 0, "serial context: %s", err.msg);
@@ -124,7 +126,8 @@ done:
 
 static void test_rollback(const tm_shape *s, const char *dir, int kv) {
     char nm[64];
-    snprintf(nm, sizeof nm, "kv_rollback%s%s", kv == TD_DTYPE_F32 ? "" : "_", kv == TD_DTYPE_F32 ? "" : KVN[kv]);
+    snprintf(nm, sizeof nm, "kv_rollback%s%s%s", kv == TD_DTYPE_F32 ? "" : "_", kv == TD_DTYPE_F32 ? "" : KVN[kv],
+             tc_act == TD_DTYPE_BF16 ? "_act_bf16" : "");
     t_begin(nm);
     td_model *m = open_model(dir, s);
     td_ctx *c = NULL;
@@ -205,6 +208,57 @@ static void test_kv_types(const tm_shape *s, const char *dir) {
 done:
     for (int kv = 0; kv < 3; kv++) { td_ctx_free(c[kv]); free(lg[kv]); }
     td_model_free(m);
+    t_end();
+}
+
+/* act_type bf16 is in force on a bf16 model (logits move, a little), leaves an
+ * f32 model's logits unchanged bit for bit (only bf16 weights take it), and a
+ * bad value is refused with a message. */
+static void test_act_types(const tm_shape *sb, const char *db, const tm_shape *sf, const char *df) {
+    t_begin("act_types");
+    td_model *mb = open_model(db, sb), *mf = open_model(df, sf);
+    td_ctx *c[4] = {0};
+    float *lg[4] = {0};
+    T_REQUIRE(mb && mf, "models");
+    int32_t seq[16];
+    uint64_t st = 11;
+    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)sf->vocab);
+    for (int k = 0; k < 4; k++) { /* bf16 model f32 / bf16 act, f32 model f32 / bf16 act */
+        tc_act = k & 1 ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+        c[k] = tc_open_ctx(k < 2 ? mb : mf, 1, 2, TD_DTYPE_F32);
+        tc_act = TD_DTYPE_F32;
+        lg[k] = malloc(sizeof(float) * 16 * sb->vocab);
+        T_REQUIRE(c[k] && lg[k], "ctx %d", k);
+        T_CHECK(td_ctx_get_params(c[k]).act_type == (k & 1 ? TD_DTYPE_BF16 : TD_DTYPE_F32), "act_type kept");
+        int r;
+        td_ctx_row_add(c[k], &r);
+        T_REQUIRE(tc_feed(c[k], r, seq, 16, lg[k]) == 0, "forward %d", k);
+    }
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)16 * sb->vocab; i++) {
+        double d = fabs((double)lg[1][i] - lg[0][i]);
+        md = d > md ? d : md;
+        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+    }
+    printf("  act bf16: worst logit difference from f32 %.3g (max |logit| %.3g)\n", md, mx);
+    T_CHECK(md > 0, "act bf16: logits equal f32's bit for bit: the mode is not in force");
+    T_CHECK(md <= 3e-2 * mx, "act bf16: logits differ from f32 by %.3g (of %.3g)", md, mx);
+    T_CHECK(memcmp(lg[2], lg[3], sizeof(float) * 16 * sf->vocab) == 0, "act bf16 changed an f32 model's logits");
+    td_ctx_params p = td_ctx_default_params();
+    T_CHECK(p.act_type == TD_DTYPE_F32, "default act type f32");
+    td_ctx *bad = NULL;
+    td_err err = {0};
+    p.act_type = TD_DTYPE_F16;
+    T_CHECK(td_ctx_open(&bad, mb, &p, &err) == TD_EINVAL && !bad && strstr(err.msg, "act_type"), "f16 act refused: %s", err.msg);
+    p.act_type = 77;
+    T_CHECK(td_ctx_open(&bad, mb, &p, &err) == TD_EINVAL && !bad, "act_type 77 refused");
+    T_CHECK(td_act_type_parse("bf16") == TD_DTYPE_BF16 && td_act_type_parse("f32") == TD_DTYPE_F32 &&
+            td_act_type_parse("f16") == -1 && td_act_type_parse(NULL) == -1 && !strcmp(td_act_type_name(TD_DTYPE_BF16), "bf16") &&
+            td_act_type_name(TD_DTYPE_F16) == NULL, "act type names");
+done:
+    for (int k = 0; k < 4; k++) { td_ctx_free(c[k]); free(lg[k]); }
+    td_model_free(mb);
+    td_model_free(mf);
     t_end();
 }
 
@@ -309,6 +363,15 @@ int main(void) {
     test_copied(&q, d1);
     test_copied(&l, d2);
     test_kv_types(&q, d1);
+    /* act_type bf16 (the bf16 model's products take bf16 activations): the same
+     * invariances, with an f32 and a bf16 KV cache */
+    tc_act = TD_DTYPE_BF16;
+    for (int kv = 0; kv < 3; kv += 2) {
+        test_invariance("batch_invariance_qwen3_bf16", &q, d1, kv);
+        test_rollback(&q, d1, kv);
+    }
+    tc_act = TD_DTYPE_F32;
+    test_act_types(&q, d1, &qf, d3);
     test_bad_batches(&qf, d3);
     test_taps(&qf, d3);
     char cmd[600];

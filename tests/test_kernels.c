@@ -458,6 +458,147 @@ static void test_from_f32(void) {
     t_end();
 }
 
+/* ---- bf16 activations (td_matmul_bf16a, the B32 order) ---- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_DPBF16_TEST 1
+/* 16 lanes of the instruction itself: lane l = vdpbf16ps(acc[l], (x[2l], x[2l+1]), (w[2l], w[2l+1])) */
+__attribute__((target("avx512f,avx512bf16"))) static void hw_dp16(float *out, const float *acc, const uint16_t *x,
+                                                                  const uint16_t *w) {
+    __m512 r = _mm512_dpbf16_ps(_mm512_loadu_ps(acc), (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(w));
+    _mm512_storeu_ps(out, r);
+}
+#endif
+
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+/* a bf16 of random sign and mantissa, biased exponent in [e0, e1] */
+static uint16_t rbf(int e0, int e1) {
+    uint32_t r = rnd32();
+    return (uint16_t)(((r & 1) << 15) | ((uint32_t)(e0 + (int)((r >> 1) % (uint32_t)(e1 - e0 + 1))) << 7) | ((r >> 9) & 127));
+}
+
+/* td_bf16_dp_lane against vdpbf16ps on this CPU: 2^21 lanes in five classes —
+ * ordinary magnitudes; cancellation (acc = -x1*w1 within a few ulp); products in
+ * and below f32's subnormal range; subnormal bf16 inputs and subnormal or tiny
+ * accumulators; arbitrary bit patterns (overflow to inf, inf - inf). Finite
+ * results must be equal bits, NaN where the instruction gives NaN. */
+static void test_dp_lane(void) {
+    tb("kernels_bf16_dp_lane_equals_vdpbf16ps");
+#ifdef HAVE_DPBF16_TEST
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) { printf("  (no AVX512_BF16 here: not compared)\n"); t_end(); return; }
+    long bad = 0, n = 0, nan = 0;
+    for (int it = 0; it < (1 << 17); it++) {
+        float acc[16], hw[16];
+        uint16_t x[32], w[32];
+        int cls = it % 5;
+        for (int l = 0; l < 16; l++) {
+            uint16_t *a = x + 2 * l, *b = w + 2 * l;
+            if (cls == 0) {
+                for (int k = 0; k < 2; k++) { a[k] = rbf(100, 150); b[k] = rbf(100, 150); }
+                acc[l] = u2f((rnd32() & 0x80000000u) | ((80 + rnd32() % 100) << 23) | (rnd32() & 0x7fffff));
+            } else if (cls == 1) {
+                for (int k = 0; k < 2; k++) { a[k] = rbf(118, 136); b[k] = rbf(118, 136); }
+                acc[l] = -(td_bf16_to_f32(a[1]) * td_bf16_to_f32(b[1])) * (1.0f + (float)((int)(rnd32() % 64) - 32) * 1e-7f);
+            } else if (cls == 2) {
+                for (int k = 0; k < 2; k++) { a[k] = rbf(0, 70); b[k] = rbf(0, 70); }
+                acc[l] = rnd32() & 1 ? 0.0f : u2f(rnd32() & 0x80ffffffu);
+            } else if (cls == 3) {
+                a[0] = (uint16_t)(rnd32() & 0x807f); b[0] = rbf(60, 190);
+                a[1] = rbf(60, 140); b[1] = (uint16_t)(rnd32() & 0x807f);
+                if (rnd32() & 1) { uint16_t t = a[1]; a[1] = b[1]; b[1] = t; }
+                acc[l] = rnd32() & 1 ? u2f(rnd32() & 0x807fffffu)
+                                     : u2f((rnd32() & 0x80000000u) | ((1 + rnd32() % 60) << 23) | (rnd32() & 0x7fffff));
+            } else {
+                for (int k = 0; k < 2; k++) { a[k] = (uint16_t)rnd32(); b[k] = (uint16_t)rnd32(); }
+                acc[l] = u2f(rnd32());
+            }
+        }
+        hw_dp16(hw, acc, x, w);
+        for (int l = 0; l < 16; l++, n++) {
+            float e = td_bf16_dp_lane(acc[l], x[2 * l], x[2 * l + 1], w[2 * l], w[2 * l + 1]);
+            if (isnan(hw[l]) || isnan(e)) { nan++; bad += !(isnan(hw[l]) && isnan(e)); continue; }
+            if (memcmp(&e, &hw[l], 4) != 0) {
+                if (bad++ < 3)
+                    printf("  acc=%a x=(%a, %a) w=(%a, %a): hw %a emu %a\n", acc[l], td_bf16_to_f32(x[2 * l]),
+                           td_bf16_to_f32(x[2 * l + 1]), td_bf16_to_f32(w[2 * l]), td_bf16_to_f32(w[2 * l + 1]), hw[l], e);
+            }
+        }
+    }
+    T_CHECK(bad == 0, "%ld of %ld lanes differ (%ld NaN)", bad, n, nan);
+    /* the emulation's three flushes, each one observable */
+    T_CHECK(td_bf16_dp_lane(1.0f, 0x0001, 0, 0x3f80, 0) == 1.0f, "a subnormal bf16 input reads as zero");
+    float r = td_bf16_dp_lane(0.0f, 0x2000, 0, 0x9f00, 0); /* 2^-63 * -2^-65 = -2^-128: subnormal -> -0 */
+    T_CHECK(r == 0.0f && signbit(r), "a subnormal result flushes to a signed zero (%a)", r);
+#else
+    printf("  (not an x86-64 GCC build: not compared)\n");
+#endif
+    t_end();
+}
+
+/* The B32 dot from its definition: the lanes of td_bf16_dp_lane, K zero-padded
+ * to 32, then the D16 fold. */
+static float ref_b32(const uint16_t *a, const uint16_t *w, int n) {
+    float acc[16] = {0}, s8[8], s4[4], s2[2];
+    for (int k = 0; k < n; k += 32)
+        for (int l = 0; l < 16; l++) {
+            int i = k + 2 * l;
+            acc[l] = td_bf16_dp_lane(acc[l], i < n ? a[i] : 0, i + 1 < n ? a[i + 1] : 0, i < n ? w[i] : 0,
+                                     i + 1 < n ? w[i + 1] : 0);
+        }
+    for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+/* td_matmul_bf16a on the path in force: every element equals ref_b32 (memcmp)
+ * for M = 1..17, K not a multiple of 32 (and K long enough to be blocked), odd
+ * N, split output ranges, add = 0 / 1; and it stays within bf16 rounding of the
+ * exact product of the f32 activations (relative 2^-8 of the sum of |terms|). */
+static void test_matmul_bf16a(void) {
+    tb("kernels_matmul_bf16a_equals_b32_definition");
+    static const int KS[] = {1, 2, 31, 32, 33, 63, 100, 389, 2085};
+    static const int NS[] = {1, 3, 8, 13, 37};
+    for (int ki = 0; ki < (int)(sizeof KS / sizeof KS[0]); ki++)
+        for (int ni = 0; ni < (int)(sizeof NS / sizeof NS[0]); ni++) {
+            int K = KS[ki], N = NS[ni], MMAX = 17, ok = 1;
+            if (K > 1000 && N > 13) continue;
+            float *xf = rand_f((size_t)MMAX * K), *base = rand_f((size_t)MMAX * N);
+            uint16_t *x = malloc(2 * (size_t)MMAX * K), *W = rand_w((size_t)N * K, TD_DTYPE_BF16);
+            td_from_f32(x, xf, TD_DTYPE_BF16, (size_t)MMAX * K);
+            float *y = malloc(sizeof(float) * MMAX * N), *r = malloc(sizeof(float) * MMAX * N);
+            for (int m = 0; m < MMAX; m++)
+                for (int n = 0; n < N; n++) r[(size_t)m * N + n] = ref_b32(x + (size_t)m * K, W + (size_t)n * K, K);
+            for (int M = 1; M <= MMAX && ok; M++)
+                for (int add = 0; add < 2 && ok; add++) {
+                    int sp = (M + add) % 3 ? N / 2 + 1 : 0;
+                    memcpy(y, base, sizeof(float) * M * N);
+                    td_matmul_bf16a(y, N, x, K, M, W, K, 0, sp, add);
+                    td_matmul_bf16a(y, N, x, K, M, W, K, sp, N, add);
+                    for (int i = 0; i < M * N && ok; i++) {
+                        float e = add ? base[i] + r[i] : r[i];
+                        if (memcmp(&e, y + i, 4) != 0) {
+                            T_CHECK(0, "K=%d N=%d M=%d add=%d: element %d: %a vs %a", K, N, M, add, i, y[i], e);
+                            ok = 0;
+                        }
+                    }
+                }
+            for (int m = 0; m < MMAX && ok; m++)
+                for (int n = 0; n < N && ok; n++) {
+                    double mag, d = ref_dot(xf + (size_t)m * K, W + (size_t)n * K, TD_DTYPE_BF16, K, &mag);
+                    double tol = ldexp(1.0, -8) * mag + dot_tol(K, mag);
+                    if (!(fabs(r[(size_t)m * N + n] - d) <= tol)) {
+                        T_CHECK(0, "K=%d N=%d (%d,%d): %.9g vs exact %.9g (tol %.3g)", K, N, m, n, r[(size_t)m * N + n], d, tol);
+                        ok = 0;
+                    }
+                }
+            free(xf); free(base); free(x); free(W); free(y); free(r);
+        }
+    t_end();
+}
+
 /* Every function on path `path` and on the portable path: the same bits, on
  * random inputs of ragged sizes (and exp over its whole clamped range, tails,
  * infinities and NaN). Leaves the portable path in force. */
@@ -587,6 +728,8 @@ int main(void) {
     test_norm_swiglu();
     test_attend();
     test_from_f32();
+    test_dp_lane();
+    test_matmul_bf16a();
     /* every other path the CPU supports: the same bits as portable, and the
      * reference comparison again on it */
     for (int p = 0; p < TD_KPATH_COUNT; p++) {
@@ -605,6 +748,7 @@ int main(void) {
         test_matmul();
         test_matmul_large();
         test_attend();
+        test_matmul_bf16a();
     }
     td_kernels_set_path(best);
     return t_exit();

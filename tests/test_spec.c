@@ -50,9 +50,11 @@ static void make_prompt(int i, int32_t *p, int *n, int V) {
 }
 
 static int g_kv = TD_DTYPE_F32; /* KV cache type of every context (plain and speculative) */
+static int g_act = TD_DTYPE_F32; /* activation type of every context */
 static td_ctx *ctx_for(td_model *m, int rows, int depth) {
     td_ctx_params p = td_ctx_default_params();
     p.kv_type = g_kv;
+    p.act_type = g_act;
     p.max_rows = rows + 1; /* +1: the group measures verify cost on a spare row */
     p.max_ctx = 128;
     p.max_tokens = (rows + 1) * (depth + 1) > 64 ? (rows + 1) * (depth + 1) : 64;
@@ -715,6 +717,17 @@ int main(void) {
     }
     test_rollback();
     g_kv = TD_DTYPE_F32;
+    /* bf16 activations (the target's bf16 products on vdpbf16ps; the model and
+     * mtp drafters follow): token-identical to plain decoding in the same mode */
+    g_act = TD_DTYPE_BF16;
+    for (int temp = 0; temp <= 1; temp++) {
+        run_exact("ngram", "ngram_act_bf16", temp, 3, 5);
+        run_exact(same, "model_same_act_bf16", temp, 3, 4);
+        run_exact(oth, "model_other_act_bf16", temp, quick ? 3 : 8, 3);
+        run_exact(mtp, "mtp_random_act_bf16", temp, 3, 3);
+        run_exact(blk, "block_random_act_bf16", temp, 3, 5);
+    }
+    g_act = TD_DTYPE_F32;
     if (!quick) {
         run_exact_controlled();
         test_depth_plan();

@@ -215,6 +215,7 @@ int cmd_bench(int argc, char **argv) {
     cp.max_logits = cp.max_rows * (TD_SPEC_MAX_DEPTH + 1);
     cp.n_threads = (int)o.threads;
     cp.kv_type = o.kv_type;
+    cp.act_type = o.act_type;
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
     /* Pieces of the prompt list (one prompt at batch 1, all of them otherwise),
      * each decoded plain then speculatively, reps times; a piece's fastest run
@@ -266,6 +267,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "max_depth", d ? o.depth : 0);
         cJSON_AddBoolToObject(j, "fixed_depth", o.fixed_depth);
         cJSON_AddStringToObject(j, "kv_type", td_kv_type_name(o.kv_type));
+        cJSON_AddStringToObject(j, "act_type", td_act_type_name(o.act_type));
         cJSON_AddNumberToObject(j, "plain_tokens", (double)rp.tokens);
         cJSON_AddNumberToObject(j, "spec_tokens", (double)rs.tokens);
         cJSON_AddNumberToObject(j, "plain_s", round4(dp));

@@ -27,7 +27,7 @@
 #endif
 
 static void bf_help(void) {
-    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant q8_0|q4_0] [--kv-type T] [--no-mmap] [--json]\n"
+    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant q8_0|q4_0] [--kv-type T] [--act-type T] [--no-mmap] [--json]\n"
            "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
            "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
            "  -m, --model DIR        model directory (default: the bundled target)\n"
@@ -37,6 +37,7 @@ static void bf_help(void) {
            "                         (for a machine shared with other work; default 1)\n"
            "      --quant TYPE       quantize the matmul weights to q8_0 or q4_0 at load\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
+           "      --act-type T       activations of bf16-weight products: f32 (default) | bf16\n"
            CLI_MMAP_HELP
            "      --json             print one JSON object\n"
            "  -h, --help             this help\n");
@@ -187,7 +188,7 @@ int cmd_bench_forward(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv) {
     const char *model_dir = NULL;
     long threads = 0, bw_mib = 1024, reps = 1;
-    int json = 0, quant = -1, kv_type = td_ctx_default_params().kv_type;
+    int json = 0, quant = -1, kv_type = td_ctx_default_params().kv_type, act_type = td_ctx_default_params().act_type;
     td_model_params mp = td_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -200,6 +201,7 @@ int cmd_bench_forward(int argc, char **argv) {
         else if (!strcmp(a, "--no-mmap")) mp.use_mmap = 0;
         else if (!strcmp(a, "--mmap")) mp.use_mmap = 1;
         else if (!strcmp(a, "--kv-type")) { if (!cli_need_arg(i, argc, a) || !cli_parse_kv_type(argv[++i], a, &kv_type)) return 2; }
+        else if (!strcmp(a, "--act-type")) { if (!cli_need_arg(i, argc, a) || !cli_parse_act_type(argv[++i], a, &act_type)) return 2; }
         else if (!strcmp(a, "--quant")) {
             if (!cli_need_arg(i, argc, a)) return 2;
             const char *q = argv[++i];
@@ -236,6 +238,7 @@ int cmd_bench_forward(int argc, char **argv) {
     cp.max_logits = MAXT;
     cp.n_threads = (int)threads;
     cp.kv_type = kv_type;
+    cp.act_type = act_type;
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
     logits = malloc(sizeof(float) * (size_t)info.n_vocab * MAXT);
     toks = malloc(sizeof(int32_t) * (PREFILL + DEC_N + MAXT));
@@ -314,13 +317,13 @@ int cmd_bench_forward(int argc, char **argv) {
     double floor_fraction = floor_s / (decode_s / DEC_N);
     if (json) {
         static const char *dtn[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"kv_type\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
+        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"kv_type\": \"%s\", \"act_type\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
                "\"bandwidth_gbs\": %.3f, \"floor_ms\": %.4f, \"prefill_tokens\": %d, \"prefill_tps\": %.2f, "
                "\"decode_tokens\": %d, \"decode_tps\": %.2f, \"decode_ms\": %.4f, \"decode_median_ms\": %.4f, \"floor_fraction\": %.4f, "
                "\"loadavg_before\": %.2f, \"loadavg_after\": %.2f, \"load_s\": %.3f, \"weights_copied\": %d, "
                "\"anon_huge_mib\": %.1f, \"file_pmd_mib\": %.1f, "
                "\"verify_ctx\": %d, \"verify_ms\": {",
-               model_dir, info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? dtn[info.dtype] : "?", td_kv_type_name(kv_type), threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
+               model_dir, info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? dtn[info.dtype] : "?", td_kv_type_name(kv_type), td_act_type_name(act_type), threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
                DEC_N, decode_tps, decode_s / DEC_N * 1e3, decode_med_ms, floor_fraction, load0, load, load_s, info.copied,
                anon_huge, file_pmd, CTX);
         for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_ms[i]);
@@ -330,8 +333,8 @@ int cmd_bench_forward(int argc, char **argv) {
         for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_min_ms[i]);
         printf("}}\n");
     } else {
-        printf("model %s: %.1f M params, %.1f MB of weights, %ld threads, KV cache %s\n", model_dir, info.n_params / 1e6,
-               info.weight_bytes / 1e6, threads, td_kv_type_name(kv_type));
+        printf("model %s: %.1f M params, %.1f MB of weights, %ld threads, KV cache %s, activations %s\n", model_dir,
+               info.n_params / 1e6, info.weight_bytes / 1e6, threads, td_kv_type_name(kv_type), td_act_type_name(act_type));
         printf("read bandwidth   %8.2f GB/s  (floor %.3f ms/token = %.1f tok/s)\n", bw, floor_s * 1e3, 1.0 / floor_s);
         printf("prefill          %8.1f tok/s (%d tokens in %.3f s)\n", prefill_tps, PREFILL, prefill_s);
         printf("decode (batch 1) %8.1f tok/s (%.3f ms/token, median %.3f ms, %.1f%% of the floor)\n", decode_tps,

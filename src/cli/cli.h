@@ -21,6 +21,9 @@ int cli_parse_float(const char *s, const char *opt, double lo, double hi, double
 /* --kv-type's value: f32 | bf16 | f16 -> TD_DTYPE_* in *out; 0 (message
  * printed) for anything else. Every subcommand parses it here. */
 int cli_parse_kv_type(const char *s, const char *opt, int *out);
+/* --act-type's value: f32 | bf16 -> TD_DTYPE_* in *out; 0 (message printed)
+ * for anything else. */
+int cli_parse_act_type(const char *s, const char *opt, int *out);
 
 /* Options shared by run, bench and serve. */
 typedef struct cli_gen_opts {
@@ -32,6 +35,7 @@ typedef struct cli_gen_opts {
     long threads, ctx;
     int kv_type;              /* td_ctx_params.kv_type (default: td_ctx_default_params()'s) */
     td_model_params mp;       /* --no-mmap / --mmap (default: td_model_default_params()) */
+    int act_type;             /* td_ctx_params.act_type (default: td_ctx_default_params()'s) */
     td_gen_params gp;
     const char *stops[16];
 } cli_gen_opts;

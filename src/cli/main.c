@@ -122,6 +122,7 @@ static int cmd_run(int argc, char **argv) {
     cp.max_ctx = (int)o.ctx;
     cp.n_threads = (int)o.threads;
     cp.kv_type = o.kv_type;
+    cp.act_type = o.act_type;
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
     cp = td_ctx_get_params(c);
     if (n >= cp.max_ctx) { fprintf(stderr, "tandem: prompt of %d tokens does not fit the context of %d\n", n, cp.max_ctx); goto out; }

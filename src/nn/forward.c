@@ -11,7 +11,9 @@
  * knows each token's row and absolute position.
  *
  * Batch invariance (../shared/design/exactness.md): matrix products go through
- * td_matmul, whose per-element dot order depends only on K; attention for a
+ * td_matmul, whose per-element dot order depends only on K (with p.act_type
+ * bf16, products with bf16 weights take their input rounded to bf16 once per
+ * row, into xa, and run td_matmul_bf16a: again one order per K); attention for a
  * query scores keys 0..pos in order, takes the max, sums exponentials in order
  * and accumulates values in key order — independent of how many queries share
  * the call; threads split outputs, tokens or heads, never a reduction. So a
@@ -70,6 +72,7 @@ struct td_ctx {
     float *hg;              /* [T][n_ff] gate */
     float *hu;              /* [T][n_ff] up */
     float *xo;              /* [max_logits][n_embd] final-normed wanted positions */
+    uint16_t *xa;           /* act_type bf16: [max_tokens][wbuf_stride] a product's input rounded to bf16 */
     int *tok_row;           /* [T] row id of each token */
     int *tok_pos;           /* [T] absolute position of each token */
     int *out_tok;           /* [max_logits] token index of each wanted position */
@@ -136,7 +139,7 @@ void td_ctx_free(td_ctx *c) {
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
     free(c->hg); free(c->hu); free(c->xo); free(c->tok_row); free(c->tok_pos);
     free(c->out_tok); free(c->wbuf); free(c->scores); free(c->qg); free(c->og); free(c->nkg);
-    free(c->brow_t0); free(c->brow_n);
+    free(c->brow_t0); free(c->brow_n); free(c->xa);
     free(c);
 }
 
@@ -158,6 +161,14 @@ const char *td_kv_type_name(int kv_type) {
     return kv_type == TD_DTYPE_F32 ? "f32" : kv_type == TD_DTYPE_BF16 ? "bf16" : kv_type == TD_DTYPE_F16 ? "f16" : NULL;
 }
 
+int td_act_type_parse(const char *name) {
+    if (!name) return -1;
+    return !strcmp(name, "f32") ? TD_DTYPE_F32 : !strcmp(name, "bf16") ? TD_DTYPE_BF16 : -1;
+}
+const char *td_act_type_name(int act_type) {
+    return act_type == TD_DTYPE_F32 ? "f32" : act_type == TD_DTYPE_BF16 ? "bf16" : NULL;
+}
+
 int td_ctx_default_threads(void) { return td_pool_default_size(); }
 
 int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err *err) {
@@ -173,6 +184,8 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (!td_kv_type_name(p.kv_type))
         return td_seterr(err, TD_EINVAL, "kv_type %d is not f32 (%d), bf16 (%d) or f16 (%d)", p.kv_type, TD_DTYPE_F32,
                          TD_DTYPE_BF16, TD_DTYPE_F16);
+    if (!td_act_type_name(p.act_type))
+        return td_seterr(err, TD_EINVAL, "act_type %d is not f32 (%d) or bf16 (%d)", p.act_type, TD_DTYPE_F32, TD_DTYPE_BF16);
     if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;
     if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;
@@ -217,6 +230,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (c->q_dim > wmax) wmax = c->q_dim;
     c->wbuf_stride = wmax;
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
+    if (p.act_type == TD_DTYPE_BF16) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
     c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QB, (size_t)p.max_ctx, &fail);
     c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
@@ -304,6 +318,7 @@ typedef struct {
     td_ctx *c;
     const float *x; int M; int K; int add; int swiglu;
     int n_out; mm_out o[3];
+    const uint16_t *xa; /* x rounded to bf16 (act_type bf16, set by mm_pool_run), or NULL */
 } mm_job;
 
 static void out_range(int N, int ith, int nth, int *n0, int *n1) {
@@ -321,7 +336,10 @@ static void mm_run(void *arg, int ith, int nth) {
         int n0, n1;
         out_range(o->N, ith, nth, &n0, &n1);
         if (n0 >= n1) continue;
-        td_matmul(o->y, o->ldy, j->x, j->K, j->M, o->w->data, o->w->dtype, j->K, n0, n1, j->add);
+        if (j->xa && o->w->dtype == TD_DTYPE_BF16)
+            td_matmul_bf16a(o->y, o->ldy, j->xa, j->K, j->M, o->w->data, j->K, n0, n1, j->add);
+        else
+            td_matmul(o->y, o->ldy, j->x, j->K, j->M, o->w->data, o->w->dtype, j->K, n0, n1, j->add);
     }
     if (j->swiglu) {
         int n0, n1;
@@ -340,6 +358,13 @@ static void mm_run(void *arg, int ith, int nth) {
  * one block. Every output element is computed the same way whatever chunk it
  * falls in: the chunk count never changes a bit. */
 static void mm_pool_run(td_ctx *c, mm_job *j) {
+    j->xa = NULL; /* act_type bf16: the input rounded once, on the caller, for the bf16-weight outputs */
+    for (int i = 0; i < j->n_out && c->xa; i++)
+        if (j->o[i].w->dtype == TD_DTYPE_BF16) {
+            td_from_f32(c->xa, j->x, TD_DTYPE_BF16, (size_t)j->M * j->K);
+            j->xa = c->xa;
+            break;
+        }
     if (c->serial) { mm_run(j, 0, 1); return; }
     int nth = td_pool_size(c->pool);
     size_t bytes = 0;

@@ -19,6 +19,7 @@
 #include "tandem.h"
 #include "util/util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -159,6 +160,44 @@ static void matmul_p(float *y, int ldy, const float *x, int ldx, int M, const vo
         }
 }
 
+/* bf16 activations x bf16 weights (the "B32" order of kernels.h): one lane of
+ * vdpbf16ps as measured on AMD Zen 5 (test_kernels compares): inputs with a zero
+ * exponent read as signed zeros, then acc = ftz(fma(x1, w1, acc)), acc =
+ * ftz(fma(x0, w0, acc)) — the odd element of the pair first, each fma rounded to
+ * nearest even, a subnormal result flushed to a zero of its sign. */
+AI float bfz(uint16_t h) { return td_bf16_to_f32((h & 0x7f80u) ? h : (uint16_t)(h & 0x8000u)); }
+AI float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+AI float dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1) {
+    acc = ftz(fmaf(bfz(x1), bfz(w1), ftz(acc)));
+    return ftz(fmaf(bfz(x0), bfz(w0), acc));
+}
+float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1) {
+    return dp_lane(acc, x0, x1, w0, w1);
+}
+
+/* B32 dot of n bf16 activations with n bf16 weights (zero-padded to 32). */
+static float dotb_p(const uint16_t *a, const uint16_t *w, int n) {
+    float acc[16] = {0};
+    for (int k = 0; k < n; k += 32)
+        for (int l = 0; l < 16; l++) {
+            int i = k + 2 * l;
+            uint16_t x0 = i < n ? a[i] : 0, x1 = i + 1 < n ? a[i + 1] : 0;
+            uint16_t w0 = i < n ? w[i] : 0, w1 = i + 1 < n ? w[i + 1] : 0;
+            acc[l] = dp_lane(acc[l], x0, x1, w0, w1);
+        }
+    return fold16_p(acc);
+}
+
+static void matmul_bp(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
+                      int n1, int add) {
+    for (int m = 0; m < M; m++)
+        for (int n = n0; n < n1; n++) {
+            float s = dotb_p(x + (size_t)m * ldx, W + (size_t)n * K, K);
+            float *yp = y + (size_t)m * ldy + n;
+            *yp = add ? *yp + s : s;
+        }
+}
+
 /* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                      const char *K, const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
@@ -249,6 +288,31 @@ AI float dot_v(const float *a, const char *w, int dt, int n) {
 #ifndef PF_PANELS
 #define PF_PANELS 2
 #endif
+/* A tile's accumulators: started from accs when k0 > 0 (else zero), saved to
+ * accs between K blocks, folded into y at the end (tile, tileb). */
+AI void acc_load(int MR, int NR, __m512 acc[8][8], int k0, const float *accs) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) acc[i][j] = k0 ? _mm512_loadu_ps(accs + (i * NR + j) * 16) : _mm512_setzero_ps();
+}
+AI void acc_save(int MR, int NR, __m512 acc[8][8], float *accs) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) _mm512_storeu_ps(accs + (i * NR + j) * 16, acc[i][j]);
+}
+AI void acc_fold(int MR, int NR, __m512 acc[8][8], float *y, int ldy, int add) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            float s = fold16(acc[i][j]);
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = add ? *yp + s : s;
+        }
+}
+
 /* The register tile: MR tokens x NR outputs, each a D16 dot over all of K —
  * or over the steps [k0, k1) of it (k0, k1 multiples of 16 except k1 = K): the
  * 16-lane accumulators start from accs ([MR][NR][16] floats) when k0 > 0 and
@@ -257,10 +321,7 @@ AI float dot_v(const float *a, const char *w, int dt, int n) {
 AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w,
              size_t wrow, int K, int add, int k0, int k1, float *accs) {
     __m512 acc[8][8];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; i++)
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) acc[i][j] = k0 ? _mm512_loadu_ps(accs + (i * NR + j) * 16) : _mm512_setzero_ps();
+    acc_load(MR, NR, acc, k0, accs);
     int k = k0;
     const size_t esz = dt == TD_DTYPE_F32 ? 4 : 2;
     const char *pf = w + (size_t)NR * wrow * PF_PANELS; /* the panel PF_PANELS ahead */
@@ -281,10 +342,7 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
         }
     }
     if (k1 < K) {
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++)
-#pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) _mm512_storeu_ps(accs + (i * NR + j) * 16, acc[i][j]);
+        acc_save(MR, NR, acc, accs);
         return;
     }
     if (k < K) {
@@ -299,24 +357,85 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; i++)
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
-            float s = fold16(acc[i][j]);
-            float *yp = y + (size_t)i * ldy + j;
-            *yp = add ? *yp + s : s;
-        }
+    acc_fold(MR, NR, acc, y, ldy, add);
 }
 
-typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add,
-                        int k0, int k1, float *accs);
+/* The bf16-activation tile (act_type bf16, bf16 weights): the same register
+ * tile and K blocking as tile(), over bf16 activations x; each element is a B32
+ * dot — per 32 elements one vdpbf16ps into a 16-lane accumulator (lane l takes
+ * the pair 2l, 2l+1), a masked zero-padded final step, the fold16 tree — so
+ * its bits do not depend on M, the tile or the K blocks (k0, k1 multiples of 32
+ * except k1 = K). Compiled for AVX512_BF16 whatever the build's -march (TBF);
+ * run only when the CPU has it (bf16_ok). */
+#define TBF __attribute__((target("avx512bf16")))
+TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, int ldx, const char *w, size_t wrow,
+                  int K, int add, int k0, int k1, float *accs) {
+    (void)dt;
+    __m512 acc[8][8];
+    acc_load(MR, NR, acc, k0, accs);
+    int k = k0;
+    const char *pf = w + (size_t)NR * wrow * PF_PANELS;
+    for (; k + 32 <= k1; k += 32) {
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_si512(w + j * wrow + (size_t)k * 2);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512i xv = _mm512_loadu_si512(x + (size_t)i * ldx + k);
+            __asm__("" : "+v"(xv)); /* one load per token (see tile()) */
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
+        }
+    }
+    if (k1 < K) {
+        acc_save(MR, NR, acc, accs);
+        return;
+    }
+    if (k < K) {
+        __mmask32 m = (__mmask32)((1u << (K - k)) - 1u);
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) wv[j] = _mm512_maskz_loadu_epi16(m, w + j * wrow + (size_t)k * 2);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512i xv = _mm512_maskz_loadu_epi16(m, x + (size_t)i * ldx + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
+        }
+    }
+    acc_fold(MR, NR, acc, y, ldy, add);
+}
+
+static int bf16_ok(void) {
+    static _Atomic int ok = -1;
+    int v = atomic_load_explicit(&ok, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+        atomic_store_explicit(&ok, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+typedef void (*tile_fn)(float *y, int ldy, const void *x, int ldx, const char *w, size_t wrow, int K, int add,
+                        int k0, int k1, float *accs); /* x: f32 (tile) or bf16 (tileb) */
 #define TILE_INST(MR, NR, DT, SUF) TILE_INST_(MR, NR, DT, SUF) /* expands NR_MAIN first */
 #define TILE_INST_(MR, NR, DT, SUF)                                                                      \
-    static void tile_##MR##x##NR##_##SUF(float *y, int ldy, const float *x, int ldx, const char *w,      \
-                                         size_t wrow, int K, int add, int k0, int k1, float *accs) {     \
-        tile(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add, k0, k1, accs);                                 \
+    TA_##SUF static void tile_##MR##x##NR##_##SUF(float *y, int ldy, const void *x, int ldx, const char *w, \
+                                                  size_t wrow, int K, int add, int k0, int k1, float *accs) { \
+        TK_##SUF(MR, NR, DT, y, ldy, x, ldx, w, wrow, K, add, k0, k1, accs);                             \
     }
+/* the tile template (TK_) and attributes (TA_) of each set */
+#define TK_f32 tile
+#define TK_f16 tile
+#define TK_bf16 tile
+#define TK_ba tileb
+#define TA_f32
+#define TA_f16
+#define TA_bf16
+#define TA_ba TBF
 /* Tiles for 2 <= M < 5: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end
  * of a block, one output at the end of the range); M >= 5: min(M, 8) x NR_WIDE, so
  * every weight vector converted serves up to 8 tokens (measured in L2, K=1024 bf16,
@@ -342,6 +461,7 @@ typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *
 TILE_SET(TD_DTYPE_F32, f32)
 TILE_SET(TD_DTYPE_F16, f16)
 TILE_SET(TD_DTYPE_BF16, bf16)
+TILE_SET(TD_DTYPE_BF16, ba)
 
 #define TN(MR, NR, SUF) tile_##MR##x##NR##_##SUF
 #define TNX(MR, NR, SUF) TN(MR, NR, SUF)
@@ -354,6 +474,7 @@ typedef struct { tile_fn t[9][2]; tile_fn gemv8; tile_fn w[9]; } tile_set; /* t[
                  {0, TNX(1, NR_WIDE, SUF), TNX(2, NR_WIDE, SUF), TNX(3, NR_WIDE, SUF), TNX(4, NR_WIDE, SUF), \
                   TNX(5, NR_WIDE, SUF), TNX(6, NR_WIDE, SUF), TNX(7, NR_WIDE, SUF), TNX(8, NR_WIDE, SUF)}}
 static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
+static const tile_set TILES_BA = TS(ba); /* bf16 activations x bf16 weights */
 
 /* M >= 8 (prefill, verify): the outputs are taken in panels of about PANEL_BYTES
  * of weights, which stay in L2 while every 8-token tile of the whole batch runs
@@ -366,11 +487,10 @@ static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(
 #define KC 1024
 #define KBLK_PANEL 96 /* outputs per panel when K is blocked (accumulator scratch 8 x 96 x 16 floats) */
 
-static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
-                     int K, int n0, int n1, int add) {
-    size_t wrow = (size_t)K * (dt == TD_DTYPE_F32 ? 4 : 2);
-    const char *wb = W;
-    const tile_set *ts = &TILES[dt];
+/* The loop over tiles for either tile set: x has xsz-byte elements (f32: 4,
+ * bf16: 2), the tiles step K by kstep (16, 32). */
+AI void matmul_t(float *y, int ldy, const char *x, size_t xsz, int ldx, int M, const char *wb, size_t wrow,
+                 const tile_set *ts, int kstep, int K, int n0, int n1, int add) {
     if (M == 1) {
         int n = n0;
         for (; n + 8 <= n1; n += 8) ts->gemv8(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
@@ -382,17 +502,17 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
         for (; n + NR_MAIN <= n1; n += NR_MAIN)
             for (int m = 0; m < M; m += MR_MAIN) {
                 int mr = M - m < MR_MAIN ? M - m : MR_MAIN;
-                ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
+                ts->t[mr][1](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx * xsz, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
             }
         for (; n < n1; n++)
             for (int m = 0; m < M; m += MR_MAIN) {
                 int mr = M - m < MR_MAIN ? M - m : MR_MAIN;
-                ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
+                ts->t[mr][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx * xsz, ldx, wb + n * wrow, wrow, K, add, 0, K, NULL);
             }
         return;
     }
     int nkb = K > KC ? (K + KC - 1) / KC : 1;
-    int kblk = nkb > 1 ? ((K + nkb - 1) / nkb + 15) & ~15 : K;
+    int kblk = nkb > 1 ? ((K + nkb - 1) / nkb + kstep - 1) & ~(kstep - 1) : K;
     int nb = (int)(PANEL_BYTES / wrow) / NR_WIDE * NR_WIDE;
     if (nkb > 1 && nb > KBLK_PANEL) nb = KBLK_PANEL;
     if (nb < NR_WIDE) nb = NR_WIDE;
@@ -402,7 +522,7 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
         for (int m = 0; m < M; m += 8) {
             int mr = M - m < 8 ? M - m : 8;
             float *ym = y + (size_t)m * ldy;
-            const float *xm = x + (size_t)m * ldx;
+            const char *xm = x + (size_t)m * ldx * xsz;
             for (int k0 = 0; k0 < K; k0 += kblk) {
                 int k1 = k0 + kblk < K ? k0 + kblk : K;
                 int n = pb;
@@ -413,6 +533,16 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
             }
         }
     }
+}
+
+static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
+                     int K, int n0, int n1, int add) {
+    matmul_t(y, ldy, (const char *)x, 4, ldx, M, W, (size_t)K * (dt == TD_DTYPE_F32 ? 4 : 2), &TILES[dt], 16, K, n0,
+             n1, add);
+}
+static void matmul_bv(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
+                      int add) {
+    matmul_t(y, ldy, (const char *)x, 2, ldx, M, (const char *)W, (size_t)K * 2, &TILES_BA, 32, K, n0, n1, add);
 }
 
 AI __m512 exp_v(__m512 x) {
@@ -660,6 +790,23 @@ void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int
     td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
 }
 
+void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
+                     int add) {
+    if (M <= 0 || n0 >= n1) return;
+#ifdef TD_HAVE_AVX512
+    if (FAST() && bf16_ok()) { matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add); return; }
+#endif
+    matmul_bp(y, ldy, x, ldx, M, W, K, n0, n1, add);
+}
+
+int td_kernels_bf16_native(void) {
+#ifdef TD_HAVE_AVX512
+    return FAST() && bf16_ok();
+#else
+    return 0;
+#endif
+}
+
 void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, float eps) {
     float ss = td_dot(x, x, n);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
@@ -726,6 +873,19 @@ void td_from_f32(void *dst, const float *src, int dtype, size_t n) {
     uint16_t *d = dst;
     size_t i = 0;
     if (dtype == TD_DTYPE_BF16) { /* integer rounding: one definition for every path */
+#ifdef TD_HAVE_AVX512
+        if (FAST()) { /* td_f32_to_bf16 on 16 lanes */
+            const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), q = _mm512_set1_epi32(0x40);
+            const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+            for (; i + 16 <= n; i += 16) {
+                __m512i v = _mm512_loadu_si512(src + i), hi = _mm512_srli_epi32(v, 16);
+                __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(v, bias), _mm512_and_si512(hi, one)), 16);
+                __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, abs), inf);
+                r = _mm512_mask_or_epi32(r, nan, hi, q);
+                _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(r));
+            }
+        }
+#endif
         for (; i < n; i++) d[i] = td_f32_to_bf16(src[i]);
         return;
     }

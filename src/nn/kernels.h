@@ -12,6 +12,21 @@
  * s8[i+4], s2[i] = s4[i] + s4[i+2], s = s2[0] + s2[1]. bf16/f16 weights are
  * converted exactly to f32 before the fma (no bf16 rounding of activations).
  *
+ * The bf16-activation order ("B32", td_matmul_bf16a, used for bf16 weights when
+ * a context's act_type is bf16): each activation row is rounded once to bf16
+ * (td_from_f32: nearest even); one accumulator of 16 lanes; for k = 0, 32, 64,
+ * ... lane l performs one step of AVX-512 BF16's vdpbf16ps on the pair
+ * (k+2l, k+2l+1) — as measured on AMD Zen 5 and matching Intel's definition:
+ * bf16 inputs with a zero exponent read as zero (DAZ), then acc = ftz(fma(x1,
+ * w1, acc)), acc = ftz(fma(x0, w0, acc)) (odd element first, each fma rounded
+ * to nearest even, a subnormal result flushed to a zero of its sign); a final
+ * partial step zero-pads both operands; then the D16 fold. Because bf16 x bf16
+ * products are exact, this differs from the D16 dot only by the activation
+ * rounding (relative 2^-9 per element) and the summation order. The AVX-512
+ * path runs vdpbf16ps when the CPU has AVX512_BF16; every other case (portable,
+ * AVX2, an AVX-512 CPU without BF16) runs a C emulation of the same lanes
+ * (td_bf16_dp_lane) — the same bits, much slower.
+ *
  * Three implementations produce the same bits: an AVX-512 path (compiled when
  * the target has AVX-512F/BW/VL), an AVX2+FMA path (kernels_avx2.c, in every
  * x86-64 build) and a portable C path that emulates the 16 lanes with fmaf. The
@@ -57,6 +72,19 @@ void td_from_f32(void *dst, const float *src, int dtype, size_t n);
  * not depend on M, on [n0, n1) or on the tiling. */
 void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype,
                int K, int n0, int n1, int add);
+
+/* bf16 activations x bf16 weights (act_type bf16): y[m*ldy + n] (+)= the B32
+ * dot of x[m*ldx .. +K) with W[n*K .. +K), both bf16, for n in [n0, n1), m in
+ * [0, M). Register-tiled like td_matmul; every element is a B32 dot, so the
+ * bits of row m do not depend on M, [n0, n1), the tiling or the path. */
+void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
+                     int add);
+/* One lane of the B32 step, the portable definition of vdpbf16ps (see above):
+ * ftz(fma(x0, w0, ftz(fma(x1, w1, ftz(acc))))) over DAZ-read bf16 inputs. */
+float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1);
+/* 1 when td_matmul_bf16a runs on vdpbf16ps (AVX-512 path in force and the CPU
+ * has AVX512_BF16), 0 when it runs the portable emulation. */
+int td_kernels_bf16_native(void);
 
 /* The older interface: td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
  * wbuf is unused (may be NULL). */

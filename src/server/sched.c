@@ -127,6 +127,7 @@ static int group_open(const char *spec, int depth, int is_default, srv_group **o
     cp.max_ctx = S.cfg.ctx;
     cp.n_threads = S.cfg.threads;
     cp.kv_type = S.cfg.kv_type;
+    cp.act_type = S.cfg.act_type;
     if (cp.max_tokens < W) cp.max_tokens = W;
     if (cp.max_logits < W) cp.max_logits = W;
     if ((rc = td_ctx_open(&gr->ctx, S.model, &cp, err)) != 0) { group_free(gr); return rc; }

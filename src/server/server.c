@@ -43,6 +43,7 @@ static void serve_help(void) {
            "      --accept RULE      match (exact, default) | rejection\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
+           "      --act-type T       activations of bf16-weight products: f32 (default) | bf16\n"
            "  -t, --threads N        threads per context (default: physical cores)\n"
            CLI_MMAP_HELP
            "      --host ADDR        address to listen on (default 127.0.0.1)\n"
@@ -84,7 +85,7 @@ int td_serve_main(int argc, char **argv) {
     cf->shutdown_grace = 30;
     const char *name = NULL;
     static const char *shared[] = {"-m", "--model", "--draft", "--draft-depth", "--fixed-depth", "--accept",
-                                   "--ctx", "--kv-type", "-t", "--threads", "--no-mmap", "--mmap"};
+                                   "--ctx", "--kv-type", "--act-type", "-t", "--threads", "--no-mmap", "--mmap"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int is_shared = 0;
@@ -118,6 +119,7 @@ int td_serve_main(int argc, char **argv) {
     cf->threads = (int)o.threads;
     cf->ctx = (int)o.ctx;
     cf->kv_type = o.kv_type;
+    cf->act_type = o.act_type;
     if (name) snprintf(cf->model_id, sizeof cf->model_id, "%s", name);
     else derive_model_id(o.model_dir, cf->model_id, sizeof cf->model_id);
 

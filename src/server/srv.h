@@ -110,6 +110,7 @@ typedef struct srv_config {
     td_accept_rule accept;
     int threads, ctx;
     int kv_type;                    /* td_ctx_params.kv_type of every group's context */
+    int act_type;                   /* td_ctx_params.act_type of every group's context */
     const char *host;
     int port;
     int max_rows, queue, max_groups;

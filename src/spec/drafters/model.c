@@ -306,6 +306,7 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, co
     cp.max_tokens = g->max_tokens;
     cp.max_logits = max_rows;
     if (target_ctx) cp.kv_type = td_ctx_get_params(target_ctx).kv_type; /* the draft KV follows the target's */
+    if (target_ctx) cp.act_type = td_ctx_get_params(target_ctx).act_type; /* and its activation type */
     int rc = td_ctx_open(&g->ctx, &p->view, &cp, err);
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);

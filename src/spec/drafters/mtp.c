@@ -329,6 +329,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     cp.max_tokens = g->max_tokens;
     cp.max_logits = g->max_tokens; /* the backlog feed asks for its last positions only */
     if (target_ctx) cp.kv_type = td_ctx_get_params(target_ctx).kv_type; /* the head's KV follows the target's */
+    if (target_ctx) cp.act_type = td_ctx_get_params(target_ctx).act_type; /* and its activation type */
     int rc = td_ctx_open(&g->ctx, &p->head, &cp, err);
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
