@@ -2,6 +2,8 @@
 its confidence-pruning thresholds, and compute the reference fixture tests/fixtures/tiny-code-block/.
 
 Usage: python3 stage4_main.py WORK_DIR      (driven by tools/train/stage4.sh; honours STAGE_DEADLINE)
+Environment: STAGE4_LAYERS, STAGE4_INIT, STAGE4_PEAK_LR, STAGE4_SEED, STAGE4_GEN_S, STAGE4_POST_S, STAGE4_WPOS_TAU
+(loss weight of block position j = exp(-(j-1)/tau), default 5), STAGE4_GEN_BATCH, STAGE4_N_BENCH.
 Needs models/tiny-code/target (committed), models/tiny-code/mtp (for the comparison only) and
 bench/prompts/code.jsonl.  Writes into $OUT: block/config.json + block/model.safetensors (the drafter),
 metrics.json, ref.json, logits.f32, alt.tar (the variant not chosen, for the record).
@@ -61,6 +63,7 @@ GEN_BATCH, GEN_S, N_VALID = int(os.environ.get("STAGE4_GEN_BATCH", "4096")), flo
 REAL_N = 384  # corpus-text window length
 BSZ, ANCH, PEAK_LR, WARMUP, SEED = 128, 24, float(PEAK_LR_ENV or 1.5e-3), 50, int(os.environ.get("STAGE4_SEED", "2024"))
 POST_S = float(os.environ.get("STAGE4_POST_S", "150"))
+WPOS_TAU = float(os.environ.get("STAGE4_WPOS_TAU", "5"))  # loss weight of block position j: exp(-(j-1)/WPOS_TAU)
 N_BENCH, BENCH_NEW, BENCH_MAXP = int(os.environ.get("STAGE4_N_BENCH", "40")), 128, 256
 TAU = 0.25  # pruning: keep draft j while the calibrated P(drafts 1..j accepted) >= TAU
 ROUNDS, N_FIX, N_CAND = 6, 3, 24
@@ -91,7 +94,8 @@ def main():
     metrics = {"tap_layers": TAPS, "block_size": G, "variants (layers)": VARIANTS, "intermediate": INTER,
                "markov_rank": RANK, "sequence_groups (prompt, generated)": SPECS, "corpus_window": REAL_N,
                "step_sources": "generations and corpus windows in turn", "batch_sequences": BSZ,
-               "anchors_per_sequence": ANCH, "peak_lr": PEAK_LR, "warmup": WARMUP, "prune_tau": TAU}
+               "anchors_per_sequence": ANCH, "peak_lr": PEAK_LR, "warmup": WARMUP, "prune_tau": TAU,
+               "position_weight": f"exp(-(j-1)/{WPOS_TAU})", "seed": SEED}
 
     def sync():
         if dev.startswith("cuda"):
@@ -155,7 +159,7 @@ def main():
         metrics[f"params_L{nl}"] = sum(p.numel() for p in dr.parameters())
         metrics[f"params_by_part_L{nl}"] = {n: sum(p.numel() for p in mod.parameters()) for n, mod in dr.named_children()}
         log(f"block drafter L{nl} params", metrics[f"params_L{nl}"], metrics[f"params_by_part_L{nl}"])
-    wpos = torch.exp(-torch.arange(G - 1, device=dev, dtype=torch.float32) / 5.0)
+    wpos = torch.exp(-torch.arange(G - 1, device=dev, dtype=torch.float32) / WPOS_TAU)
     gen = torch.Generator(device=dev).manual_seed(SEED)
 
     def step_fn(step):
@@ -288,8 +292,9 @@ def main():
     import shutil
     import tarfile
     bd = os.path.join(OUT, "block")
-    for f in ("config.json", "model.safetensors"):
-        shutil.copy(os.path.join(WORK, f"L{best}", f), os.path.join(bd, f))
+    for f in os.listdir(os.path.join(WORK, f"L{best}")):  # config + weights (block.save shards them)
+        if f == "config.json" or f.endswith(".safetensors") or f == "model.safetensors.index.json":
+            shutil.copy(os.path.join(WORK, f"L{best}", f), os.path.join(bd, f))
     for nl in VARIANTS:
         if nl != best:
             with tarfile.open(os.path.join(OUT, "alt.tar"), "a") as tf:
