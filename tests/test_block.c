@@ -403,6 +403,113 @@ done:
     t_end();
 }
 
+/* Lazy projection: two rows of one group with the same prompt receive the same
+ * commits (from greedy verification of row 0's drafts); row 1 drafts only now
+ * and then (depth 0 in between, its committed taps wait unprojected, and one
+ * idle stretch overflows the drafter's 128-position backlog). Whenever row 1
+ * drafts, its drafts equal row 0's, and a checkpoint of row 1 taken while it
+ * has a backlog, restored into a fresh group, drafts the same too. */
+static void test_lazy(cJSON *fx) {
+    t_begin("block_lazy_projection");
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_err err = {0};
+    int row = -1;
+    T_REQUIRE(td_drafter_open(&d, "block:" BLK ",vocab=1024", g_m, &err) == 0, "block: %s", err.msg);
+    int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
+    const int *tl;
+    int nt = td_drafter_taps(d, &tl);
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    cJSON *ids = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(fx, "prompts"), 1), "prompt_ids");
+    int N = cJSON_GetArraySize(ids);
+    int32_t S[256];
+    T_REQUIRE(N >= 2 && N < 64, "prompt of %d tokens", N);
+    for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+    int n = N - 1;
+    int32_t t = S[N - 1];
+    T_REQUIRE(d->vt->open_rows(d->self, 2, 240, K, g_c, &rows, &err) == 0, "open rows: %s", err.msg);
+    T_REQUIRE(prefill_row(d, &rows, &row, S, n, &err) == 0, "prefill: %s", err.msg);
+    T_REQUIRE(td_draft_rows_append(&rows, S, n, g_taps, NULL, &err) == 0, "second row: %s", err.msg);
+    int compared = 0, idle = 0, idle_pos = 0, longest_idle = 0, ck_checked = 0;
+    for (int round = 0; n + 1 + K + 8 <= 230; round++) {
+        /* row 1 drafts in rounds 0-1, once after 6 idle rounds, then after more
+         * than 128 committed positions, then every 5 rounds */
+        int b_drafts = round < 2 || round == 8 || (round > 8 && idle_pos > 130) || (longest_idle > 130 && idle >= 5);
+        td_sampling sp = td_sampling_default();
+        const td_sampling *spp[2] = {&sp, &sp};
+        uint64_t pos[2] = {0, 0};
+        int32_t pend[2] = {t, t}, dr[2 * MAXK];
+        int depth[2] = {K, b_drafts ? K : 0}, nd[2] = {0, 0};
+        if (b_drafts && idle > 0 && !ck_checked) { /* a checkpoint of a row with a backlog */
+            td_draft_rows other = {0};
+            td_draft_checkpoint *ck = NULL;
+            T_REQUIRE(rows.vt->capture(rows.self, 1, &ck, &err) == 0, "capture: %s", err.msg);
+            T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
+            int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
+            td_draft_checkpoint_free(ck);
+            T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
+            int32_t d2[MAXK];
+            int n2 = 0, dep = K;
+            td_draft_req q2 = {.n_rows = 1, .pending = &t, .depth = &dep, .max_depth = K, .tokens = d2, .n_tokens = &n2,
+                               .sampling = spp, .out_pos = pos};
+            int32_t d0[MAXK];
+            int n0 = 0;
+            td_draft_req q0 = q2;
+            q0.tokens = d0;
+            q0.n_tokens = &n0;
+            T_REQUIRE(td_draft_rows_draft(&other, &q2, &err) == 0, "draft restored: %s", err.msg);
+            td_draft_rows_free(&other);
+            T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
+            T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
+            rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
+            td_draft_checkpoint_free(ck);
+            T_REQUIRE(rc2 == 0 && td_draft_rows_draft(&other, &q0, &err) == 0, "restored row 0: %s", err.msg);
+            td_draft_rows_free(&other);
+            T_CHECK(n2 == n0 && memcmp(d2, d0, sizeof(int32_t) * (size_t)n0) == 0,
+                    "a checkpoint taken with %d idle rounds behind drafts as the always-projected row's", idle);
+            ck_checked = 1;
+        }
+        td_draft_req q = {.n_rows = 2, .pending = pend, .depth = depth, .max_depth = K, .tokens = dr,
+                          .n_tokens = nd, .sampling = spp, .out_pos = pos};
+        T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+        if (b_drafts) {
+            T_CHECK(nd[1] == nd[0] && memcmp(dr, dr + K, sizeof(int32_t) * (size_t)nd[0]) == 0,
+                    "round %d: the row drafting after %d idle rounds drafts as the always-drafting row", round, idle);
+            compared++;
+            idle = idle_pos = 0;
+        } else {
+            T_CHECK(nd[1] == 0, "depth 0 drafts nothing");
+            idle++;
+        }
+        int32_t win[MAXK + 1];
+        win[0] = t;
+        memcpy(win + 1, dr, sizeof(int32_t) * (size_t)nd[0]);
+        int nw = nd[0] + 1;
+        td_batch vb = {.n_rows = 1, .rows = &row, .n_tokens = &nw, .tokens = win, .want = ones, .taps = tl, .n_taps = nt};
+        T_REQUIRE(td_ctx_forward(g_c, &vb, g_logits, g_taps, &err) == 0, "verify: %s", err.msg);
+        int mm = 0;
+        int32_t tg = argmax(g_logits, g_V);
+        while (mm < nd[0] && tg == dr[mm]) tg = argmax(g_logits + (size_t)++mm * g_V, g_V);
+        td_draft_commit cm[2];
+        cm[0] = (td_draft_commit){.old_pending = t, .accepted = dr, .n_accepted = mm, .new_pending = tg, .taps = g_taps};
+        cm[1] = cm[0];
+        T_REQUIRE(td_draft_rows_commit(&rows, cm, &err) == 0, "commit: %s", err.msg);
+        td_ctx_row_trim(g_c, row, n + 1 + mm);
+        if (!b_drafts && (idle_pos += 1 + mm) > longest_idle) longest_idle = idle_pos;
+        n += 1 + mm;
+        t = tg;
+    }
+    printf("  %d rounds compared; longest idle stretch %d committed positions\n", compared, longest_idle);
+    T_CHECK(compared >= 4 && longest_idle > 130 && ck_checked, "the schedule ran: %d comparisons, idle %d, checkpoint %d",
+            compared, longest_idle, ck_checked);
+done:
+    td_draft_rows_free(&rows);
+    if (row >= 0) td_ctx_row_remove(g_c, row);
+    td_drafter_free(d);
+    t_end();
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static char g_tmp[256];
@@ -610,6 +717,7 @@ int main(void) {
     test_rounds(fx);
     test_logits(fx);
     test_vocab(fx);
+    test_lazy(fx);
     test_refusals();
     test_checkpoints();
     /* speculative == plain with the trained block drafter and a bf16 target KV cache */

@@ -8,6 +8,12 @@
  *   K^l_p = RoPE_p(k_norm(Wk^l c_p)),  V^l_p = Wv^l c_p
  * in the row's context rows. Rows grow only at commit (the accepted window's
  * taps) and at append (the prompt's taps): rejected positions never enter.
+ * The prompt is projected at append; committed windows wait as raw taps in the
+ * row's bounded backlog (BLK_BACKLOG positions) and are projected, all rows
+ * together, when the row next drafts (so a row the planner keeps at depth 0
+ * costs a copy per round, and catching up is charged to drafting), when it is
+ * captured, or when the backlog is full. Projection is per position, so the
+ * values do not depend on when it happens.
  * Block: G = block_size entries at positions L..L+G-1 (L = committed length):
  * the anchor E[pending] and G-1 copies of E[mask_token_id]; each layer is a
  * Qwen3 decoder layer whose queries attend to all context rows and to all G
@@ -52,6 +58,7 @@
 #define BLK_MAX_TAPS 8
 #define BLK_MAX_LAYERS 64 /* drafter layers */
 #define BLK_MAX_G 17   /* anchor + TD_SPEC_MAX_DEPTH drafts */
+#define BLK_BACKLOG 128 /* committed positions a row keeps unprojected (raw taps) at most */
 
 typedef struct {
     const td_model *target;   /* borrowed */
@@ -74,7 +81,11 @@ typedef struct {
 
 typedef struct {
     float *K, *V;             /* [n_layer][KVH][cap][hd] context rows (+ block scratch) */
-    int len, cap;             /* committed positions held; capacity incl. G */
+    int len, cap;             /* committed positions projected into K/V; capacity incl. G */
+    float *raw;               /* [BLK_BACKLOG][n_taps*D] taps of committed positions len..len+n_raw-1,
+                                 not projected yet (projected when the row drafts, is captured,
+                                 or the backlog is full) */
+    int n_raw;
     td_draft_ctxids cx;       /* context ids outside the draft vocabulary: LM-head rows */
     td_draft_ctxids mx;       /* the same ids' markov.out rows (rank > 0) */
 } blk_row;
@@ -193,9 +204,30 @@ static void project_context(blk_group *g, blk_row *r, const float *taps, int n) 
     }
 }
 
+/* Project the backlogs of rows idx[0..n) (group row indices), all rows together
+ * in batches of at most max_tok positions (a long backlog spans batches). The
+ * values per position are those an immediate projection gives: every product
+ * is batch invariant and RoPE reads the position's own angles. */
+static void flush_backlogs(blk_group *g, const int *idx, int n) {
+    int TW = g->p->n_taps * g->p->D, nr = 0, tot = 0;
+    for (int i = 0; i < n; i++) {
+        blk_row *r = &g->rows[idx[i]];
+        for (int done = 0; done < r->n_raw;) {
+            int m = r->n_raw - done;
+            if (m > g->max_tok - tot) m = g->max_tok - tot;
+            g->crow[nr] = r; g->ctap[nr] = r->raw + (size_t)done * TW; g->cn[nr] = m;
+            nr++; tot += m; done += m;
+            if (tot == g->max_tok || nr == g->max_rows) { project_batch(g, nr, g->crow, g->ctap, g->cn); nr = tot = 0; }
+        }
+        r->n_raw = 0;
+    }
+    if (nr) project_batch(g, nr, g->crow, g->ctap, g->cn);
+}
+
 static void row_free(blk_row *r) {
     free(r->K);
     free(r->V);
+    free(r->raw);
     td_draft_ctxids_free(&r->cx);
     td_draft_ctxids_free(&r->mx);
     memset(r, 0, sizeof *r);
@@ -208,8 +240,9 @@ static int row_alloc(blk_group *g, blk_row *r) {
     memset(r, 0, sizeof *r);
     r->K = malloc(sizeof(float) * n);
     r->V = malloc(sizeof(float) * n);
+    r->raw = malloc(sizeof(float) * BLK_BACKLOG * (size_t)p->n_taps * p->D);
     r->cap = g->cap;
-    if (!r->K || !r->V || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
+    if (!r->K || !r->V || !r->raw || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
         (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
         row_free(r);
         return TD_ENOMEM;
@@ -304,11 +337,14 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         if (q->depth[i] > 0) {
             if (q->pending[i] < 0 || q->pending[i] >= V)
                 return td_seterr(err, TD_ERANGE, "block: pending token %d is outside the vocabulary", (int)q->pending[i]);
-            if (g->rows[i].len + G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+            if (g->rows[i].len + g->rows[i].n_raw + G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
             g->brow[nb++] = i;
         }
     }
     if (!nb) return 0;
+    /* the drafting rows' committed positions not projected yet (rows that sat
+     * at depth 0): projected now, so the draft timer pays for them */
+    flush_backlogs(g, g->brow, nb);
     int T = nb * G;
     /* block inputs: E[anchor], E[mask] x (G-1) */
     const td_tensor *E = &p->target->w.tok_embd;
@@ -419,25 +455,28 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
 
 static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
     blk_group *g = gv;
+    int TW = g->p->n_taps * g->p->D;
     for (int i = 0; i < n_rows; i++) {
         int m = cm[i].n_accepted;
         if (m < 0 || m + 1 > g->p->G)
             return td_seterr(err, TD_EINVAL, "block: row %d commits %d accepted drafts, more than a block holds", i, m);
-        if (g->rows[i].len + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+        const blk_row *r = &g->rows[i];
+        if (r->len + r->n_raw + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
     }
+    /* the accepted windows' taps join each row's backlog (projected lazily);
+     * rows whose backlog would overflow are projected first, together */
+    int nf = 0;
+    for (int i = 0; i < n_rows; i++)
+        if (cm[i].taps && g->rows[i].n_raw + cm[i].n_accepted + 1 > BLK_BACKLOG) g->brow[nf++] = i;
+    if (nf) flush_backlogs(g, g->brow, nf);
     for (int i = 0; i < n_rows; i++) {
-        row_note(g->p, &g->rows[i], &cm[i].old_pending, 1);
-        row_note(g->p, &g->rows[i], cm[i].accepted, cm[i].n_accepted);
-    }
-    /* all rows' accepted windows in batches of at most max_tok positions */
-    int nr = 0, tot = 0;
-    for (int i = 0; i <= n_rows; i++) {
-        int m = i < n_rows && cm[i].taps ? cm[i].n_accepted + 1 : 0; /* no taps: a row that finished and leaves */
-        if (i == n_rows || tot + m > g->max_tok) {
-            project_batch(g, nr, g->crow, g->ctap, g->cn);
-            nr = tot = 0;
-        }
-        if (m) { g->crow[nr] = &g->rows[i]; g->ctap[nr] = cm[i].taps; g->cn[nr] = m; nr++; tot += m; }
+        blk_row *r = &g->rows[i];
+        row_note(g->p, r, &cm[i].old_pending, 1);
+        row_note(g->p, r, cm[i].accepted, cm[i].n_accepted);
+        if (!cm[i].taps) continue; /* no taps: a row that finished and leaves */
+        int m = cm[i].n_accepted + 1;
+        memcpy(r->raw + (size_t)r->n_raw * TW, cm[i].taps, sizeof(float) * (size_t)m * TW);
+        r->n_raw += m;
     }
     return 0;
 }
@@ -457,6 +496,7 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
     const blk_provider *p = g->p;
     *out = NULL;
     if (row < 0 || row >= g->n_rows) return td_seterr(err, TD_EINVAL, "block: no row %d", row);
+    flush_backlogs(g, &row, 1);
     blk_row *r = &g->rows[row];
     int hd = p->hd;
     int32_t hdr[4] = {r->len, p->n_layer, p->KVH * hd, r->cx.n};
