@@ -53,6 +53,27 @@ static int prefill_row(td_drafter *d, td_draft_rows *rows, int *row, const int32
     return rc ? rc : td_draft_rows_append(rows, S, n, g_taps, NULL, err);
 }
 
+/* Capture row `row` of rows, restore it into a fresh one-row group of d and
+ * draft there at depth K from pending t (greedy): drafts -> out[0..*n_out). */
+static int restored_draft(td_drafter *d, td_draft_rows *rows, int row, int K, int32_t t, int32_t *out, int *n_out,
+                          td_err *err) {
+    td_draft_rows other = {0};
+    td_draft_checkpoint *ck = NULL;
+    int rc = rows->vt->capture(rows->self, row, &ck, err);
+    if (!rc) rc = d->vt->open_rows(d->self, 1, 240, K, g_c, &other, err);
+    if (!rc) rc = td_draft_rows_append(&other, NULL, 0, NULL, ck, err);
+    td_draft_checkpoint_free(ck);
+    td_sampling sp = td_sampling_default();
+    const td_sampling *spp = &sp;
+    uint64_t pos = 0;
+    int depth = K;
+    td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = out, .n_tokens = n_out,
+                      .sampling = &spp, .out_pos = &pos};
+    if (!rc) rc = td_draft_rows_draft(&other, &q, err);
+    td_draft_rows_free(&other);
+    return rc;
+}
+
 static void test_rounds(cJSON *fx) {
     t_begin("block_matches_pytorch_reference");
     td_drafter *d = NULL;
@@ -119,23 +140,13 @@ static void test_rounds(cJSON *fx) {
             t = tg[mm];
             if (cJSON_GetObjectItem(r, "round")->valueint == 2) {
                 /* a checkpoint restored into a fresh group drafts round 3's drafts */
-                td_draft_rows other = {0};
-                td_draft_checkpoint *ck = NULL;
                 int32_t b2[MAXK];
                 int nb2 = 0;
-                T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
-                T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
-                int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
-                td_draft_checkpoint_free(ck);
-                T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
-                td_draft_req qb = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = b2,
-                                   .n_tokens = &nb2, .sampling = &spp, .out_pos = &pos};
-                T_REQUIRE(td_draft_rows_draft(&other, &qb, &err) == 0, "draft restored: %s", err.msg);
+                T_REQUIRE(restored_draft(d, &rows, 0, K, t, b2, &nb2, &err) == 0, "restore and draft: %s", err.msg);
                 cJSON *next = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "rounds"), 3), "drafts");
                 int same = nb2 == cJSON_GetArraySize(next);
                 for (int j = 0; same && j < nb2; j++) same = b2[j] == cJSON_GetArrayItem(next, j)->valueint;
                 T_CHECK(same, "restored block row drafts differently from the reference");
-                td_draft_rows_free(&other);
                 ckpt_checked++;
             }
         }
@@ -337,21 +348,10 @@ static void test_vocab(cJSON *fx) {
             greedy_checked++;
         }
         { /* a checkpoint carries the context ids: the restored row drafts the same */
-            td_draft_rows other = {0};
-            td_draft_checkpoint *ck = NULL;
             int32_t d2[MAXK];
             int n2 = 0;
-            T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
-            T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
-            int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
-            td_draft_checkpoint_free(ck);
-            T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
-            td_draft_req q2 = q;
-            q2.tokens = d2;
-            q2.n_tokens = &n2;
-            T_REQUIRE(td_draft_rows_draft(&other, &q2, &err) == 0, "draft restored: %s", err.msg);
+            T_REQUIRE(restored_draft(d, &rows, 0, K, t, d2, &n2, &err) == 0, "restore and draft: %s", err.msg);
             T_CHECK(n2 == nd && memcmp(d2, dr, sizeof(int32_t) * (size_t)nd) == 0, "a restored row drafts as the original");
-            td_draft_rows_free(&other);
         }
         sp.temperature = 0.5f;
         sp.seed = 7;
@@ -442,30 +442,10 @@ static void test_lazy(cJSON *fx) {
         int32_t pend[2] = {t, t}, dr[2 * MAXK];
         int depth[2] = {K, b_drafts ? K : 0}, nd[2] = {0, 0};
         if (b_drafts && idle > 0 && !ck_checked) { /* a checkpoint of a row with a backlog */
-            td_draft_rows other = {0};
-            td_draft_checkpoint *ck = NULL;
-            T_REQUIRE(rows.vt->capture(rows.self, 1, &ck, &err) == 0, "capture: %s", err.msg);
-            T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
-            int rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
-            td_draft_checkpoint_free(ck);
-            T_REQUIRE(rc2 == 0, "restore: %s", err.msg);
-            int32_t d2[MAXK];
-            int n2 = 0, dep = K;
-            td_draft_req q2 = {.n_rows = 1, .pending = &t, .depth = &dep, .max_depth = K, .tokens = d2, .n_tokens = &n2,
-                               .sampling = spp, .out_pos = pos};
-            int32_t d0[MAXK];
-            int n0 = 0;
-            td_draft_req q0 = q2;
-            q0.tokens = d0;
-            q0.n_tokens = &n0;
-            T_REQUIRE(td_draft_rows_draft(&other, &q2, &err) == 0, "draft restored: %s", err.msg);
-            td_draft_rows_free(&other);
-            T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &other, &err) == 0, "open");
-            T_REQUIRE(rows.vt->capture(rows.self, 0, &ck, &err) == 0, "capture: %s", err.msg);
-            rc2 = td_draft_rows_append(&other, NULL, 0, NULL, ck, &err);
-            td_draft_checkpoint_free(ck);
-            T_REQUIRE(rc2 == 0 && td_draft_rows_draft(&other, &q0, &err) == 0, "restored row 0: %s", err.msg);
-            td_draft_rows_free(&other);
+            int32_t d0[MAXK], d2[MAXK];
+            int n0 = 0, n2 = 0;
+            T_REQUIRE(restored_draft(d, &rows, 1, K, t, d2, &n2, &err) == 0, "restore row 1: %s", err.msg);
+            T_REQUIRE(restored_draft(d, &rows, 0, K, t, d0, &n0, &err) == 0, "restore row 0: %s", err.msg);
             T_CHECK(n2 == n0 && memcmp(d2, d0, sizeof(int32_t) * (size_t)n0) == 0,
                     "a checkpoint taken with %d idle rounds behind drafts as the always-projected row's", idle);
             ck_checked = 1;
