@@ -195,6 +195,13 @@ static void run_exact_controlled(void) {
     snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100", g_dir);
     run_exact(sub, "mtp_ranked100", 0, 8, 4);
     run_exact(sub, "mtp_ranked100", 1, 3, 4);
+    /* MTP head and block drafter with their own matrices quantized at load */
+    snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100,quant=q8_0", g_dir);
+    run_exact(sub, "mtp_q8_ranked100", 0, 3, 4);
+    run_exact(sub, "mtp_q8_ranked100", 1, 8, 4);
+    snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100,quant=q8_0", g_dir);
+    run_exact(sub, "block_q8_ranked100", 0, 3, 5);
+    run_exact(sub, "block_q8_ranked100", 1, 1, 5);
     /* the block drafter: ranked LM-head and Markov rows, context ids with their Markov rows */
     snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100", g_dir);
     for (int temp = 0; temp <= 1; temp++) {
@@ -414,8 +421,31 @@ static void test_depth_plan(void) {
     for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
     td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, 1, k);
     T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);
+    for (int r = 0; r < 40; r++) td_depth_update(&good, TD_SPEC_MAX_DEPTH, TD_SPEC_MAX_DEPTH);
     for (int r = 0; r < 40; r++) td_depth_update(&good, 4, 0);
     T_CHECK(good.a[0] < 0.05 && good.a[1] > 0.85, "rejections lower only positions that were reached (%.2f, %.2f)", good.a[0], good.a[1]);
+    /* positions never drafted follow the deepest one seen, not the prior */
+    td_depth_ctl fresh, joined;
+    td_depth_init(&fresh, 0.5);
+    for (int r = 0; r < 40; r++) td_depth_update(&fresh, 2, 2);
+    T_CHECK(fresh.seen == 2 && fresh.a[1] > 0.95 && fresh.a[2] == fresh.a[1] && fresh.a[TD_SPEC_MAX_DEPTH - 1] == fresh.a[1],
+            "unseen positions follow the deepest seen (seen %d, a2 %.2f a3 %.2f)", fresh.seen, fresh.a[1], fresh.a[2]);
+    fresh.since_probe = 7;
+    fresh.probe_every = 4 * TD_DEPTH_PROBE;
+    td_depth_init_from(&joined, &fresh);
+    T_CHECK(joined.a[0] == fresh.a[0] && joined.seen == 2 && joined.since_probe == 0 && joined.probe_every == TD_DEPTH_PROBE,
+            "a joining row takes the pooled estimates and a fresh probe schedule");
+    /* the verify curve: the nondecreasing lower convex hull of the measurements */
+    td_cost_curve cv;
+    int cT[5] = {1, 2, 3, 4, 8};
+    double cs[5] = {1.0, 1.5, 1.2, 1.6, 3.0};
+    td_cost_curve_fit(&cv, cT, cs, 5);
+    T_CHECK(cv.n == 3 && cv.T[1] == 4 && fabs(td_cost_at(&cv, 2) - 1.2) < 1e-12 && fabs(td_cost_at(&cv, 8) - 3.0) < 1e-12,
+            "cost curve hull: %d points, c(2) = %.3f", cv.n, td_cost_at(&cv, 2));
+    for (int T = 2; T < 12; T++)
+        T_CHECK(td_cost_at(&cv, T) >= td_cost_at(&cv, T - 1) &&
+                    td_cost_at(&cv, T + 1) - td_cost_at(&cv, T) >= td_cost_at(&cv, T) - td_cost_at(&cv, T - 1) - 1e-12,
+                "cost curve nondecreasing and convex at T = %d", T);
     t_end();
 }
 
@@ -595,9 +625,25 @@ static void test_bad_input(void) {
     snprintf(spec, sizeof spec, "model:%s/draft_same,vocab=100,fast=1", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "unknown option"),
             "an unknown drafter option: %s", err.msg);
-    snprintf(spec, sizeof spec, "mtp:%s/mtp,quant=q8_0", g_dir);
-    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "unknown option"),
-            "quant= is the model drafter's option: %s", err.msg);
+    snprintf(spec, sizeof spec, "mtp:%s/mtp,quant=q5", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "q8_0"),
+            "an unknown MTP quantization: %s", err.msg);
+    snprintf(spec, sizeof spec, "block:%s/block,quant=q5", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "q8_0"),
+            "an unknown block quantization: %s", err.msg);
+    for (int kind = 0; kind < 2; kind++) { /* block, mtp: quantized at load, named so, fewer resident bytes */
+        td_drafter *plain = NULL;
+        snprintf(spec, sizeof spec, kind ? "mtp:%s/mtp" : "block:%s/block", g_dir);
+        T_REQUIRE(td_drafter_open(&plain, spec, g_target, &err) == 0, "%s: %s", spec, err.msg);
+        snprintf(spec, sizeof spec, kind ? "mtp:%s/mtp,quant=q8_0" : "block:%s/block,quant=q8_0", g_dir);
+        T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == 0 && d2 && strstr(td_drafter_id(d2), "quant=q8_0") &&
+                    td_drafter_weight_bytes(d2) < td_drafter_weight_bytes(plain),
+                "%s: %zu bytes vs %zu unquantized (%s)", spec, td_drafter_weight_bytes(d2), td_drafter_weight_bytes(plain),
+                d2 ? "" : err.msg);
+        td_drafter_free(d2);
+        td_drafter_free(plain);
+        d2 = NULL;
+    }
     snprintf(spec, sizeof spec, "mtp:%s/mtp,vocab=x", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "positive count"),
             "MTP draft vocabulary not a number: %s", err.msg);

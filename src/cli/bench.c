@@ -83,17 +83,24 @@ static int load_prompts(const char *path, const td_tokenizer *tok, int limit, in
     return 0;
 }
 
-/* Decode every prompt with up to B rows at once; rows are refilled as they finish. */
-static int run_all(td_ctx *c, const td_model *m, td_drafter *d, const cli_gen_opts *o, int B,
-                   bench_prompt *ps, int np, bench_result *res) {
+/* r = a - b: what a group's counters gained over a stretch (the group's
+ * totals grow for its lifetime). */
+static void stats_sub(td_spec_stats *r, const td_spec_stats *a, const td_spec_stats *b) {
+    *r = *a;
+    r->rounds -= b->rounds; r->drafted -= b->drafted; r->accepted -= b->accepted; r->emitted -= b->emitted;
+    for (int j = 0; j < TD_SPEC_MAX_DEPTH; j++) { r->drafted_at[j] -= b->drafted_at[j]; r->accepted_at[j] -= b->accepted_at[j]; }
+    r->t_draft -= b->t_draft; r->t_verify -= b->t_verify; r->t_accept -= b->t_accept; r->t_prefill -= b->t_prefill;
+}
+
+/* Decode every prompt with up to B rows at once in group g (borrowed; it lives
+ * for the whole benchmark, as a server's does, so what its depth planner has
+ * learnt carries from piece to piece); rows are refilled as they finish. */
+static int run_all(td_spec *g, const cli_gen_opts *o, int B, bench_prompt *ps, int np, bench_result *res) {
     td_err err = {0};
-    td_spec *g = NULL;
-    td_spec_params sp = td_spec_default_params();
-    sp.max_depth = d ? o->depth : 0;
-    sp.fixed_depth = o->fixed_depth;
-    sp.accept = o->accept;
-    if (td_spec_open(&g, c, m, d, &sp, &err) != 0) return cli_die("speculative group", &err);
+    td_spec_stats st0, st1;
+    td_spec_stats_get(g, -1, &st0);
     int *row_of = malloc(sizeof(int) * (size_t)B), *prompt_of = malloc(sizeof(int) * (size_t)B);
+    if (!row_of || !prompt_of) { free(row_of); free(prompt_of); fprintf(stderr, "tandem bench: out of memory\n"); return 1; }
     for (int i = 0; i < B; i++) row_of[i] = -1;
     int next = 0, live = 0, rc = 0;
     double t0 = cli_now();
@@ -117,13 +124,15 @@ static int run_all(td_ctx *c, const td_model *m, td_drafter *d, const cli_gen_op
         }
     }
     res->wall_s = cli_now() - t0;
-    td_spec_stats_get(g, -1, &res->st);
+    td_spec_stats_get(g, -1, &st1);
+    stats_sub(&res->st, &st1, &st0);
     res->prefill_s = res->st.t_prefill;
     res->tokens = res->st.emitted;
 out:
+    for (int i = 0; rc && i < B; i++)
+        if (row_of[i] >= 0) td_spec_remove(g, row_of[i]);
     free(row_of);
     free(prompt_of);
-    td_spec_free(g);
     return rc;
 }
 
@@ -221,6 +230,14 @@ int cmd_bench(int argc, char **argv) {
      * each decoded plain then speculatively, reps times; a piece's fastest run
      * per mode counts. The plain tokens of a piece are the reference. */
     bench_result rp = {0}, rs = {0};
+    td_spec *gplain = NULL, *gspec = NULL;
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = 0;
+    if (td_spec_open(&gplain, c, m, NULL, &sp, &err) != 0) { cli_die("speculative group", &err); goto out; }
+    sp.max_depth = d ? o.depth : 0;
+    sp.fixed_depth = o.fixed_depth;
+    sp.accept = o.accept;
+    if (td_spec_open(&gspec, c, m, d, &sp, &err) != 0) { cli_die("speculative group", &err); goto out; }
     int32_t **ref = calloc((size_t)np, sizeof(int32_t *));
     int *nref = calloc((size_t)np, sizeof(int));
     if (!ref || !nref) goto out_ref;
@@ -230,7 +247,7 @@ int cmd_bench(int argc, char **argv) {
         bench_result bp = {0}, bs = {0};
         for (int rep = 0; rep < reps; rep++) {
             bench_result r = {0};
-            if (run_all(c, m, NULL, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
+            if (run_all(gplain, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
             if (rep == 0 || decode_s(&r) < decode_s(&bp)) bp = r;
             for (int i = p0; rep == 0 && i < p0 + pn; i++) {
                 ref[i] = malloc(sizeof(int32_t) * (size_t)(ps[i].n_out + 1));
@@ -239,7 +256,7 @@ int cmd_bench(int argc, char **argv) {
                 nref[i] = ps[i].n_out;
             }
             r = (bench_result){0};
-            if (run_all(c, m, d, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
+            if (run_all(gspec, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
             if (rep == 0 || decode_s(&r) < decode_s(&bs)) bs = r;
             for (int i = p0; i < p0 + pn; i++)
                 if (nref[i] != ps[i].n_out || memcmp(ref[i], ps[i].out, sizeof(int32_t) * (size_t)nref[i]) != 0) {
@@ -309,6 +326,8 @@ out_ref:
 out:
     for (int i = 0; ps && i < np; i++) { free(ps[i].ids); free(ps[i].out); }
     free(ps);
+    td_spec_free(gspec);
+    td_spec_free(gplain);
     td_ctx_free(c);
     td_drafter_free(d);
     td_model_free(m);

@@ -93,6 +93,12 @@ struct td_model {
 /* n bytes (rounded up to 2 MiB), 2 MiB-aligned and advised MADV_HUGEPAGE;
  * free() releases it. NULL when out of memory. */
 void *td_model_alloc_huge(size_t n);
+/* Quantize tensors ts[i] ([rows][K] matmul weights, K a multiple of TD_QK) to
+ * dts[i] (Q8_0 / Q4_0) into one 2 MiB-aligned arena and rebind each to it;
+ * tensors already quantized or absent are kept. *arena_out: the arena, owned
+ * by the caller (free()), NULL when nothing was quantized; *bytes_out (may be
+ * NULL): the quantized bytes. On error no tensor has been changed. */
+int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **arena_out, size_t *bytes_out, td_err *err);
 /* Set m->dtype to the dtype holding the most weight bytes. */
 void td_model_main_dtype(td_model *m);
 /* The dtype a quantizer gives a matmul weight when asked for dtype: the output

@@ -45,34 +45,44 @@ int td_model_quant_type(int dtype, int is_output) {
     return is_output && dtype == TD_DTYPE_Q4_0 ? TD_DTYPE_Q8_0 : dtype;
 }
 
-typedef struct { td_tensor *t; int dt; const char *what; } mq_item;
-
-static size_t mq_bytes(const mq_item *it) {
-    if (!it->t->data || td_dtype_is_quant(it->t->dtype)) return 0; /* kept as loaded */
-    return (td_dtype_row_bytes(it->dt, it->t->shape[1]) * (size_t)it->t->shape[0] + 63) & ~(size_t)63;
-}
-
-/* Quantize it->t ([rows][K]) to it->dt into buf; rebind the tensor. */
-static int mq_tensor(td_model *m, const mq_item *it, char *buf, td_err *err) {
-    td_tensor *t = it->t;
-    int dt = it->dt;
-    int64_t rows = t->shape[0], K = t->shape[1];
-    size_t rb = td_dtype_row_bytes(dt, K), old = td_dtype_row_bytes(t->dtype, K) * (size_t)rows;
-    float *row = malloc(sizeof(float) * (size_t)K);
-    if (!row) return td_seterr(err, TD_ENOMEM, "out of memory quantizing %s", it->what);
-    for (int64_t r = 0; r < rows; r++) {
-        td_to_f32(row, (const char *)t->data + (size_t)r * td_dtype_row_bytes(t->dtype, K), t->dtype, (size_t)K);
-        td_quantize_row(dt, row, buf + (size_t)r * rb, K);
+int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **arena_out, size_t *bytes_out, td_err *err) {
+    *arena_out = NULL;
+    if (bytes_out) *bytes_out = 0;
+    size_t total = 0, kept = 0;
+    for (int i = 0; i < n; i++) {
+        const td_tensor *t = ts[i];
+        if (!t->data || td_dtype_is_quant(t->dtype)) continue; /* kept as loaded */
+        if (t->n_dims != 2 || t->shape[1] % TD_QK || !td_dtype_is_quant(dts[i]))
+            return td_seterr(err, TD_EUNSUPPORTED, "cannot quantize a [%lld, %lld] tensor to %s: rows must be a multiple of %d values",
+                             (long long)t->shape[0], (long long)(t->n_dims == 2 ? t->shape[1] : 0), td_dtype_name(dts[i]), TD_QK);
+        total += (td_dtype_row_bytes(dts[i], t->shape[1]) * (size_t)t->shape[0] + 63) & ~(size_t)63;
+    }
+    if (!total) return 0;
+    char *arena = td_model_alloc_huge(total);
+    if (!arena) return td_seterr(err, TD_ENOMEM, "out of memory quantizing weights (%zu bytes)", total);
+    int64_t maxk = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i]->n_dims == 2 && ts[i]->shape[1] > maxk) maxk = ts[i]->shape[1];
+    float *row = malloc(sizeof(float) * (size_t)maxk);
+    if (!row) { free(arena); return td_seterr(err, TD_ENOMEM, "out of memory quantizing weights"); }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        td_tensor *t = ts[i];
+        if (!t->data || td_dtype_is_quant(t->dtype)) continue;
+        int64_t rows = t->shape[0], K = t->shape[1];
+        size_t rb = td_dtype_row_bytes(dts[i], K), ib = td_dtype_row_bytes(t->dtype, K);
+        for (int64_t r = 0; r < rows; r++) {
+            td_to_f32(row, (const char *)t->data + (size_t)r * ib, t->dtype, (size_t)K);
+            td_quantize_row(dts[i], row, arena + off + (size_t)r * rb, K);
+        }
+        t->data = arena + off;
+        t->dtype = dts[i];
+        kept += rb * (size_t)rows;
+        off += (rb * (size_t)rows + 63) & ~(size_t)63;
     }
     free(row);
-    m->dtype_count[t->dtype]--;
-    m->dtype_bytes[t->dtype] -= old;
-    m->weight_bytes -= old;
-    t->data = buf;
-    t->dtype = dt;
-    m->dtype_count[dt]++;
-    m->dtype_bytes[dt] += rb * (size_t)rows;
-    m->weight_bytes += rb * (size_t)rows;
+    *arena_out = arena;
+    if (bytes_out) *bytes_out = kept;
     return 0;
 }
 
@@ -86,35 +96,41 @@ int td_model_quantize_weights(td_model *m, int dtype, td_err *err) {
         if (dims[i].v % TD_QK)
             return td_seterr(err, TD_EUNSUPPORTED, "cannot quantize to %s: %s = %d is not a multiple of %d",
                              td_dtype_name(dtype), dims[i].name, dims[i].v, TD_QK);
-    /* the tensors, then one arena for all of them (one allocation, one huge-page region) */
+    /* the tensors (with their dtypes before and after), then one arena for all of them */
     int tied = m->w.lm_head.data == m->w.tok_embd.data, n = 0;
-    mq_item *items = malloc(sizeof *items * (size_t)(2 + 7 * c->n_layer));
+    int nmax = 2 + 7 * c->n_layer;
+    td_tensor **ts = malloc(sizeof *ts * (size_t)nmax);
+    int *dts = malloc(sizeof *dts * (size_t)nmax), *old = malloc(sizeof *old * (size_t)nmax);
     void **no = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *no);
     if (no) m->owned = no;
-    if (!items || !no) {
-        free(items);
+    if (!ts || !dts || !old || !no) {
+        free(ts); free(dts); free(old);
         return td_seterr(err, TD_ENOMEM, "out of memory quantizing the model");
     }
-    items[n++] = (mq_item){&m->w.tok_embd, td_model_quant_type(dtype, tied), "embed_tokens"};
-    if (!tied) items[n++] = (mq_item){&m->w.lm_head, td_model_quant_type(dtype, 1), "lm_head"};
+    ts[n] = &m->w.tok_embd; dts[n++] = td_model_quant_type(dtype, tied);
+    if (!tied) { ts[n] = &m->w.lm_head; dts[n++] = td_model_quant_type(dtype, 1); }
     for (int l = 0; l < c->n_layer; l++) {
         td_layer_w *L = &m->w.layers[l];
-        td_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) items[n++] = (mq_item){ts[i], dtype, "a layer weight"};
+        td_tensor *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) { ts[n] = lt[i]; dts[n++] = dtype; }
     }
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += mq_bytes(&items[i]);
-    char *arena = total ? td_model_alloc_huge(total) : NULL;
-    int rc = 0;
-    if (total && !arena) rc = td_seterr(err, TD_ENOMEM, "out of memory quantizing the model (%zu bytes)", total);
-    size_t off = 0;
+    for (int i = 0; i < n; i++) old[i] = ts[i]->data && !td_dtype_is_quant(ts[i]->dtype) ? ts[i]->dtype : -1;
+    void *arena = NULL;
+    int rc = td_tensors_quantize(ts, dts, n, &arena, NULL, err);
+    if (arena) m->owned[m->n_owned++] = arena;
     for (int i = 0; !rc && i < n; i++) {
-        size_t nb = mq_bytes(&items[i]);
-        if (nb) rc = mq_tensor(m, &items[i], arena + off, err);
-        off += nb;
+        if (old[i] < 0) continue;
+        const td_tensor *t = ts[i];
+        size_t was = td_dtype_row_bytes(old[i], t->shape[1]) * (size_t)t->shape[0];
+        size_t now = td_dtype_row_bytes(t->dtype, t->shape[1]) * (size_t)t->shape[0];
+        m->dtype_count[old[i]]--;
+        m->dtype_bytes[old[i]] -= was;
+        m->weight_bytes -= was;
+        m->dtype_count[t->dtype]++;
+        m->dtype_bytes[t->dtype] += now;
+        m->weight_bytes += now;
     }
-    free(items);
-    if (arena) m->owned[m->n_owned++] = arena; /* owned even after an error: tensors may point into it */
+    free(ts); free(dts); free(old);
     if (tied) m->w.lm_head = m->w.tok_embd;
     if (rc) return rc;
     td_model_main_dtype(m);

@@ -5,6 +5,13 @@
 
 void td_depth_init(td_depth_ctl *c, double prior) {
     for (int j = 0; j < TD_SPEC_MAX_DEPTH; j++) c->a[j] = prior;
+    c->seen = 0;
+    c->since_probe = 0;
+    c->probe_every = TD_DEPTH_PROBE;
+}
+
+void td_depth_init_from(td_depth_ctl *c, const td_depth_ctl *from) {
+    *c = *from;
     c->since_probe = 0;
     c->probe_every = TD_DEPTH_PROBE;
 }
@@ -21,6 +28,23 @@ double td_cost_at(const td_cost_curve *c, int T) {
     int l = c->n - 1;
     double slope = l > 0 ? (c->s[l] - c->s[l - 1]) / (c->T[l] - c->T[l - 1]) : c->s[l] / c->T[l];
     return c->s[l] + slope * (T - c->T[l]);
+}
+
+void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
+    c->n = 0;
+    for (int p = 0; p < n && p < TD_COST_POINTS; p++) {
+        double v = s[p];
+        if (c->n > 0 && v < c->s[c->n - 1]) v = c->s[c->n - 1]; /* never cheaper with more tokens */
+        while (c->n >= 2) { /* drop the last point while it lies on or above the chord to this one */
+            int a = c->n - 2, b = c->n - 1;
+            double cross = (c->s[b] - c->s[a]) * (T[p] - c->T[a]) - (v - c->s[a]) * (c->T[b] - c->T[a]);
+            if (cross < 0) break;
+            c->n--;
+        }
+        c->T[c->n] = T[p];
+        c->s[c->n] = v;
+        c->n++;
+    }
 }
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
@@ -79,6 +103,9 @@ void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {
     for (int j = 0; j < n_drafted && j < TD_SPEC_MAX_DEPTH; j++) {
         double hit = j < n_accepted ? 1.0 : 0.0;
         c->a[j] += EMA * (hit - c->a[j]);
+        if (j + 1 > c->seen) c->seen = j + 1;
         if (j >= n_accepted) break; /* positions after the first rejection were not reached */
     }
+    if (c->seen > 0)
+        for (int j = c->seen; j < TD_SPEC_MAX_DEPTH; j++) c->a[j] = c->a[c->seen - 1];
 }

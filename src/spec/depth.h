@@ -33,6 +33,9 @@
 
 typedef struct td_depth_ctl {
     double a[TD_SPEC_MAX_DEPTH];  /* acceptance estimate by position */
+    int seen;                     /* positions 0..seen-1 have been observed; a[j] for j >= seen
+                                     follows a[seen-1] (the deepest estimate stands in for
+                                     positions never drafted, rather than the prior) */
     int since_probe;              /* rounds at depth 0 since the last probe */
     int probe_every;              /* rounds between probes: doubles after each probe that
                                      does not bring drafting back, up to TD_DEPTH_PROBE_MAX */
@@ -46,8 +49,19 @@ typedef struct td_cost_curve {
 } td_cost_curve;
 
 double td_cost_at(const td_cost_curve *c, int T);
+/* Set c from n measured points (T increasing, s the fastest time seen at
+ * each): the lower convex hull of the points, made nondecreasing. A forward's
+ * cost is flat while it streams weights and grows at most linearly once
+ * compute binds, so a point above the hull is load that hit its samples, and
+ * a kink there would steer the planner (a depth just under a slow point looks
+ * free, one above it dear). */
+void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n);
 
 void td_depth_init(td_depth_ctl *c, double prior);
+/* A row joining a group starts from the group's pooled estimates (`from`,
+ * borrowed): its acceptance by position and what has been seen, with a fresh
+ * probe schedule. */
+void td_depth_init_from(td_depth_ctl *c, const td_depth_ctl *from);
 /* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
  * k[i]. step_s: seconds per draft step (one position for all rows); one_shot:

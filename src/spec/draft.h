@@ -154,6 +154,18 @@ int td_draft_weights_bind(const td_draft_weights *w, struct td_tensor *t, const 
 struct td_model;
 int td_draft_serial_tokens(const struct td_model *v);
 
+/* A drafter's own matmul weights in memory as Q8_0 / Q4_0 (spec option
+ * quant=q8_0|q4_0): the seven matrices of each of the n_layer layers L and the
+ * tensors extra[0..n_extra-1], quantized into one arena (*arena: owned by the
+ * caller, free() it) and rebound to it. *delta: bytes the drafter's resident
+ * weights change by (negative: the quantized copies replace what the mapping
+ * held). On error nothing was changed. */
+struct td_layer_w;
+int td_draft_quantize(struct td_layer_w *L, int n_layer, struct td_tensor **extra, int n_extra, int dtype,
+                      void **arena, long long *delta, td_err *err);
+/* "q8_0" / "q4_0" -> TD_DTYPE_*; 0 for anything else. */
+int td_draft_quant_parse(const char *s);
+
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
                                        const td_draft_checkpoint *ck, td_err *err) {
@@ -188,7 +200,7 @@ int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *ta
  * matrices at load (cheaper draft steps; the target's verification keeps the
  * output exact). */
 int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err);
-int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err);
+int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err);
 /* spec: "DIR[,prune=on|off][,vocab=N]" (the part after "block:") */
 int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 

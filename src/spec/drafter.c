@@ -1,9 +1,11 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0]" | "mtp:DIR[,vocab=N]" | "block:DIR[,prune=on|off][,vocab=N]".
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0]" | "mtp:DIR[,vocab=N][,quant=...]"
+ * | "block:DIR[,prune=on|off][,vocab=N][,quant=...]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -19,7 +21,7 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
     if (!strcmp(spec, "ngram")) return td_drafter_ngram_open(out, NULL, target, err);
     if (!strncmp(spec, "ngram:", 6)) return td_drafter_ngram_open(out, spec + 6, target, err);
     if (!strncmp(spec, "model:", 6) || !strncmp(spec, "mtp:", 4)) {
-        /* KIND:DIR[,vocab=N][,quant=q8_0|q4_0] (quant: the model drafter only) */
+        /* KIND:DIR[,vocab=N][,quant=q8_0|q4_0] */
         int is_model = spec[1] == 'o';
         const char *kind = is_model ? "model" : "mtp";
         char dir[4096];
@@ -36,20 +38,49 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
                 if (*end || end == opt + 6 || v < 1 || v > (1L << 24))
                     return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as %s:DIR,vocab=4096", spec, kind);
                 n_sub = (int)v;
-            } else if (is_model && !strncmp(opt, "quant=", 6)) {
-                if (!strcmp(opt + 6, "q8_0")) quant = TD_DTYPE_Q8_0;
-                else if (!strcmp(opt + 6, "q4_0")) quant = TD_DTYPE_Q4_0;
-                else return td_seterr(err, TD_EINVAL, "'%s': quant= takes q8_0 or q4_0", spec);
+            } else if (!strncmp(opt, "quant=", 6)) {
+                if (!(quant = td_draft_quant_parse(opt + 6)))
+                    return td_seterr(err, TD_EINVAL, "'%s': quant= takes q8_0 or q4_0", spec);
             } else {
-                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (%s)", spec, opt,
-                                 is_model ? "vocab=N or quant=q8_0|q4_0" : "vocab=N");
+                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (vocab=N or quant=q8_0|q4_0)", spec, opt);
             }
             opt = next;
         }
-        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, target, err) : td_drafter_mtp_open(out, dir, n_sub, target, err);
+        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, target, err) : td_drafter_mtp_open(out, dir, n_sub, quant, target, err);
     }
     if (!strncmp(spec, "block:", 6)) return td_drafter_block_open(out, spec + 6, target, err);
     return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR, mtp:DIR or block:DIR)", spec);
+}
+
+int td_draft_quant_parse(const char *s) {
+    return !strcmp(s, "q8_0") ? TD_DTYPE_Q8_0 : !strcmp(s, "q4_0") ? TD_DTYPE_Q4_0 : 0;
+}
+
+int td_draft_quantize(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, int dtype,
+                      void **arena, long long *delta, td_err *err) {
+    *arena = NULL;
+    *delta = 0;
+    int n = 0, cap = 7 * n_layer + n_extra;
+    td_tensor **ts = malloc(sizeof *ts * (size_t)(cap ? cap : 1));
+    int *dts = malloc(sizeof *dts * (size_t)(cap ? cap : 1));
+    if (!ts || !dts) { free(ts); free(dts); return td_seterr(err, TD_ENOMEM, "out of memory quantizing the drafter"); }
+    for (int l = 0; l < n_layer; l++) {
+        td_tensor *lt[] = {&L[l].wq, &L[l].wk, &L[l].wv, &L[l].wo, &L[l].w_gate, &L[l].w_up, &L[l].w_down};
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
+    }
+    for (int i = 0; i < n_extra; i++) ts[n++] = extra[i];
+    long long was = 0;
+    for (int i = 0; i < n; i++) {
+        dts[i] = dtype;
+        if (ts[i]->data && !td_dtype_is_quant(ts[i]->dtype) && ts[i]->n_dims == 2)
+            was += (long long)(td_dtype_row_bytes(ts[i]->dtype, ts[i]->shape[1]) * (size_t)ts[i]->shape[0]);
+    }
+    size_t now = 0;
+    int rc = td_tensors_quantize(ts, dts, n, arena, &now, err);
+    if (!rc) *delta = (long long)now - was;
+    free(ts);
+    free(dts);
+    return rc;
 }
 
 void td_drafter_free(td_drafter *d) {

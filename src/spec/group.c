@@ -84,6 +84,7 @@ struct td_spec {
     int32_t *emitted;          /* [max_depth+1] */
     td_cost_curve cv;          /* verify forward seconds by tokens */
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
+    td_depth_ctl pool_depth;   /* every row's rounds pooled: where a joining row starts */
     int *maxk;                 /* [max_rows] by drafter row */
     double draft_s;            /* seconds per draft step (running): one position for all rows */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
@@ -130,9 +131,9 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
     while (np < TD_COST_POINTS && pts[np] <= t_max && ctx_n + pts[np] <= g->max_ctx) np++;
     double best[TD_COST_POINTS];
     for (int p = 0; p < np; p++) best[p] = 1e30;
-    /* sweeps over all sizes, best of 3 per size: a burst of load on a shared
+    /* sweeps over all sizes, best of 5 per size: a burst of load on a shared
      * machine then hits one sample of every size, not every sample of one */
-    for (int rep = 0; rep < 3; rep++)
+    for (int rep = 0; rep < 5; rep++)
         for (int p = 0; p < np; p++) {
             int T = pts[p];
             td_ctx_row_trim(g->ctx, row, ctx_n);
@@ -142,13 +143,9 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
             double dt = td_now() - t0;
             if (dt < best[p]) best[p] = dt;
         }
-    for (int p = 0; p < np; p++) {
-        double s = best[p];
-        if (g->cv.n > 0 && s < g->cv.s[g->cv.n - 1]) s = g->cv.s[g->cv.n - 1]; /* never cheaper with more tokens */
-        g->cv.T[g->cv.n] = pts[p];
-        g->cv.s[g->cv.n] = s;
-        g->cv.n++;
-    }
+    int T[TD_COST_POINTS];
+    for (int p = 0; p < np; p++) T[p] = pts[p];
+    td_cost_curve_fit(&g->cv, T, best, np);
 out:
     free(toks);
     td_ctx_row_remove(g->ctx, row);
@@ -264,6 +261,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     }
     /* until a draft step is measured, assume the drafter's own estimate */
     if (drafter) g->draft_s = drafter->step_cost_hint * td_cost_at(&g->cv, 1);
+    td_depth_init(&g->pool_depth, 0.7);
     g->debug = getenv("TD_SPEC_DEBUG") != NULL;
     if (g->debug) {
         fprintf(stderr, "tandem: verify cost curve:");
@@ -329,7 +327,7 @@ int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_pa
     r->dr = -1;
     td_emit_free(&r->em);
     td_emit_init(&r->em, gp->stop, gp->n_stop);
-    td_depth_init(&r->depth, 0.7);
+    td_depth_init_from(&r->depth, &g->pool_depth);
     memset(&r->st, 0, sizeof r->st);
     r->state = ROW_NEW;
     *id_out = slot;
@@ -472,8 +470,9 @@ int td_spec_step(td_spec *g, td_err *err) {
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
-                fprintf(stderr, "tandem: plan row %d: maxk %d -> depth %d (a1 %.2f a2 %.2f)\n", d, g->maxk[d], g->depth[d],
-                        g->ctl[d]->a[0], g->ctl[d]->a[1]);
+                fprintf(stderr, "tandem: plan row %d: maxk %d -> depth %d (a1..4 %.2f %.2f %.2f %.2f, step %.3f ms, T1 %.3f ms)\n",
+                        d, g->maxk[d], g->depth[d], g->ctl[d]->a[0], g->ctl[d]->a[1], g->ctl[d]->a[2], g->ctl[d]->a[3],
+                        g->draft_s * 1e3, td_cost_at(&g->cv, 1) * 1e3);
     }
     if (n_dr > 0) {
         int any = 0;
@@ -582,7 +581,10 @@ int td_spec_step(td_spec *g, td_err *err) {
             g->total.drafted_at[j]++;
             if (j < m) { r->st.accepted_at[j]++; g->total.accepted_at[j]++; }
         }
-        if (k) td_depth_update(&r->depth, k, m);
+        if (k) {
+            td_depth_update(&r->depth, k, m);
+            td_depth_update(&g->pool_depth, k, m);
+        }
         /* emit t_0..t_m (t_j for j < m are accepted drafts) */
         int done = 0;
         const float *row_lg = g->logits + (size_t)(off - 1 - k) * V;

@@ -32,6 +32,8 @@
  * as they appear): a greedy draft is the argmax over both, every logit the
  * same two dots as the full head's; sampled drafts (q) come from the N kept ids
  * and are zero beyond. The target's verification keeps the output exact.
+ * Option quant=q8_0|q4_0 quantizes the drafter's own matrices (fc and its
+ * layers') in memory; the shared LM head stays the target's.
  * Rows own their context K/V ([layer][kv head][position][head_dim], with room
  * for G block entries past the committed length, written during a draft and
  * overwritten by the next commit; always f32, whatever the target's kv_type —
@@ -45,6 +47,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
+#include "nn/quant.h"
 #include "nn/pool.h"
 #include "util/util.h"
 
@@ -72,6 +75,8 @@ typedef struct {
     td_tensor conf_w, conf_b;          /* [1][D], [1], or absent */
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
+    int quant;                         /* TD_DTYPE_Q8_0 / Q4_0 (option quant=), or 0 */
+    void *qarena;                      /* owned: the quantized matrices, or NULL */
     td_tensor head;                    /* the target's LM head cut to the draft vocabulary
                                           (a view, or voc's gathered rows) [n_sub][D] */
     td_draft_vocab voc;                /* the draft vocabulary over the LM head (spec/vocab.h) */
@@ -601,6 +606,7 @@ static void blk_free(void *self) {
     blk_provider *p = self;
     if (!p) return;
     free(p->L);
+    free(p->qarena);
     td_draft_vocab_free(&p->voc);
     td_draft_vocab_free(&p->mvoc);
     td_draft_weights_free(&p->w);
@@ -696,6 +702,7 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     snprintf(dir, sizeof dir, "%s", spec ? spec : "");
     int prune = 1;
     long n_sub = 0;
+    int quant = 0;
     char *opt = strchr(dir, ',');
     if (opt) {
         *opt = 0;
@@ -705,11 +712,13 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
             char *end = NULL;
             if (!strcmp(o, "prune=off")) prune = 0;
             else if (!strcmp(o, "prune=on")) prune = 1;
-            else if (!strncmp(o, "vocab=", 6) && (n_sub = strtol(o + 6, &end, 10), end != o + 6 && !*end)) {
+            else if (!strncmp(o, "quant=", 6)) {
+                if (!(quant = td_draft_quant_parse(o + 6))) return td_seterr(err, TD_EINVAL, "block: quant= takes q8_0 or q4_0");
+            } else if (!strncmp(o, "vocab=", 6) && (n_sub = strtol(o + 6, &end, 10), end != o + 6 && !*end)) {
                 if (n_sub < 1 || n_sub > target->cfg.n_vocab)
                     return td_seterr(err, TD_EINVAL, "block: draft vocabulary %ld outside [1, %d]", n_sub, target->cfg.n_vocab);
             } else
-                return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off][,vocab=N])", o);
+                return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off][,vocab=N][,quant=q8_0|q4_0])", o);
         }
     }
     if (!*dir) return td_seterr(err, TD_EINVAL, "block: give a directory, as block:DIR");
@@ -767,19 +776,24 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     if (!rc) rc = td_draft_vocab_open(&p->voc, dir, (int)n_sub, &p->head, err);
     if (!rc && p->rank) rc = td_draft_vocab_open(&p->mvoc, dir, (int)n_sub, &p->mk_out, err);
     if (!rc) p->n_sub = p->voc.n_sub;
+    long long delta = 0;
+    td_tensor *extra[] = {&p->fc};
+    if (!rc && quant) rc = td_draft_quantize(p->L, p->n_layer, extra, 1, quant, &p->qarena, &delta, err);
     if (rc) { blk_free(p); free(d); return rc; }
+    p->quant = quant;
     d->vt = &blk_vt;
     d->self = p;
     d->target = target;
-    d->weight_bytes = p->w.bytes;
+    d->weight_bytes = (size_t)((long long)p->w.bytes + delta);
     /* one forward drafts the whole block: it reads the drafter's layers and
      * the shared LM head once, whatever the depth */
     d->one_shot = 1;
-    d->step_cost_hint = 0.05 + ((double)p->w.bytes + (double)p->n_sub * D * 2.0) /
+    d->step_cost_hint = 0.05 + ((double)d->weight_bytes + (double)p->n_sub * D * 2.0) /
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%ld", n_sub);
-    snprintf(d->id, sizeof d->id, "block:%.110s%s%s", dir, prune ? "" : ",prune=off", vs);
+    snprintf(d->id, sizeof d->id, "block:%.110s%s%s%s%s", dir, prune ? "" : ",prune=off", vs, quant ? ",quant=" : "",
+             quant ? td_dtype_name(quant) : "");
     snprintf(d->ns, sizeof d->ns, "block-v2");
     *out = d;
     return 0;

@@ -22,6 +22,8 @@
  * 0..N-1 (byte-level BPE ids follow merge order, so these are the most frequent
  * tokens); proposals then come from them only, which verification makes
  * harmless to the output. The head's KV cache has the target context's kv_type.
+ * ",quant=q8_0|q4_0" quantizes the head's own matrices (its layer and fc) in
+ * memory; the shared embedding and LM head stay the target's.
  *
  * Files: config.json ("architectures": ["TandemMTP"], target_* fields checked
  * against the target) and model.safetensors with Qwen3-Next-style names
@@ -33,6 +35,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
+#include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -49,6 +52,7 @@ typedef struct {
     td_tensor fc;             /* [D][2D] */
     td_tensor norm_emb, norm_hid; /* [D] */
     int tap;                  /* target layer tapped (= n_layer) */
+    void *qarena;             /* owned: the quantized matrices (quant=), or NULL */
     td_draft_vocab voc;       /* the draft vocabulary (spec/vocab.h) */
     int n_sub;                /* = voc.n_sub */
 } mtp_provider;
@@ -173,48 +177,54 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
         if (q->depth[i] > maxk) maxk = q->depth[i];
     }
     if (!maxk) return 0;
-    /* 1. backlog: positions kv_len..len-2, whose next token is committed, in chunks */
+    /* 1. backlog: positions kv_len..len-2, whose next token is committed; all
+     * but the last MTP_CHUNK of them in chunks here, the rest with step 0 */
     for (;;) {
-        int nb = 0, nt = 0, last_round = 1;
+        int nb = 0, nt = 0;
         for (int i = 0; i < q->n_rows; i++) {
             mtp_row *r = &g->rows[i];
             int back = r->len - 1 - r->kv_len;
-            if (q->depth[i] <= 0 || back <= 0) continue;
-            if (back > MTP_CHUNK) { back = MTP_CHUNK; last_round = 0; }
-            if (nt + back > g->max_tokens) { last_round = 0; break; }
-            for (int k = 0; k < back; k++) {
+            if (q->depth[i] <= 0 || back <= MTP_CHUNK) continue;
+            int n = back - MTP_CHUNK < MTP_CHUNK ? back - MTP_CHUNK : MTP_CHUNK;
+            if (nt + n > g->max_tokens) break;
+            for (int k = 0; k < n; k++) {
                 int pos = r->kv_len + k;
                 head_input(g, r->stream[pos + 1], r->h + (size_t)pos * D, g->u + (size_t)(nt + k) * D);
             }
-            g->bidx[nb] = i; g->bn[nb] = back; nb++; nt += back;
+            g->bidx[nb] = i; g->bn[nb] = n; nb++; nt += n;
         }
         if (!nb) break;
         if ((rc = feed(g, nb, err)) != 0) return rc;
         for (int b = 0; b < nb; b++) g->rows[g->bidx[b]].kv_len += g->bn[b];
-        if (last_round) break;
     }
-    /* 2. position len-1 pairs h_{len-1} with the pending token: its output is
-     * d1; deeper drafts recurse on (y, d_j). A row with no committed token yet
-     * (a one-token prompt) has no hidden state to start from: it proposes
-     * nothing this round. */
+    /* 2. step 0 feeds a row's remaining backlog and then position len-1, which
+     * pairs h_{len-1} with the pending token: its output is d1; deeper drafts
+     * recurse on (y, d_j). A row with no committed token yet (a one-token
+     * prompt) has no hidden state to start from: it proposes nothing this
+     * round. */
     for (int j = 0; j < maxk; j++) {
-        int nb = 0;
+        int nb = 0, nt = 0;
         for (int i = 0; i < q->n_rows; i++) {
             mtp_row *r = &g->rows[i];
             if (q->depth[i] <= j || r->len == 0) continue;
-            float *u = g->u + (size_t)nb * D;
+            int back = j == 0 ? r->len - 1 - r->kv_len : 0;
+            for (int k = 0; k < back; k++) {
+                int pos = r->kv_len + k;
+                head_input(g, r->stream[pos + 1], r->h + (size_t)pos * D, g->u + (size_t)(nt + k) * D);
+            }
+            float *u = g->u + (size_t)(nt + back) * D;
             if (j == 0)
                 head_input(g, q->pending[i], r->h + (size_t)(r->len - 1) * D, u);
             else
                 head_input(g, q->tokens[(size_t)i * q->max_depth + j - 1], g->y + (size_t)i * D, u);
-            g->bidx[nb] = i; g->bn[nb] = 1; nb++;
+            g->bidx[nb] = i; g->bn[nb] = back + 1; nb++; nt += back + 1;
         }
         if (!nb) break;
         if ((rc = feed(g, nb, err)) != 0) return rc;
         for (int b = nb - 1; b >= 0; b--) {
             int i = g->bidx[b];
             mtp_row *r = &g->rows[i];
-            r->kv_len++;
+            r->kv_len += g->bn[b];
             const float *lg = g->logits + (size_t)b * g->V;
             memmove(g->y + (size_t)i * D, g->y + (size_t)b * D, sizeof(float) * (size_t)D);
             int32_t d;
@@ -327,7 +337,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     cp.serial_tokens = td_draft_serial_tokens(&p->head);
     cp.max_ctx = max_ctx + max_depth + 2;
     cp.max_tokens = g->max_tokens;
-    cp.max_logits = g->max_tokens; /* the backlog feed asks for its last positions only */
+    cp.max_logits = g->max_tokens; /* a feed asks for each row's last position only */
     if (target_ctx) cp.kv_type = td_ctx_get_params(target_ctx).kv_type; /* the head's KV follows the target's */
     if (target_ctx) cp.act_type = td_ctx_get_params(target_ctx).act_type; /* and its activation type */
     int rc = td_ctx_open(&g->ctx, &p->head, &cp, err);
@@ -363,6 +373,7 @@ static void mtp_free(void *self) {
     mtp_provider *p = self;
     if (!p) return;
     free(p->head.w.layers);
+    free(p->qarena);
     td_draft_vocab_free(&p->voc);
     td_st_free(p->file);
     free(p);
@@ -381,7 +392,7 @@ static int cfg_int(const cJSON *j, const char *key, int *out) {
     return 1;
 }
 
-int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_model *target, td_err *err) {
+int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err) {
     *out = NULL;
     if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "mtp: give a directory, as mtp:DIR");
     if (n_sub < 0 || n_sub > target->cfg.n_vocab)
@@ -449,16 +460,20 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, const td_m
     if (!rc) rc = bind(p, &L->w_gate, "mtp.layers.0.mlp.gate_proj.weight", F, D, path, err);
     if (!rc) rc = bind(p, &L->w_up, "mtp.layers.0.mlp.up_proj.weight", F, D, path, err);
     if (!rc) rc = bind(p, &L->w_down, "mtp.layers.0.mlp.down_proj.weight", D, F, path, err);
+    long long delta = 0;
+    td_tensor *extra[] = {&p->fc};
+    if (!rc && quant) rc = td_draft_quantize(L, 1, extra, 1, quant, &p->qarena, &delta, err);
     if (rc) { mtp_free(p); free(d); return rc; }
     d->vt = &mtp_vt;
     d->self = p;
     d->target = target;
-    d->weight_bytes = p->file->map_len;
+    d->weight_bytes = (size_t)((long long)p->file->map_len + delta);
     /* a step reads the head's layer and the target's LM head */
-    d->step_cost_hint = 0.1 + ((double)p->file->map_len + (double)p->n_sub * tc->n_embd * 2.0) /
+    d->step_cost_hint = 0.1 + ((double)d->weight_bytes + (double)p->n_sub * tc->n_embd * 2.0) /
                                   (double)(target->weight_bytes ? target->weight_bytes : 1);
-    if (n_sub) snprintf(d->id, sizeof d->id, "mtp:%s,vocab=%d", dir, n_sub);
-    else snprintf(d->id, sizeof d->id, "mtp:%s", dir);
+    char vs[32] = "";
+    if (n_sub) snprintf(vs, sizeof vs, ",vocab=%d", n_sub);
+    snprintf(d->id, sizeof d->id, "mtp:%.120s%s%s%s", dir, vs, quant ? ",quant=" : "", quant ? td_dtype_name(quant) : "");
     snprintf(d->ns, sizeof d->ns, "mtp-v1");
     *out = d;
     return 0;
