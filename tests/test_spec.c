@@ -435,6 +435,15 @@ static void test_depth_plan(void) {
     td_depth_init_from(&joined, &fresh);
     T_CHECK(joined.a[0] == fresh.a[0] && joined.seen == 2 && joined.since_probe == 0 && joined.probe_every == TD_DEPTH_PROBE,
             "a joining row takes the pooled estimates and a fresh probe schedule");
+    /* a stale low estimate deeper than the plan drafts drifts back up */
+    td_depth_ctl stale;
+    td_depth_init(&stale, 0.9);
+    for (int r = 0; r < 40; r++) td_depth_update(&stale, 4, 2); /* position 3 rejected: a[2] low */
+    double low = stale.a[2];
+    for (int r = 0; r < 60; r++) td_depth_update(&stale, 2, 2);
+    T_CHECK(low < 0.05 && stale.a[2] > 0.9 && stale.a[0] > 0.99, "a stale position drifts up (%.2f -> %.2f)", low, stale.a[2]);
+    for (int r = 0; r < 60; r++) td_depth_update(&stale, 2, 0);
+    T_CHECK(stale.a[2] > 0.9, "and never down on drafted positions' rejections (%.2f)", stale.a[2]);
     /* the verify curve: the nondecreasing lower convex hull of the measurements */
     td_cost_curve cv;
     int cT[5] = {1, 2, 3, 4, 8};

@@ -2,6 +2,7 @@
 #include "spec/depth.h"
 
 #define EMA 0.15
+#define DRIFT 0.05 /* per round, of an undrafted position towards the drafted ones' mean */
 
 void td_depth_init(td_depth_ctl *c, double prior) {
     for (int j = 0; j < TD_SPEC_MAX_DEPTH; j++) c->a[j] = prior;
@@ -108,4 +109,15 @@ void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {
     }
     if (c->seen > 0)
         for (int j = c->seen; j < TD_SPEC_MAX_DEPTH; j++) c->a[j] = c->a[c->seen - 1];
+    /* Positions deeper than the plan drafted learn nothing, so a low estimate
+     * there would keep the plan from ever drafting them again: they drift up
+     * towards the mean estimate of the positions drafted (never down — a
+     * deep position that looks too good gets drafted and corrected). */
+    if (n_drafted > 0 && n_drafted < TD_SPEC_MAX_DEPTH) {
+        double ref = 0;
+        for (int j = 0; j < n_drafted; j++) ref += c->a[j];
+        ref /= n_drafted;
+        for (int j = n_drafted; j < TD_SPEC_MAX_DEPTH; j++)
+            if (c->a[j] < ref) c->a[j] += DRIFT * (ref - c->a[j]);
+    }
 }

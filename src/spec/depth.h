@@ -3,6 +3,9 @@
  *
  * Model: a row keeps a running estimate a_j of P(draft j accepted | drafts
  * 1..j-1 accepted) (exponential moving average over rounds that reached j).
+ * Positions deeper than a round drafted drift up (5% a round) towards the mean
+ * estimate of the drafted ones, so that a low estimate left from long ago does
+ * not keep the plan from ever drafting there again.
  * At depth k a row emits E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens per
  * round. A round verifies T = sum over live rows of (1 + k_r) tokens in one
  * target forward, costing verify(T) from a curve measured when the group
