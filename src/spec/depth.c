@@ -91,7 +91,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
             if (c->since_probe == -1 && c->probe_every < TD_DEPTH_PROBE_MAX) c->probe_every *= 2; /* the last probe did not pay */
             if (c->since_probe < 0) c->since_probe = 0;
             if (c->since_probe < c->probe_every) c->since_probe++;
-            if (c->since_probe >= c->probe_every && allow_probe) { c->since_probe = -1; k[i] = 1; probes++; }
+            if (c->since_probe >= c->probe_every && allow_probe) { c->since_probe = -1; k[i] = one_shot ? maxk[i] : 1; probes++; }
         } else if (k[i] > 0) { /* drafting on its own again */
             c->probe_every = TD_DEPTH_PROBE;
             c->since_probe = 0;

@@ -504,9 +504,15 @@ int td_spec_step(td_spec *g, td_err *err) {
             int steps = 0;
             for (int d = 0; d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
             if (g->drafter->one_shot && steps > 1) steps = 1; /* one forward drafted them all */
-            if (steps > 0 && steady) {
+            /* A single slow round (a burst of load on a shared machine) moves the
+             * estimate by at most 20%; a catch-up round that was cheaper than the
+             * estimate shows it is too high (else a planner kept at depth 0 by
+             * one burst would see only catch-up rounds and never correct it). */
+            if (steps > 0 && (steady || g->measured)) {
                 double per = dt / (double)steps;
-                g->draft_s = g->measured ? 0.8 * g->draft_s + 0.2 * per : per;
+                if (!g->measured) g->draft_s = per;
+                else if (steady) g->draft_s = 0.8 * g->draft_s + 0.2 * (per < 2.0 * g->draft_s ? per : 2.0 * g->draft_s);
+                else if (per < g->draft_s) g->draft_s = 0.8 * g->draft_s + 0.2 * per;
                 g->measured = 1;
             }
             if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; step %.3f ms\n", nd, steps, dt * 1e3,

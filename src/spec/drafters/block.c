@@ -113,9 +113,8 @@ typedef struct {
     float *a;                 /* [rank] Markov input */
     float *qsub;              /* [n_sub] q over the draft vocabulary, before it is spread */
     float *cl;                /* [TD_DRAFT_CTXIDS] context ids' logits */
-    float *scratch;           /* [TD_ATTEND_QB][cap] attention scores */
+    float *scratch;           /* [pool threads][TD_ATTEND_QB][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
-    int *nk;                  /* [G] keys per block query */
 } blk_group;
 
 /* ---- matrix products on the group's pool (outputs split in chunks of 8) */
@@ -329,6 +328,25 @@ static float w_at(const td_tensor *t, size_t i) {
     return td_f16_to_f32(((const uint16_t *)t->data)[i]);
 }
 
+/* The block's attention for all drafting rows and heads of layer l on the
+ * pool: (row, head) items dealt round-robin, each thread with its own scores
+ * scratch. A query's output does not depend on who computes it. */
+typedef struct { blk_group *g; int l, nb; float scale; } att_job;
+static void att_run(void *arg, int ith, int nth) {
+    const att_job *j = arg;
+    blk_group *g = j->g;
+    const blk_provider *p = g->p;
+    int G = p->G, H = p->H, hd = p->hd, QW = H * hd, nk[BLK_MAX_G];
+    float *scratch = g->scratch + (size_t)ith * TD_ATTEND_QB * g->cap;
+    for (int it = ith; it < j->nb * H; it += nth) {
+        int b = it / H, h = it % H, kh = h / (H / p->KVH);
+        const blk_row *r = &g->rows[g->brow[b]];
+        for (int q = 0; q < G; q++) nk[q] = r->len + G;
+        td_attend(g->o + (size_t)b * G * QW + (size_t)h * hd, QW, g->q + (size_t)b * G * QW + (size_t)h * hd, QW, G, nk,
+                  r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd, j->scale, scratch);
+    }
+}
+
 static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     blk_group *g = gv;
     const blk_provider *p = g->p;
@@ -363,9 +381,9 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         const td_layer_w *L = &p->L[l];
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->attn_norm.data, L->attn_norm.dtype, D, p->eps);
-        mm(g, g->q, QW, g->n, D, T, &L->wq, D, QW, 0);
-        mm(g, g->kb, KW, g->n, D, T, &L->wk, D, KW, 0);
-        mm(g, g->vb, KW, g->n, D, T, &L->wv, D, KW, 0);
+        mm_part qkv[3] = {{g->q, QW, &L->wq, QW}, {g->kb, KW, &L->wk, KW}, {g->vb, KW, &L->wv, KW}};
+        mm_multi jqkv = {g->n, D, T, D, 3, qkv};
+        td_pool_run(g->pool, mm_multi_run, &jqkv);
         for (int b = 0; b < nb; b++) {
             blk_row *r = &g->rows[g->brow[b]];
             for (int j = 0; j < G; j++) {
@@ -384,18 +402,15 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
                     memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
                 }
             }
-            for (int j = 0; j < G; j++) g->nk[j] = r->len + G;
-            for (int h = 0; h < H; h++) {
-                int kh = h / (H / KVH);
-                td_attend(g->o + (size_t)b * G * QW + (size_t)h * hd, QW, g->q + (size_t)b * G * QW + (size_t)h * hd, QW, G, g->nk,
-                          r->K + kv_at(g, l, kh, 0), r->V + kv_at(g, l, kh, 0), hd, hd, scale, g->scratch);
-            }
         }
+        att_job aj = {g, l, nb, scale};
+        td_pool_run(g->pool, att_run, &aj);
         mm(g, g->x, D, g->o, QW, T, &L->wo, QW, D, 1);
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
-        mm(g, g->g, p->F, g->n, D, T, &L->w_gate, D, p->F, 0);
-        mm(g, g->u, p->F, g->n, D, T, &L->w_up, D, p->F, 0);
+        mm_part gu[2] = {{g->g, p->F, &L->w_gate, p->F}, {g->u, p->F, &L->w_up, p->F}};
+        mm_multi jgu = {g->n, D, T, D, 2, gu};
+        td_pool_run(g->pool, mm_multi_run, &jgu);
         for (int t = 0; t < T; t++) td_swiglu(g->g + (size_t)t * p->F, g->g + (size_t)t * p->F, g->u + (size_t)t * p->F, p->F);
         mm(g, g->x, D, g->g, p->F, T, &L->w_down, p->F, D, 1);
     }
@@ -533,7 +548,7 @@ static void blk_free_group(void *gv) {
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn);
-    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->nk);
+    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow);
     free(g);
 }
 
@@ -577,12 +592,11 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
     g->qsub = malloc(sizeof(float) * (size_t)p->n_sub);
     g->cl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
-    g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
-    g->nk = malloc(sizeof(int) * (size_t)p->G);
     if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
-        !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->scratch || !g->brow || !g->nk || td_sampler_open(&g->smp, p->n_sub) != 0 ||
-        (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0))) {
+        !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
+        (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
+        !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
