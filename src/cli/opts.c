@@ -112,7 +112,7 @@ void cli_gen_opts_help(void) {
     printf("  -m, --model DIR        model directory (Hugging Face layout); default: the bundled model\n"
            "  -n, --n-predict N      new tokens at most (default 128)\n"
            "      --draft SPEC       none | ngram[:MIN-MAX] | model:DIR[,vocab=N][,quant=q8_0|q4_0]\n"
-           "                         | mtp:DIR[,vocab=N] | block:DIR[,prune=on|off][,vocab=N]\n"
+           "                         | mtp:DIR[,vocab=N][,quant=...] | block:DIR[,prune=on|off][,vocab=N][,quant=...]\n"
            "                         (default: the bundled draft model with the bundled target, else none)\n"
            "      --draft-depth N    most draft tokens per round, 0..16 (default 8; 0 = plain decoding)\n"
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"
