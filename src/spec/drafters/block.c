@@ -806,7 +806,7 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%ld", n_sub);
-    snprintf(d->id, sizeof d->id, "block:%.110s%s%s%s%s", dir, prune ? "" : ",prune=off", vs, quant ? ",quant=" : "",
+    snprintf(d->id, sizeof d->id, "block:%.96s%s%s%s%s", dir, prune ? "" : ",prune=off", vs, quant ? ",quant=" : "",
              quant ? td_dtype_name(quant) : "");
     snprintf(d->ns, sizeof d->ns, "block-v2");
     *out = d;

@@ -473,7 +473,7 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant,
                                   (double)(target->weight_bytes ? target->weight_bytes : 1);
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%d", n_sub);
-    snprintf(d->id, sizeof d->id, "mtp:%.120s%s%s%s", dir, vs, quant ? ",quant=" : "", quant ? td_dtype_name(quant) : "");
+    snprintf(d->id, sizeof d->id, "mtp:%.100s%s%s%s", dir, vs, quant ? ",quant=" : "", quant ? td_dtype_name(quant) : "");
     snprintf(d->ns, sizeof d->ns, "mtp-v1");
     *out = d;
     return 0;
