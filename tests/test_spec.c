@@ -169,48 +169,47 @@ done:
     t_end();
 }
 
-/* The same with the depth planner choosing depths (it may draft less). */
-static void run_exact_controlled(void) {
-    char sub[700];
-    snprintf(sub, sizeof sub, "model:%s/draft_same,vocab=150", g_dir);
-    run_exact(sub, "model_same_vocab150", 0, 3, 4); /* drafts only from ids < 150 */
-    run_exact(sub, "model_same_vocab150", 1, 3, 4);
-    snprintf(sub, sizeof sub, "mtp:%s/mtp,vocab=150", g_dir);
-    run_exact(sub, "mtp_vocab150", 0, 3, 4); /* the shared LM head cut to ids < 150 */
-    run_exact(sub, "mtp_vocab150", 1, 8, 4);
-    snprintf(sub, sizeof sub, "block:%s/block,vocab=150", g_dir);
-    run_exact(sub, "block_vocab150", 0, 3, 5); /* the shared LM head and the Markov output cut to ids < 150 */
-    run_exact(sub, "block_vocab150", 1, 8, 4);
-    snprintf(sub, sizeof sub, "block:%s/block,vocab=150,prune=off", g_dir);
-    run_exact(sub, "block_vocab150_unpruned", 1, 3, 4);
+/* The same with the depth planner choosing depths (it may draft less), over
+ * draft vocabularies and drafters quantized at load. Each case: a spec (%s =
+ * the test directory), its label, temperature (0 greedy, 1 = 0.8), batch,
+ * prompts. */
+static const struct { const char *spec, *label; int temp, B, n; } CONTROLLED[] = {
+    {"model:%s/draft_same,vocab=150", "model_same_vocab150", 0, 3, 4}, /* drafts only from ids < 150 */
+    {"model:%s/draft_same,vocab=150", "model_same_vocab150", 1, 3, 4},
+    {"mtp:%s/mtp,vocab=150", "mtp_vocab150", 0, 3, 4}, /* the shared LM head cut to ids < 150 */
+    {"mtp:%s/mtp,vocab=150", "mtp_vocab150", 1, 8, 4},
+    {"block:%s/block,vocab=150", "block_vocab150", 0, 3, 5}, /* the shared LM head and the Markov output cut */
+    {"block:%s/block,vocab=150", "block_vocab150", 1, 8, 4},
+    {"block:%s/block,vocab=150,prune=off", "block_vocab150_unpruned", 1, 3, 4},
     /* ranked draft vocabularies (draft_vocab.json, highest ids first) with
      * context ids: proposals from ids >= 201 and the rows' own tokens */
-    snprintf(sub, sizeof sub, "model:%s/draft_ranked,vocab=100", g_dir);
-    run_exact(sub, "model_same_ranked100", 0, 3, 4);
-    run_exact(sub, "model_same_ranked100", 1, 8, 4);
-    /* a draft model quantized at load (q8_0: integer products), with a ranked vocabulary */
-    snprintf(sub, sizeof sub, "model:%s/draft_ranked,quant=q8_0,vocab=100", g_dir);
-    run_exact(sub, "model_same_q8_ranked100", 0, 3, 4);
-    run_exact(sub, "model_same_q8_ranked100", 1, 8, 4);
-    snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100", g_dir);
-    run_exact(sub, "mtp_ranked100", 0, 8, 4);
-    run_exact(sub, "mtp_ranked100", 1, 3, 4);
-    /* MTP head and block drafter with their own matrices quantized at load */
-    snprintf(sub, sizeof sub, "mtp:%s/mtp_ranked,vocab=100,quant=q8_0", g_dir);
-    run_exact(sub, "mtp_q8_ranked100", 0, 3, 4);
-    run_exact(sub, "mtp_q8_ranked100", 1, 8, 4);
-    snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100,quant=q8_0", g_dir);
-    run_exact(sub, "block_q8_ranked100", 0, 3, 5);
-    run_exact(sub, "block_q8_ranked100", 1, 1, 5);
+    {"model:%s/draft_ranked,vocab=100", "model_same_ranked100", 0, 3, 4},
+    {"model:%s/draft_ranked,vocab=100", "model_same_ranked100", 1, 8, 4},
+    /* drafters quantized at load (q8_0: integer products), with a ranked vocabulary */
+    {"model:%s/draft_ranked,quant=q8_0,vocab=100", "model_same_q8_ranked100", 0, 3, 4},
+    {"model:%s/draft_ranked,quant=q8_0,vocab=100", "model_same_q8_ranked100", 1, 8, 4},
+    {"mtp:%s/mtp_ranked,vocab=100", "mtp_ranked100", 0, 8, 4},
+    {"mtp:%s/mtp_ranked,vocab=100", "mtp_ranked100", 1, 3, 4},
+    {"mtp:%s/mtp_ranked,vocab=100,quant=q8_0", "mtp_q8_ranked100", 0, 3, 4},
+    {"mtp:%s/mtp_ranked,vocab=100,quant=q8_0", "mtp_q8_ranked100", 1, 8, 4},
+    {"block:%s/block_ranked,vocab=100,quant=q8_0", "block_q8_ranked100", 0, 3, 5},
+    {"block:%s/block_ranked,vocab=100,quant=q8_0", "block_q8_ranked100", 1, 1, 5},
     /* the block drafter: ranked LM-head and Markov rows, context ids with their Markov rows */
-    snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100", g_dir);
-    for (int temp = 0; temp <= 1; temp++) {
-        run_exact(sub, "block_ranked100", temp, 1, 5);
-        run_exact(sub, "block_ranked100", temp, 3, 5);
-        run_exact(sub, "block_ranked100", temp, 8, 4);
+    {"block:%s/block_ranked,vocab=100", "block_ranked100", 0, 1, 5},
+    {"block:%s/block_ranked,vocab=100", "block_ranked100", 0, 3, 5},
+    {"block:%s/block_ranked,vocab=100", "block_ranked100", 0, 8, 4},
+    {"block:%s/block_ranked,vocab=100", "block_ranked100", 1, 1, 5},
+    {"block:%s/block_ranked,vocab=100", "block_ranked100", 1, 3, 5},
+    {"block:%s/block_ranked,vocab=100", "block_ranked100", 1, 8, 4},
+    {"block:%s/block_ranked,vocab=100,prune=off", "block_ranked100_unpruned", 0, 3, 6},
+};
+
+static void run_exact_controlled(void) {
+    char sub[700];
+    for (size_t i = 0; i < sizeof CONTROLLED / sizeof CONTROLLED[0]; i++) {
+        snprintf(sub, sizeof sub, CONTROLLED[i].spec, g_dir);
+        run_exact(sub, CONTROLLED[i].label, CONTROLLED[i].temp, CONTROLLED[i].B, CONTROLLED[i].n);
     }
-    snprintf(sub, sizeof sub, "block:%s/block_ranked,vocab=100,prune=off", g_dir);
-    run_exact(sub, "block_ranked100_unpruned", 0, 3, 6);
     g_fixed = 0;
     run_exact("ngram", "ngram_planned", 0, 3, 6);
     run_exact("ngram", "ngram_planned", 1, 8, 6);
