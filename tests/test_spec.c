@@ -188,6 +188,10 @@ static const struct { const char *spec, *label; int temp, B, n; } CONTROLLED[] =
     /* drafters quantized at load (q8_0: integer products), with a ranked vocabulary */
     {"model:%s/draft_ranked,quant=q8_0,vocab=100", "model_same_q8_ranked100", 0, 3, 4},
     {"model:%s/draft_ranked,quant=q8_0,vocab=100", "model_same_q8_ranked100", 1, 8, 4},
+    /* the draft model with prompt lookup first (lookup=1: almost every round a copy) */
+    {"model:%s/draft_ranked,quant=q8_0,vocab=100,lookup=1", "model_lookup1", 0, 3, 4},
+    {"model:%s/draft_ranked,quant=q8_0,vocab=100,lookup=1", "model_lookup1", 1, 8, 4},
+    {"model:%s/draft_same,lookup=3", "model_same_lookup3", 0, 1, 4},
     {"mtp:%s/mtp_ranked,vocab=100", "mtp_ranked100", 0, 8, 4},
     {"mtp:%s/mtp_ranked,vocab=100", "mtp_ranked100", 1, 3, 4},
     {"mtp:%s/mtp_ranked,vocab=100,quant=q8_0", "mtp_q8_ranked100", 0, 3, 4},
@@ -510,6 +514,34 @@ static void test_checkpoints(void) {
         td_draft_rows_free(&a);
         td_draft_rows_free(&b);
     }
+    /* lookup=2: a row whose stream holds "... 6 7 8 5 6" drafts 8 5 6 after pending 7
+     * (what followed the earlier "6 7"), whatever its model would have said */
+    {
+        td_drafter *dl = NULL;
+        snprintf(spec, sizeof spec, "model:%s/draft_other,lookup=2", g_dir);
+        T_REQUIRE(td_drafter_open(&dl, spec, g_target, &err) == 0 && strstr(td_drafter_id(dl), "lookup=2"), "lookup drafter: %s", err.msg);
+        T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &a, &err) == 0, "open");
+        int32_t st[6] = {40, 6, 7, 8, 5, 6}, pend = 7, tok[4], n_tok = 0, depth = 3;
+        td_sampling sp = td_sampling_default();
+        const td_sampling *spp = &sp;
+        uint64_t pos = 0;
+        T_REQUIRE(td_draft_rows_append(&a, st, 6, NULL, NULL, &err) == 0, "append");
+        td_draft_req q = {.n_rows = 1, .pending = &pend, .depth = &depth, .max_depth = 4, .tokens = tok, .n_tokens = &n_tok,
+                          .sampling = &spp, .out_pos = &pos};
+        T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
+        T_CHECK(n_tok == 3 && tok[0] == 8 && tok[1] == 5 && tok[2] == 6, "lookup drafts %d tokens: %d %d %d", n_tok, tok[0], tok[1], tok[2]);
+        pend = 99; /* "6 99" never occurred: the model drafts (a second draft without a commit
+                    * replaces the first, as a round that never verified) */
+        T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
+        T_CHECK(n_tok == 3, "without a match the model drafts all 3 (%d)", n_tok);
+        td_draft_commit cm = {.old_pending = 99, .accepted = tok, .n_accepted = 0, .new_pending = 7};
+        T_REQUIRE(td_draft_rows_commit(&a, &cm, &err) == 0, "commit");
+        pend = 7; /* stream 40 6 7 8 5 6 99: "99 7" is new, but the 1-gram is below lookup=2 */
+        T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
+        T_CHECK(n_tok == 3 && !(tok[0] == 8 && tok[1] == 5 && tok[2] == 6), "no 2-gram match: the model's drafts (%d: %d)", n_tok, tok[0]);
+        td_draft_rows_free(&a);
+        td_drafter_free(dl);
+    }
     /* a forged checkpoint naming a token outside the vocabulary is refused */
     {
         int32_t forged[2] = {5, 99999};
@@ -633,6 +665,14 @@ static void test_bad_input(void) {
     snprintf(spec, sizeof spec, "model:%s/draft_same,vocab=100,fast=1", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "unknown option"),
             "an unknown drafter option: %s", err.msg);
+    for (int bad = 0; bad < 3; bad++) {
+        snprintf(spec, sizeof spec, bad == 0 ? "model:%s/draft_same,lookup=0" : bad == 1 ? "model:%s/draft_same,lookup=9" : "model:%s/draft_same,lookup=x", g_dir);
+        T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "lookup="),
+                "a bad lookup length: %s", err.msg);
+    }
+    snprintf(spec, sizeof spec, "mtp:%s/mtp,lookup=3", g_dir);
+    T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "unknown option"),
+            "lookup= is the draft model's option: %s", err.msg);
     snprintf(spec, sizeof spec, "mtp:%s/mtp,quant=q5", g_dir);
     T_CHECK(td_drafter_open(&d2, spec, g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "q8_0"),
             "an unknown MTP quantization: %s", err.msg);

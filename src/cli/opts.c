@@ -43,7 +43,7 @@ const char *cli_default_drafter(const char *model_dir) {
     /* drafting over the 1,024 ids the target emits most plus each row's context
      * ids, with the draft model's matrices in q8_0, measured fastest on
      * bench/prompts (bench/results/spec.jsonl) */
-    snprintf(spec, sizeof spec, "model:%s/draft,vocab=1024,quant=q8_0", fam);
+    snprintf(spec, sizeof spec, "model:%s/draft,vocab=1024,quant=q8_0,lookup=3", fam);
     char cfg[PATH_MAX + 32];
     snprintf(cfg, sizeof cfg, "%s/draft/config.json", fam);
     return access(cfg, R_OK) == 0 ? spec : "none";
@@ -111,7 +111,7 @@ void cli_gen_opts_init(cli_gen_opts *o) {
 void cli_gen_opts_help(void) {
     printf("  -m, --model DIR        model directory (Hugging Face layout); default: the bundled model\n"
            "  -n, --n-predict N      new tokens at most (default 128)\n"
-           "      --draft SPEC       none | ngram[:MIN-MAX] | model:DIR[,vocab=N][,quant=q8_0|q4_0]\n"
+           "      --draft SPEC       none | ngram[:MIN-MAX] | model:DIR[,vocab=N][,quant=q8_0|q4_0][,lookup=N]\n"
            "                         | mtp:DIR[,vocab=N][,quant=...] | block:DIR[,prune=on|off][,vocab=N][,quant=...]\n"
            "                         (default: the bundled draft model with the bundled target, else none)\n"
            "      --draft-depth N    most draft tokens per round, 0..16 (default 8; 0 = plain decoding)\n"

@@ -166,6 +166,12 @@ int td_draft_quantize(struct td_layer_w *L, int n_layer, struct td_tensor **extr
 /* "q8_0" / "q4_0" -> TD_DTYPE_*; 0 for anything else. */
 int td_draft_quant_parse(const char *s);
 
+/* Prompt lookup (the ngram drafter's, and the draft model's option lookup=N):
+ * the most recent earlier occurrence of the last n tokens of s[0..len); returns
+ * the index just past it (what followed it starts there), or -1. */
+int td_ngram_find(const int32_t *s, int len, int n);
+#define TD_LOOKUP_MAX 8 /* the longest n-gram the draft model's lookup tries first */
+
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
                                        const td_draft_checkpoint *ck, td_err *err) {
@@ -199,7 +205,8 @@ int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *ta
 /* quant: 0, or TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0 to quantize the draft model's
  * matrices at load (cheaper draft steps; the target's verification keeps the
  * output exact). */
-int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err);
+int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
+                          td_err *err);
 int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err);
 /* spec: "DIR[,prune=on|off][,vocab=N]" (the part after "block:") */
 int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);

@@ -1,5 +1,5 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0]" | "mtp:DIR[,vocab=N][,quant=...]"
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0][,lookup=N]" | "mtp:DIR[,vocab=N][,quant=...]"
  * | "block:DIR[,prune=on|off][,vocab=N][,quant=...]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
@@ -26,7 +26,7 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
         const char *kind = is_model ? "model" : "mtp";
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", spec + (is_model ? 6 : 4));
-        int n_sub = 0, quant = 0;
+        int n_sub = 0, quant = 0, lookup = 0;
         char *opt = strchr(dir, ',');
         if (opt) *opt++ = 0;
         while (opt && *opt) {
@@ -38,15 +38,22 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
                 if (*end || end == opt + 6 || v < 1 || v > (1L << 24))
                     return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as %s:DIR,vocab=4096", spec, kind);
                 n_sub = (int)v;
+            } else if (is_model && !strncmp(opt, "lookup=", 7)) {
+                char *end;
+                long v = strtol(opt + 7, &end, 10);
+                if (*end || end == opt + 7 || v < 1 || v > TD_LOOKUP_MAX)
+                    return td_seterr(err, TD_EINVAL, "'%s': lookup= takes the shortest n-gram to look up, 1..%d", spec, TD_LOOKUP_MAX);
+                lookup = (int)v;
             } else if (!strncmp(opt, "quant=", 6)) {
                 if (!(quant = td_draft_quant_parse(opt + 6)))
                     return td_seterr(err, TD_EINVAL, "'%s': quant= takes q8_0 or q4_0", spec);
             } else {
-                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (vocab=N or quant=q8_0|q4_0)", spec, opt);
+                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (vocab=N, quant=q8_0|q4_0%s)", spec, opt,
+                                 is_model ? " or lookup=N" : "");
             }
             opt = next;
         }
-        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, target, err) : td_drafter_mtp_open(out, dir, n_sub, quant, target, err);
+        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, lookup, target, err) : td_drafter_mtp_open(out, dir, n_sub, quant, target, err);
     }
     if (!strncmp(spec, "block:", 6)) return td_drafter_block_open(out, spec + 6, target, err);
     return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR, mtp:DIR or block:DIR)", spec);

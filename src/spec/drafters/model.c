@@ -16,7 +16,12 @@
  * proposals then come from them only (q is zero elsewhere), which the target's
  * verification makes harmless to the output.
  * The draft context's KV cache has the target context's kv_type (--kv-type
- * applies to both; a draft's storage changes proposals, never the output). */
+ * applies to both; a draft's storage changes proposals, never the output).
+ * Prompt lookup (",lookup=N", greedy drafts): before the model runs, a row whose
+ * last N..TD_LOOKUP_MAX tokens (pending included, longest first) occurred
+ * earlier in its stream proposes what followed them (td_ngram_find, the ngram
+ * drafter's search) and sits the model out that round; its draft KV catches up
+ * at its next model round, with the backlog. */
 #include "spec/draft.h"
 #include "spec/vocab.h"
 #include "model/model.h"
@@ -35,6 +40,7 @@ typedef struct {
                         to the draft vocabulary when one is set */
     td_draft_vocab voc; /* the draft vocabulary (n_sub ids; all when unset) */
     int n_sub;       /* = voc.n_sub */
+    int lookup;      /* option lookup=N: prompt lookup of n-grams of N..TD_LOOKUP_MAX tokens first; 0 = off */
 } dm_provider;
 
 typedef struct {
@@ -61,6 +67,7 @@ typedef struct {
     int32_t *btok;     /* [max_tokens] batch tokens */
     int *brow, *bn;    /* [max_rows] batch rows / counts */
     int *bidx;         /* [max_rows] group row of each batch row */
+    int *mdepth;       /* [max_rows] this round's model depth per row (0 where a lookup served) */
     int max_tokens;
 } dm_group;
 
@@ -141,12 +148,34 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
     dm_group *g = gv;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "draft model: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = q->probs != NULL;
-    int maxk = 0;
+    int maxk = 0, *depth = g->mdepth; /* the depth the model drafts: 0 for rows a lookup served */
     for (int i = 0; i < q->n_rows; i++) {
         q->n_tokens[i] = 0;
-        if (q->depth[i] > maxk) maxk = q->depth[i];
+        depth[i] = q->depth[i];
         if (q->depth[i] > 0 && g->rows[i].len + 1 + q->depth[i] > g->max_ctx + g->max_depth)
             return td_seterr(err, TD_EFULL, "draft model: row %d is past its context", i);
+        if (g->rows[i].kv_len > g->rows[i].len) { /* drafted again without a commit: drop the last round's drafts */
+            td_ctx_row_trim(g->ctx, g->rows[i].kv_row, g->rows[i].len);
+            g->rows[i].kv_len = g->rows[i].len;
+        }
+        /* prompt lookup first (lookup=N, greedy drafts only: a proposal copied from
+         * the stream has no draft probabilities): the longest n-gram of at least N
+         * tokens ending at the pending token that occurred before proposes what
+         * followed it, and the model skips the row this round */
+        dm_row *r = &g->rows[i];
+        if (g->p->lookup && !q->probs && depth[i] > 0) {
+            r->stream[r->len] = q->pending[i]; /* room: cap > len + depth */
+            for (int n = TD_LOOKUP_MAX; n >= g->p->lookup; n--) {
+                int at = td_ngram_find(r->stream, r->len + 1, n);
+                if (at < 0) continue;
+                int m = r->len + 1 - at < depth[i] ? r->len + 1 - at : depth[i];
+                memcpy(q->tokens + (size_t)i * q->max_depth, r->stream + at, sizeof(int32_t) * (size_t)m);
+                q->n_tokens[i] = m;
+                depth[i] = 0;
+                break;
+            }
+        }
+        if (depth[i] > maxk) maxk = depth[i];
     }
     if (!maxk) return 0;
     /* 1. catch up long backlogs in chunks */
@@ -155,7 +184,7 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int i = 0; i < q->n_rows; i++) {
             dm_row *r = &g->rows[i];
             int back = r->len - r->kv_len;
-            if (q->depth[i] <= 0 || back <= CATCHUP_CHUNK) continue;
+            if (depth[i] <= 0 || back <= CATCHUP_CHUNK) continue;
             int n = back - CATCHUP_CHUNK < CATCHUP_CHUNK ? back - CATCHUP_CHUNK : CATCHUP_CHUNK;
             if (nt + n > g->max_tokens) break;
             memcpy(g->btok + nt, r->stream + r->kv_len, sizeof(int32_t) * (size_t)n);
@@ -173,7 +202,7 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
     for (int j = 0; j < maxk; j++) {
         int nb = 0, nt = 0;
         for (int i = 0; i < q->n_rows; i++) {
-            if (q->depth[i] <= j) continue;
+            if (depth[i] <= j) continue;
             dm_row *r = &g->rows[i];
             int n;
             if (j == 0) {
@@ -276,7 +305,7 @@ static void dm_free_group(void *gv) {
     for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].kv_tok); td_draft_ctxids_free(&g->rows[i].cx); }
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
-    free(g->rows); free(g->logits); free(g->qsub); free(g->taps); free(g->hn); free(g->cxl); free(g->embd); free(g->btok); free(g->brow); free(g->bn); free(g->bidx);
+    free(g->rows); free(g->logits); free(g->qsub); free(g->taps); free(g->hn); free(g->cxl); free(g->embd); free(g->btok); free(g->brow); free(g->bn); free(g->bidx); free(g->mdepth);
     free(g);
 }
 
@@ -320,7 +349,8 @@ static int dm_open_rows(void *self, int max_rows, int max_ctx, int max_depth, co
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bn = malloc(sizeof(int) * (size_t)max_rows);
     g->bidx = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->logits || !g->qsub || !g->taps || !g->hn || !g->cxl || !g->embd || !g->btok || !g->brow || !g->bn || !g->bidx ||
+    g->mdepth = malloc(sizeof(int) * (size_t)max_rows);
+    if (!g->rows || !g->logits || !g->qsub || !g->taps || !g->hn || !g->cxl || !g->embd || !g->btok || !g->brow || !g->bn || !g->bidx || !g->mdepth ||
         td_sampler_open(&g->smp, g->n_sub) != 0) {
         dm_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -362,9 +392,12 @@ static int same_vocabulary(const td_model *t, const td_model *d, const char *dir
     return 0;
 }
 
-int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err) {
+int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
+                          td_err *err) {
     *out = NULL;
     if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "draft model: give a directory, as model:DIR");
+    if (lookup < 0 || lookup > TD_LOOKUP_MAX)
+        return td_seterr(err, TD_EINVAL, "draft model: lookup=%d outside [1, %d]", lookup, TD_LOOKUP_MAX);
     dm_provider *p = calloc(1, sizeof *p);
     td_drafter *d = calloc(1, sizeof *d);
     if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
@@ -379,6 +412,7 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quan
     if (rc) { dm_free(p); free(d); return rc; }
     p->n_sub = p->voc.n_sub;
     p->view.cfg.n_vocab = p->n_sub;
+    p->lookup = lookup;
     d->vt = &dm_vt;
     d->self = p;
     d->target = target;
@@ -391,9 +425,10 @@ int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quan
         if (layers < 0) layers = 0;
         d->step_cost_hint = 0.1 + (layers + head) / (double)(target->weight_bytes ? target->weight_bytes : 1);
     }
-    char vs[32] = "";
+    char vs[32] = "", ls[16] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%d", n_sub);
-    snprintf(d->id, sizeof d->id, "model:%.100s%s%s", dir, vs, quant == TD_DTYPE_Q8_0 ? ",quant=q8_0" : quant ? ",quant=q4_0" : "");
+    if (lookup) snprintf(ls, sizeof ls, ",lookup=%d", lookup);
+    snprintf(d->id, sizeof d->id, "model:%.96s%s%s%s", dir, vs, quant == TD_DTYPE_Q8_0 ? ",quant=q8_0" : quant ? ",quant=q4_0" : "", ls);
     snprintf(d->ns, sizeof d->ns, "model-v1");
     *out = d;
     return 0;

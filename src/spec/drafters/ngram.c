@@ -70,9 +70,7 @@ static int ng_append(void *gv, const int32_t *tokens, int n, const float *taps,
     return 0;
 }
 
-/* Most recent earlier match of the last n tokens of s[0..len); returns the
- * index just past the match, or -1. */
-static int find_ngram(const int32_t *s, int len, int n) {
+int td_ngram_find(const int32_t *s, int len, int n) {
     if (len < n + 1) return -1;
     const int32_t *key = s + len - n;
     for (int i = len - n - 1; i >= 0; i--) {
@@ -94,7 +92,7 @@ static int ng_draft(void *gv, td_draft_req *q, td_err *err) {
         /* the pending token ends the stream for the lookup */
         if (row_push(r, &q->pending[i], 1) != 0) return td_seterr(err, TD_ENOMEM, "ngram: out of memory");
         for (int n = g->p->n_max; n >= g->p->n_min; n--) {
-            int at = find_ngram(r->tok, r->len, n);
+            int at = td_ngram_find(r->tok, r->len, n);
             if (at < 0) continue;
             int avail = r->len - at;
             int m = avail < k ? avail : k;
