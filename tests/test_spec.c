@@ -438,6 +438,19 @@ static void test_depth_plan(void) {
     td_depth_init_from(&joined, &fresh);
     T_CHECK(joined.a[0] == fresh.a[0] && joined.seen == 2 && joined.since_probe == 0 && joined.probe_every == TD_DEPTH_PROBE,
             "a joining row takes the pooled estimates and a fresh probe schedule");
+    /* a one-shot drafter whose step only a whole block repays: held at depth 0
+     * by low estimates, it still probes, and at full depth */
+    {
+        td_depth_ctl low;
+        td_depth_init(&low, 0.1);
+        td_depth_ctl *lc[1] = {&low};
+        int mk8[1] = {8}, probed = 0;
+        for (int r = 0; r < 2 * TD_DEPTH_PROBE && !probed; r++) {
+            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0, 1, 1, k);
+            if (k[0]) probed = k[0];
+        }
+        T_CHECK(probed == 8, "one-shot probe at full depth (got %d)", probed);
+    }
     /* a stale low estimate deeper than the plan drafts drifts back up */
     td_depth_ctl stale;
     td_depth_init(&stale, 0.9);

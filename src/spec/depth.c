@@ -79,9 +79,13 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         T += best_d;
         rate = best_rate;
     }
-    /* probing is worth its catch-up only if a perfect draft could pay */
-    int steps1 = kmax > 0 && !one_shot ? kmax : 1;
-    int may_probe = (E + 1.0) / (td_cost_at(cv, T + 1) + step_s * steps1) > rate;
+    /* probing is worth its catch-up only if a perfect draft could pay: one
+     * token, or for a one-shot drafter (whose probe drafts the whole block) a
+     * full block */
+    int steps1 = kmax > 0 && !one_shot ? kmax : 1, kp = 1;
+    for (int i = 0; one_shot && i < n; i++)
+        if (maxk[i] > kp) kp = maxk[i];
+    int may_probe = (E + kp) / (td_cost_at(cv, T + kp) + step_s * steps1) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {
         td_depth_ctl *c = ctl[i];
