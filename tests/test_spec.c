@@ -194,6 +194,8 @@ static const struct { const char *spec, *label; int temp, B, n; } CONTROLLED[] =
     {"model:%s/draft_same,lookup=3", "model_same_lookup3", 0, 1, 4},
     {"mtp:%s/mtp_ranked,vocab=100", "mtp_ranked100", 0, 8, 4},
     {"mtp:%s/mtp_ranked,vocab=100", "mtp_ranked100", 1, 3, 4},
+    {"mtp:%s/mtp_ranked,vocab=100,lookup=1", "mtp_lookup1", 0, 3, 4},
+    {"mtp:%s/mtp_ranked,vocab=100,lookup=1", "mtp_lookup1", 1, 8, 4},
     {"mtp:%s/mtp_ranked,vocab=100,quant=q8_0", "mtp_q8_ranked100", 0, 3, 4},
     {"mtp:%s/mtp_ranked,vocab=100,quant=q8_0", "mtp_q8_ranked100", 1, 8, 4},
     {"block:%s/block_ranked,vocab=100,quant=q8_0", "block_q8_ranked100", 0, 3, 5},
@@ -528,30 +530,33 @@ static void test_checkpoints(void) {
         td_draft_rows_free(&b);
     }
     /* lookup=2: a row whose stream holds "... 6 7 8 5 6" drafts 8 5 6 after pending 7
-     * (what followed the earlier "6 7"), whatever its model would have said */
-    {
+     * (what followed the earlier "6 7"), whatever its model (or MTP head) would say */
+    for (int kind = 0; kind < 2; kind++) {
         td_drafter *dl = NULL;
-        snprintf(spec, sizeof spec, "model:%s/draft_other,lookup=2", g_dir);
-        T_REQUIRE(td_drafter_open(&dl, spec, g_target, &err) == 0 && strstr(td_drafter_id(dl), "lookup=2"), "lookup drafter: %s", err.msg);
+        snprintf(spec, sizeof spec, kind ? "mtp:%s/mtp,lookup=2" : "model:%s/draft_other,lookup=2", g_dir);
+        T_REQUIRE(td_drafter_open(&dl, spec, g_target, &err) == 0 && strstr(td_drafter_id(dl), "lookup=2"), "%s: %s", spec, err.msg);
         T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &a, &err) == 0, "open");
         int32_t st[6] = {40, 6, 7, 8, 5, 6}, pend = 7, tok[4], n_tok = 0, depth = 3;
+        float taps[7 * 64] = {0}; /* the MTP head reads the target's last hidden state (here zeros) */
         td_sampling sp = td_sampling_default();
         const td_sampling *spp = &sp;
         uint64_t pos = 0;
-        T_REQUIRE(td_draft_rows_append(&a, st, 6, NULL, NULL, &err) == 0, "append");
+        T_REQUIRE(td_draft_rows_append(&a, st, 6, taps, NULL, &err) == 0, "append: %s", err.msg);
         td_draft_req q = {.n_rows = 1, .pending = &pend, .depth = &depth, .max_depth = 4, .tokens = tok, .n_tokens = &n_tok,
                           .sampling = &spp, .out_pos = &pos};
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
-        T_CHECK(n_tok == 3 && tok[0] == 8 && tok[1] == 5 && tok[2] == 6, "lookup drafts %d tokens: %d %d %d", n_tok, tok[0], tok[1], tok[2]);
+        T_CHECK(n_tok == 3 && tok[0] == 8 && tok[1] == 5 && tok[2] == 6, "%s: lookup drafts %d tokens: %d %d %d", spec, n_tok,
+                tok[0], tok[1], tok[2]);
         pend = 99; /* "6 99" never occurred: the model drafts (a second draft without a commit
                     * replaces the first, as a round that never verified) */
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
-        T_CHECK(n_tok == 3, "without a match the model drafts all 3 (%d)", n_tok);
-        td_draft_commit cm = {.old_pending = 99, .accepted = tok, .n_accepted = 0, .new_pending = 7};
+        T_CHECK(n_tok == 3, "%s: without a match the model drafts all 3 (%d)", spec, n_tok);
+        td_draft_commit cm = {.old_pending = 99, .accepted = tok, .n_accepted = 0, .new_pending = 7, .taps = taps};
         T_REQUIRE(td_draft_rows_commit(&a, &cm, &err) == 0, "commit");
-        pend = 7; /* stream 40 6 7 8 5 6 99: "99 7" is new, but the 1-gram is below lookup=2 */
+        pend = 7; /* stream 40 6 7 8 5 6 99: "99 7" is new, and a 1-gram is below lookup=2 */
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
-        T_CHECK(n_tok == 3 && !(tok[0] == 8 && tok[1] == 5 && tok[2] == 6), "no 2-gram match: the model's drafts (%d: %d)", n_tok, tok[0]);
+        T_CHECK(n_tok == 3 && !(tok[0] == 8 && tok[1] == 5 && tok[2] == 6), "%s: no 2-gram match: the model's drafts (%d: %d)",
+                spec, n_tok, tok[0]);
         td_draft_rows_free(&a);
         td_drafter_free(dl);
     }
@@ -678,7 +683,8 @@ static void test_bad_input(void) {
         {"model:%s/draft_same,lookup=0", "lookup="},           /* lookup lengths 1..8 */
         {"model:%s/draft_same,lookup=9", "lookup="},
         {"model:%s/draft_same,lookup=x", "lookup="},
-        {"mtp:%s/mtp,lookup=3", "unknown option"},             /* the draft model's option only */
+        {"mtp:%s/mtp,lookup=9", "lookup="},
+        {"block:%s/block,lookup=3", "unknown option"},         /* the model and MTP drafters' option */
     };
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
         snprintf(spec, sizeof spec, BAD[i].spec, g_dir);

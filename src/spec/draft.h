@@ -170,7 +170,13 @@ int td_draft_quant_parse(const char *s);
  * the most recent earlier occurrence of the last n tokens of s[0..len); returns
  * the index just past it (what followed it starts there), or -1. */
 int td_ngram_find(const int32_t *s, int len, int n);
-#define TD_LOOKUP_MAX 8 /* the longest n-gram the draft model's lookup tries first */
+#define TD_LOOKUP_MAX 8 /* the longest n-gram a drafter's lookup tries first */
+/* A drafter's prompt lookup (option lookup=N of the model and MTP drafters):
+ * with the pending token appended to the committed stream s[0..len) (s must
+ * have room for it at s[len]), the longest n-gram of n_min..TD_LOOKUP_MAX tokens
+ * ending there that occurred before proposes what followed it: up to max_out
+ * tokens into out. Returns how many (0: no match). */
+int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out);
 
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
@@ -207,7 +213,8 @@ int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *ta
  * output exact). */
 int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
                           td_err *err);
-int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err);
+int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
+                        td_err *err);
 /* spec: "DIR[,prune=on|off][,vocab=N]" (the part after "block:") */
 int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 

@@ -1,5 +1,5 @@
 /* drafter — opens a drafter from its spec string and frees providers.
- * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0][,lookup=N]" | "mtp:DIR[,vocab=N][,quant=...]"
+ * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0][,lookup=N]" | "mtp:DIR[,vocab=N][,quant=...][,lookup=N]"
  * | "block:DIR[,prune=on|off][,vocab=N][,quant=...]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
@@ -38,7 +38,7 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
                 if (*end || end == opt + 6 || v < 1 || v > (1L << 24))
                     return td_seterr(err, TD_EINVAL, "draft vocabulary in '%s' must be a positive count, as %s:DIR,vocab=4096", spec, kind);
                 n_sub = (int)v;
-            } else if (is_model && !strncmp(opt, "lookup=", 7)) {
+            } else if (!strncmp(opt, "lookup=", 7)) {
                 char *end;
                 long v = strtol(opt + 7, &end, 10);
                 if (*end || end == opt + 7 || v < 1 || v > TD_LOOKUP_MAX)
@@ -48,15 +48,26 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
                 if (!(quant = td_draft_quant_parse(opt + 6)))
                     return td_seterr(err, TD_EINVAL, "'%s': quant= takes q8_0 or q4_0", spec);
             } else {
-                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (vocab=N, quant=q8_0|q4_0%s)", spec, opt,
-                                 is_model ? " or lookup=N" : "");
+                return td_seterr(err, TD_EINVAL, "'%s': unknown option '%s' (vocab=N, quant=q8_0|q4_0 or lookup=N)", spec, opt);
             }
             opt = next;
         }
-        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, lookup, target, err) : td_drafter_mtp_open(out, dir, n_sub, quant, target, err);
+        return is_model ? td_drafter_model_open(out, dir, n_sub, quant, lookup, target, err) : td_drafter_mtp_open(out, dir, n_sub, quant, lookup, target, err);
     }
     if (!strncmp(spec, "block:", 6)) return td_drafter_block_open(out, spec + 6, target, err);
     return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR, mtp:DIR or block:DIR)", spec);
+}
+
+int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out) {
+    s[len] = pending;
+    for (int n = TD_LOOKUP_MAX; n >= n_min; n--) {
+        int at = td_ngram_find(s, len + 1, n);
+        if (at < 0) continue;
+        int m = len + 1 - at < max_out ? len + 1 - at : max_out;
+        memcpy(out, s + at, sizeof(int32_t) * (size_t)m);
+        return m;
+    }
+    return 0;
 }
 
 int td_draft_quant_parse(const char *s) {

@@ -19,8 +19,8 @@
  * applies to both; a draft's storage changes proposals, never the output).
  * Prompt lookup (",lookup=N", greedy drafts): before the model runs, a row whose
  * last N..TD_LOOKUP_MAX tokens (pending included, longest first) occurred
- * earlier in its stream proposes what followed them (td_ngram_find, the ngram
- * drafter's search) and sits the model out that round; its draft KV catches up
+ * earlier in its stream proposes what followed them (td_draft_lookup, over the
+ * ngram drafter's search) and sits the model out that round; its draft KV catches up
  * at its next model round, with the backlog. */
 #include "spec/draft.h"
 #include "spec/vocab.h"
@@ -163,18 +163,10 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
          * tokens ending at the pending token that occurred before proposes what
          * followed it, and the model skips the row this round */
         dm_row *r = &g->rows[i];
-        if (g->p->lookup && !q->probs && depth[i] > 0) {
-            r->stream[r->len] = q->pending[i]; /* room: cap > len + depth */
-            for (int n = TD_LOOKUP_MAX; n >= g->p->lookup; n--) {
-                int at = td_ngram_find(r->stream, r->len + 1, n);
-                if (at < 0) continue;
-                int m = r->len + 1 - at < depth[i] ? r->len + 1 - at : depth[i];
-                memcpy(q->tokens + (size_t)i * q->max_depth, r->stream + at, sizeof(int32_t) * (size_t)m);
-                q->n_tokens[i] = m;
-                depth[i] = 0;
-                break;
-            }
-        }
+        if (g->p->lookup && !q->probs && depth[i] > 0 &&
+            (q->n_tokens[i] = td_draft_lookup(r->stream, r->len, q->pending[i], g->p->lookup, depth[i],
+                                              q->tokens + (size_t)i * q->max_depth)) > 0)
+            depth[i] = 0;
         if (depth[i] > maxk) maxk = depth[i];
     }
     if (!maxk) return 0;

@@ -23,7 +23,9 @@
  * tokens); proposals then come from them only, which verification makes
  * harmless to the output. The head's KV cache has the target context's kv_type.
  * ",quant=q8_0|q4_0" quantizes the head's own matrices (its layer and fc) in
- * memory; the shared embedding and LM head stay the target's.
+ * memory; the shared embedding and LM head stay the target's. ",lookup=N":
+ * prompt lookup first, as the draft model's (td_draft_lookup); a row a copy
+ * serves sits the head out that round and its backlog waits for the next.
  *
  * Files: config.json ("architectures": ["TandemMTP"], target_* fields checked
  * against the target) and model.safetensors with Qwen3-Next-style names
@@ -52,6 +54,7 @@ typedef struct {
     td_tensor fc;             /* [D][2D] */
     td_tensor norm_emb, norm_hid; /* [D] */
     int tap;                  /* target layer tapped (= n_layer) */
+    int lookup;               /* option lookup=N (prompt lookup first, td_draft_lookup); 0 = off */
     void *qarena;             /* owned: the quantized matrices (quant=), or NULL */
     td_draft_vocab voc;       /* the draft vocabulary (spec/vocab.h) */
     int n_sub;                /* = voc.n_sub */
@@ -82,6 +85,7 @@ typedef struct {
     float *cxl;               /* [TD_DRAFT_CTXIDS] context ids' logits */
     float *y;                 /* [max_rows][D] head outputs (tap) */
     int *brow, *bn, *bidx;    /* [max_rows] */
+    int *mdepth;              /* [max_rows] this round's head depth per row (0 where a lookup served) */
 } mtp_group;
 
 /* u = fc([norm_emb(E[x]); norm_hid(h)]) for one position. */
@@ -171,10 +175,21 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
     int D = g->D, rc;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "mtp: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = q->probs != NULL;
-    int maxk = 0;
+    int maxk = 0, *depth = g->mdepth; /* the depth the head drafts: 0 for rows a lookup served */
     for (int i = 0; i < q->n_rows; i++) {
+        mtp_row *r = &g->rows[i];
         q->n_tokens[i] = 0;
-        if (q->depth[i] > maxk) maxk = q->depth[i];
+        depth[i] = q->depth[i];
+        if (r->len > 0 && r->kv_len > r->len - 1) { /* drafted again without a commit: drop the last round's entries */
+            td_ctx_row_trim(g->ctx, r->kv_row, r->len - 1);
+            r->kv_len = r->len - 1;
+        }
+        /* prompt lookup first (lookup=N, greedy drafts only), as the draft model's */
+        if (g->p->lookup && !q->probs && depth[i] > 0 &&
+            (q->n_tokens[i] = td_draft_lookup(r->stream, r->len, q->pending[i], g->p->lookup, depth[i],
+                                              q->tokens + (size_t)i * q->max_depth)) > 0)
+            depth[i] = 0;
+        if (depth[i] > maxk) maxk = depth[i];
     }
     if (!maxk) return 0;
     /* 1. backlog: positions kv_len..len-2, whose next token is committed; all
@@ -184,7 +199,7 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int i = 0; i < q->n_rows; i++) {
             mtp_row *r = &g->rows[i];
             int back = r->len - 1 - r->kv_len;
-            if (q->depth[i] <= 0 || back <= MTP_CHUNK) continue;
+            if (depth[i] <= 0 || back <= MTP_CHUNK) continue;
             int n = back - MTP_CHUNK < MTP_CHUNK ? back - MTP_CHUNK : MTP_CHUNK;
             if (nt + n > g->max_tokens) break;
             for (int k = 0; k < n; k++) {
@@ -206,7 +221,7 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
         int nb = 0, nt = 0;
         for (int i = 0; i < q->n_rows; i++) {
             mtp_row *r = &g->rows[i];
-            if (q->depth[i] <= j || r->len == 0) continue;
+            if (depth[i] <= j || r->len == 0) continue;
             int back = j == 0 ? r->len - 1 - r->kv_len : 0;
             for (int k = 0; k < back; k++) {
                 int pos = r->kv_len + k;
@@ -309,7 +324,7 @@ static void mtp_free_group(void *gv) {
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
     free(g->rows); free(g->u); free(g->cat); free(g->emb); free(g->logits); free(g->qsub); free(g->hn); free(g->cxl); free(g->y);
-    free(g->brow); free(g->bn); free(g->bidx);
+    free(g->brow); free(g->bn); free(g->bidx); free(g->mdepth);
     free(g);
 }
 
@@ -354,7 +369,8 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bn = malloc(sizeof(int) * (size_t)max_rows);
     g->bidx = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->qsub || !g->hn || !g->cxl || !g->y || !g->brow || !g->bn || !g->bidx ||
+    g->mdepth = malloc(sizeof(int) * (size_t)max_rows);
+    if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->qsub || !g->hn || !g->cxl || !g->y || !g->brow || !g->bn || !g->bidx || !g->mdepth ||
         td_sampler_open(&g->smp, g->V) != 0) {
         mtp_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -392,9 +408,11 @@ static int cfg_int(const cJSON *j, const char *key, int *out) {
     return 1;
 }
 
-int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, const td_model *target, td_err *err) {
+int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
+                        td_err *err) {
     *out = NULL;
     if (!dir || !*dir) return td_seterr(err, TD_EINVAL, "mtp: give a directory, as mtp:DIR");
+    if (lookup < 0 || lookup > TD_LOOKUP_MAX) return td_seterr(err, TD_EINVAL, "mtp: lookup=%d outside [1, %d]", lookup, TD_LOOKUP_MAX);
     if (n_sub < 0 || n_sub > target->cfg.n_vocab)
         return td_seterr(err, TD_EINVAL, "mtp %s: draft vocabulary %d outside [1, %d]", dir, n_sub, target->cfg.n_vocab);
     char path[4096];
@@ -428,6 +446,7 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant,
     if (!p || !d) { free(p); free(d); return td_seterr(err, TD_ENOMEM, "out of memory"); }
     p->target = target;
     p->tap = tc->n_layer;
+    p->lookup = lookup;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if ((rc = td_st_open(&p->file, path, err)) != 0) { free(p); free(d); return rc; }
     /* the one-layer view: the target's config with one layer; its head and embeddings */
@@ -471,9 +490,10 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant,
     /* a step reads the head's layer and the target's LM head */
     d->step_cost_hint = 0.1 + ((double)d->weight_bytes + (double)p->n_sub * tc->n_embd * 2.0) /
                                   (double)(target->weight_bytes ? target->weight_bytes : 1);
-    char vs[32] = "";
+    char vs[32] = "", ls[16] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%d", n_sub);
-    snprintf(d->id, sizeof d->id, "mtp:%.100s%s%s%s", dir, vs, quant ? ",quant=" : "", quant ? td_dtype_name(quant) : "");
+    if (lookup) snprintf(ls, sizeof ls, ",lookup=%d", lookup);
+    snprintf(d->id, sizeof d->id, "mtp:%.96s%s%s%s%s", dir, vs, quant ? ",quant=" : "", quant ? td_dtype_name(quant) : "", ls);
     snprintf(d->ns, sizeof d->ns, "mtp-v1");
     *out = d;
     return 0;
