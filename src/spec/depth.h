@@ -32,7 +32,7 @@
 #define TD_DEPTH_PROBE 16
 #define TD_DEPTH_PROBE_MAX 512
 #define TD_COST_POINTS 16
-#define TD_PROBE_BUDGET 0.03 /* probe drafting time / verify time, at most */
+#define TD_PROBE_BUDGET 0.01 /* probe drafting time / verify time, at most */
 
 typedef struct td_depth_ctl {
     double a[TD_SPEC_MAX_DEPTH];  /* acceptance estimate by position */
