@@ -166,7 +166,7 @@ int td_draft_quantize(struct td_layer_w *L, int n_layer, struct td_tensor **extr
 /* "q8_0" / "q4_0" -> TD_DTYPE_*; 0 for anything else. */
 int td_draft_quant_parse(const char *s);
 
-/* Prompt lookup (the ngram drafter's, and the draft model's option lookup=N):
+/* Prompt lookup (the ngram drafter's, and option lookup=N of the model and MTP drafters):
  * the most recent earlier occurrence of the last n tokens of s[0..len); returns
  * the index just past it (what followed it starts there), or -1. */
 int td_ngram_find(const int32_t *s, int len, int n);
@@ -208,14 +208,15 @@ static inline int td_drafter_taps(const td_drafter *d, const int **layers) {
 
 /* Provider constructors, one per drafter file in spec/drafters/. */
 int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err);
-/* quant: 0, or TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0 to quantize the draft model's
+/* quant: 0, or TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0 to quantize the drafter's own
  * matrices at load (cheaper draft steps; the target's verification keeps the
- * output exact). */
+ * output exact). lookup: 0, or N in 1..TD_LOOKUP_MAX for prompt lookup first
+ * (td_draft_lookup). */
 int td_drafter_model_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
                           td_err *err);
 int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant, int lookup, const td_model *target,
                         td_err *err);
-/* spec: "DIR[,prune=on|off][,vocab=N]" (the part after "block:") */
+/* spec: "DIR[,prune=on|off][,vocab=N][,quant=q8_0|q4_0]" (the part after "block:") */
 int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 
 #endif

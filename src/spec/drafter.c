@@ -21,7 +21,7 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
     if (!strcmp(spec, "ngram")) return td_drafter_ngram_open(out, NULL, target, err);
     if (!strncmp(spec, "ngram:", 6)) return td_drafter_ngram_open(out, spec + 6, target, err);
     if (!strncmp(spec, "model:", 6) || !strncmp(spec, "mtp:", 4)) {
-        /* KIND:DIR[,vocab=N][,quant=q8_0|q4_0] */
+        /* KIND:DIR[,vocab=N][,quant=q8_0|q4_0][,lookup=N] */
         int is_model = spec[1] == 'o';
         const char *kind = is_model ? "model" : "mtp";
         char dir[4096];

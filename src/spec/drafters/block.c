@@ -33,7 +33,10 @@
  * same two dots as the full head's; sampled drafts (q) come from the N kept ids
  * and are zero beyond. The target's verification keeps the output exact.
  * Option quant=q8_0|q4_0 quantizes the drafter's own matrices (fc and its
- * layers') in memory; the shared LM head stays the target's.
+ * layers') in memory; the shared LM head stays the target's. A checkpoint
+ * holds projected K/V, so one taken under another quant= restores fine but
+ * drafts slightly differently until its rows are re-projected (the output
+ * stays exact either way).
  * Rows own their context K/V ([layer][kv head][position][head_dim], with room
  * for G block entries past the committed length, written during a draft and
  * overwritten by the next commit; always f32, whatever the target's kv_type —
@@ -75,7 +78,6 @@ typedef struct {
     td_tensor conf_w, conf_b;          /* [1][D], [1], or absent */
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
-    int quant;                         /* TD_DTYPE_Q8_0 / Q4_0 (option quant=), or 0 */
     void *qarena;                      /* owned: the quantized matrices, or NULL */
     td_tensor head;                    /* the target's LM head cut to the draft vocabulary
                                           (a view, or voc's gathered rows) [n_sub][D] */
@@ -794,7 +796,6 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     td_tensor *extra[] = {&p->fc};
     if (!rc && quant) rc = td_draft_quantize(p->L, p->n_layer, extra, 1, quant, &p->qarena, &delta, err);
     if (rc) { blk_free(p); free(d); return rc; }
-    p->quant = quant;
     d->vt = &blk_vt;
     d->self = p;
     d->target = target;
