@@ -7,7 +7,8 @@
  * On a shared machine the load drifts while a benchmark runs, so plain and
  * speculative decoding are interleaved: at batch 1 prompt by prompt, at larger
  * batches run by run; with --reps N each piece runs N times in each mode
- * (alternating) and its fastest run counts. */
+ * (alternating, which mode goes first alternating too) and its fastest run
+ * counts; the JSON also gives the median of the N paired ratios. */
 #define _GNU_SOURCE
 #include "cli/cli.h"
 
@@ -153,6 +154,25 @@ static double round4(double x) { return round(x * 1e4) / 1e4; }
 /* Decode time of a result (prefill excluded). */
 static double decode_s(const bench_result *r) { return r->wall_s - r->prefill_s; }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over repetitions of plain seconds / speculative seconds (a speedup
+ * per pair of runs taken back to back): robust to a burst of load that hits
+ * a few runs, where best-of-N per mode can pair a lucky plain run with an
+ * unlucky speculative one. */
+static double paired_median(const double *p, const double *s, int n) {
+    double v[128];
+    int k = 0;
+    for (int r = 0; r < n && k < 128; r++)
+        if (s[r] > 0) v[k++] = p[r] / s[r];
+    if (!k) return 0;
+    qsort(v, (size_t)k, sizeof v[0], cmp_double);
+    return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
 int cmd_bench_forward(int argc, char **argv); /* bench_forward.c */
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "forward")) return cmd_bench_forward(argc - 1, argv + 1);
@@ -240,29 +260,42 @@ int cmd_bench(int argc, char **argv) {
     if (td_spec_open(&gspec, c, m, d, &sp, &err) != 0) { cli_die("speculative group", &err); goto out; }
     int32_t **ref = calloc((size_t)np, sizeof(int32_t *));
     int *nref = calloc((size_t)np, sizeof(int));
-    if (!ref || !nref) goto out_ref;
+    /* decode seconds of repetition r in each mode, summed over pieces: the
+     * paired ratios rep_p[r] / rep_s[r] compare runs taken moments apart */
+    double *rep_p = calloc((size_t)reps, sizeof(double)), *rep_s = calloc((size_t)reps, sizeof(double));
+    if (!ref || !nref || !rep_p || !rep_s) goto out_ref;
     int piece = batch == 1 ? 1 : np, exact = 1, first_diff = -1;
     for (int p0 = 0; p0 < np; p0 += piece) {
         int pn = np - p0 < piece ? np - p0 : piece;
         bench_result bp = {0}, bs = {0};
         for (int rep = 0; rep < reps; rep++) {
-            bench_result r = {0};
-            if (run_all(gplain, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
-            if (rep == 0 || decode_s(&r) < decode_s(&bp)) bp = r;
-            for (int i = p0; rep == 0 && i < p0 + pn; i++) {
-                ref[i] = malloc(sizeof(int32_t) * (size_t)(ps[i].n_out + 1));
-                if (!ref[i]) goto out_ref;
-                memcpy(ref[i], ps[i].out, sizeof(int32_t) * (size_t)ps[i].n_out);
-                nref[i] = ps[i].n_out;
-            }
-            r = (bench_result){0};
-            if (run_all(gspec, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
-            if (rep == 0 || decode_s(&r) < decode_s(&bs)) bs = r;
-            for (int i = p0; i < p0 + pn; i++)
-                if (nref[i] != ps[i].n_out || memcmp(ref[i], ps[i].out, sizeof(int32_t) * (size_t)nref[i]) != 0) {
-                    exact = 0;
-                    if (first_diff < 0) first_diff = i;
+            /* odd reps run the speculative pass first, so that neither mode
+             * always follows the other (a cache or frequency after-effect
+             * then favours each equally); rep 0 is plain first: its tokens
+             * are the reference */
+            for (int pass = 0; pass < 2; pass++) {
+                int spec = (pass == 1) != (rep % 2 == 1);
+                bench_result r = {0};
+                if (run_all(spec ? gspec : gplain, &o, (int)batch, ps + p0, pn, &r) != 0) goto out_ref;
+                if (!spec) {
+                    if (rep == 0 || decode_s(&r) < decode_s(&bp)) bp = r;
+                    rep_p[rep] += decode_s(&r);
+                    for (int i = p0; rep == 0 && i < p0 + pn; i++) {
+                        ref[i] = malloc(sizeof(int32_t) * (size_t)(ps[i].n_out + 1));
+                        if (!ref[i]) goto out_ref;
+                        memcpy(ref[i], ps[i].out, sizeof(int32_t) * (size_t)ps[i].n_out);
+                        nref[i] = ps[i].n_out;
+                    }
+                    continue;
                 }
+                if (rep == 0 || decode_s(&r) < decode_s(&bs)) bs = r;
+                rep_s[rep] += decode_s(&r);
+                for (int i = p0; i < p0 + pn; i++)
+                    if (nref[i] != ps[i].n_out || memcmp(ref[i], ps[i].out, sizeof(int32_t) * (size_t)nref[i]) != 0) {
+                        exact = 0;
+                        if (first_diff < 0) first_diff = i;
+                    }
+            }
         }
         result_add(&rp, &bp);
         result_add(&rs, &bs);
@@ -292,6 +325,10 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "plain_tps", round4(plain_tps));
         cJSON_AddNumberToObject(j, "spec_tps", round4(spec_tps));
         cJSON_AddNumberToObject(j, "speedup", round4(plain_tps > 0 ? spec_tps / plain_tps : 0));
+        cJSON_AddNumberToObject(j, "speedup_paired_median", round4(paired_median(rep_p, rep_s, (int)reps)));
+        cJSON *rsp = cJSON_AddArrayToObject(j, "rep_speedups");
+        for (int r = 0; rsp && r < reps; r++)
+            cJSON_AddItemToArray(rsp, cJSON_CreateNumber(round4(rep_s[r] > 0 ? rep_p[r] / rep_s[r] : 0)));
         cJSON_AddNumberToObject(j, "mean_accepted", round4(mean_acc));
         cJSON_AddNumberToObject(j, "rounds", (double)rs.st.rounds);
         cJSON_AddNumberToObject(j, "drafted", (double)rs.st.drafted);
@@ -301,6 +338,9 @@ int cmd_bench(int argc, char **argv) {
             cJSON_AddItemToArray(acc, cJSON_CreateNumber(round4((double)rs.st.accepted_at[k] / rs.st.drafted_at[k])));
         cJSON_AddNumberToObject(j, "t_draft", round4(rs.st.t_draft));
         cJSON_AddNumberToObject(j, "t_verify", round4(rs.st.t_verify));
+        cJSON_AddNumberToObject(j, "t_accept", round4(rs.st.t_accept));
+        cJSON_AddNumberToObject(j, "t_prefill", round4(rs.st.t_prefill));
+        cJSON_AddNumberToObject(j, "plain_t_verify", round4(rp.st.t_verify));
         cJSON_AddBoolToObject(j, "exact", exact);
         char *txt = cJSON_PrintUnformatted(j);
         cJSON_Delete(j);
@@ -315,11 +355,14 @@ int cmd_bench(int argc, char **argv) {
         printf("speculative: %ld tokens in %.3f s = %.1f tok/s (speedup %.2fx), mean accepted %.2f, tokens/round %.2f\n",
                rs.tokens, ds, spec_tps, plain_tps > 0 ? spec_tps / plain_tps : 0, mean_acc,
                rs.st.rounds ? (double)rs.st.emitted / rs.st.rounds : 0);
+        if (reps > 1) printf("paired: median speedup over %ld back-to-back pairs %.3fx\n", reps, paired_median(rep_p, rep_s, (int)reps));
         printf("exact: %s\n", exact ? "yes" : "NO");
     }
     if (!exact) fprintf(stderr, "tandem bench: speculative output differs from plain (first at prompt %d)\n", first_diff);
     rc = 0;
 out_ref:
+    free(rep_p);
+    free(rep_s);
     for (int i = 0; ref && i < np; i++) free(ref[i]);
     free(ref);
     free(nref);

@@ -119,7 +119,7 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
     if (g->p.max_depth == 0) return 0;
     int row, rc = 0;
     if (td_ctx_row_add(g->ctx, &row) != 0) return 0; /* no spare row: linear fallback */
-    int ctx_n = 64 < g->max_ctx / 4 ? 64 : g->max_ctx / 4;
+    int ctx_n = g->max_ctx / 2 < 256 ? g->max_ctx / 2 : 256;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)(ctx_n + t_max + 1));
     if (!toks) { td_ctx_row_remove(g->ctx, row); return td_seterr(err, TD_ENOMEM, "out of memory"); }
     for (int i = 0; i < ctx_n + t_max + 1; i++) toks[i] = (i * 7 + 3) % g->n_vocab;
@@ -542,6 +542,7 @@ int td_spec_step(td_spec *g, td_err *err) {
     if ((rc = td_ctx_forward(g->ctx, &b, g->logits, g->n_taps ? g->vtaps : NULL, err)) != 0) return rc;
     double vdt = td_now() - t0;
     g->total.t_verify += vdt;
+    if (g->debug) fprintf(stderr, "tandem: verify%s %d rows %d tokens %.3f ms\n", g->dr.vt ? "" : " (plain)", nb, nt, vdt * 1e3);
     g->verify_spent = 0.995 * g->verify_spent + vdt; /* a window of some hundred rounds */
     g->probe_spent *= 0.995;
     /* keep the cost curve current: the startup measurement may have been taken
