@@ -385,17 +385,35 @@ static void test_depth_plan(void) {
     td_depth_init(&poor, 0.2);
     td_depth_ctl *ctl[2] = {&good, &poor};
     int maxk[2] = {8, 8}, k[2];
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, 0, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, 0, NULL, 1, k);
     T_CHECK(k[0] == 8 && k[1] >= 1, "cheap verify: deep drafts (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, 0, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, 0, NULL, 1, k);
     T_CHECK(k[0] == 0 && k[1] == 0, "verify as costly as decoding: no drafting (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, NULL, 1, k);
     T_CHECK(k[0] <= 3 && k[1] == 0, "costly drafter: shallow for the good row, none for the poor (got %d, %d)", k[0], k[1]);
     /* the same cost for a whole block (one-shot drafter): depth is free once it drafts */
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 1, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 1, NULL, 1, k);
     T_CHECK(k[0] == 8, "costly one-shot drafter: the good row drafts the whole block (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0, 1, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0, 1, NULL, 1, k);
     T_CHECK(k[0] == 0 && k[1] == 0, "one-shot drafter costing 3 forwards: no drafting (got %d, %d)", k[0], k[1]);
+    /* proposals on offer cost no draft step: with a drafter costing 3
+     * forwards a step, an offered row still drafts where the verify is cheap,
+     * and a row beside it that would need the drafter does not */
+    {
+        td_depth_ctl g2;
+        td_depth_init(&g2, 0.9);
+        td_depth_ctl *c2[2] = {&good, &g2};
+        unsigned char fr[2] = {1, 0};
+        for (int os = 0; os < 2; os++) {
+            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, os, fr, 1, k);
+            T_CHECK(k[0] == 8 && k[1] == 0, "offered row drafts, the drafter's does not (one-shot %d; got %d, %d)", os, k[0], k[1]);
+            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, os, NULL, 1, k);
+            T_CHECK(k[0] == 0 && k[1] == 0, "without the offer neither drafts (one-shot %d; got %d, %d)", os, k[0], k[1]);
+        }
+        /* once the drafter runs for one row, an offered row adds no step either */
+        td_depth_plan(c2, maxk, 2, 0, &flat, 0.01, 0, fr, 1, k);
+        T_CHECK(k[0] == 8 && k[1] >= 1, "cheap drafter: both rows draft (got %d, %d)", k[0], k[1]);
+    }
     int probes = 0;
     td_depth_init(&poor, 0.2);
     td_depth_ctl *one[1] = {&poor};
@@ -403,7 +421,7 @@ static void test_depth_plan(void) {
     /* a draft token costs half a forward: a poor drafter does not pay, a perfect one would */
     td_cost_curve half = {.n = 2, .T = {1, 65}, .s = {1.0, 33.0}};
     for (int r = 1; r <= 7 * TD_DEPTH_PROBE + 3; r++) {
-        int np = td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, 1, k);
+        int np = td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, NULL, 1, k);
         T_CHECK(np == (k[0] ? 1 : 0), "a probe is reported as one (round %d: %d, depth %d)", r, np, k[0]);
         if (k[0]) { probes++; if (n_at < 8) at[n_at++] = r; }
     }
@@ -415,16 +433,16 @@ static void test_depth_plan(void) {
     td_depth_init(&poor, 0.2);
     int first = -1;
     for (int r = 1; r <= 3 * TD_DEPTH_PROBE && first < 0; r++) {
-        td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, r > 2 * TD_DEPTH_PROBE, k);
+        td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, NULL, r > 2 * TD_DEPTH_PROBE, k);
         if (k[0]) first = r;
     }
     T_CHECK(first == 2 * TD_DEPTH_PROBE + 1, "no probe while probes are over budget (first probe at round %d)", first);
     for (int r = 0; r < 2 * TD_DEPTH_PROBE; r++) {
-        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, 1, k);
+        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, NULL, 1, k);
         T_CHECK(k[0] == 0, "no probe while even a perfect draft cannot pay (round %d)", r);
     }
     for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
-    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, 1, k);
+    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, NULL, 1, k);
     T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);
     for (int r = 0; r < 40; r++) td_depth_update(&good, TD_SPEC_MAX_DEPTH, TD_SPEC_MAX_DEPTH);
     for (int r = 0; r < 40; r++) td_depth_update(&good, 4, 0);
@@ -448,7 +466,7 @@ static void test_depth_plan(void) {
         td_depth_ctl *lc[1] = {&low};
         int mk8[1] = {8}, probed = 0;
         for (int r = 0; r < 2 * TD_DEPTH_PROBE && !probed; r++) {
-            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0, 1, 1, k);
+            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0, 1, NULL, 1, k);
             if (k[0]) probed = k[0];
         }
         T_CHECK(probed == 8, "one-shot probe at full depth (got %d)", probed);

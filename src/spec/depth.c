@@ -49,53 +49,62 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
 }
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                  const td_cost_curve *cv, double step_s, int one_shot, int allow_probe, int *k) {
+                  const td_cost_curve *cv, double step_s, int one_shot, const unsigned char *free_row,
+                  int allow_probe, int *k) {
     double E = n + n_other;        /* tokens emitted this round */
-    int T = n + n_other, kmax = 0; /* verified tokens, draft steps */
+    int T = n + n_other, kmax = 0; /* verified tokens; draft steps of the rows the drafter runs for */
     for (int i = 0; i < n; i++) k[i] = 0;
     double rate = E / td_cost_at(cv, T);
     /* Each pass deepens one row by the number of positions d that raises the
      * rate most. Looking d positions ahead, not one, matters when a draft's
-     * fixed cost is only repaid by depth (a one-shot drafter's single step). */
+     * fixed cost is only repaid by depth (a one-shot drafter's single step).
+     * A free row (proposals on offer, made without a forward) adds no step. */
     for (;;) {
         int best = -1, best_d = 0;
         double best_rate = rate * 1.0001, best_gain = 0;
         for (int i = 0; i < n; i++) {
+            int fr = free_row && free_row[i];
             double reach = 1.0; /* probability the row's position k[i] is reached and accepted */
             for (int j = 0; j < k[i]; j++) reach *= ctl[i]->a[j];
             double gain = 0;
             for (int d = 1; k[i] + d <= maxk[i]; d++) {
                 reach *= ctl[i]->a[k[i] + d - 1];
                 gain += reach;
-                int steps = one_shot ? 1 : k[i] + d > kmax ? k[i] + d : kmax;
+                int steps = fr ? (one_shot ? kmax > 0 : kmax) : one_shot ? 1 : k[i] + d > kmax ? k[i] + d : kmax;
                 double r = (E + gain) / (td_cost_at(cv, T + d) + step_s * steps);
                 if (r > best_rate) { best_rate = r; best = i; best_d = d; best_gain = gain; }
             }
         }
         if (best < 0) break;
         k[best] += best_d;
-        if (k[best] > kmax) kmax = k[best];
+        if (!(free_row && free_row[best]) && k[best] > kmax) kmax = k[best];
         E += best_gain;
         T += best_d;
         rate = best_rate;
     }
     /* probing is worth its catch-up only if a perfect draft could pay: one
      * token, or for a one-shot drafter (whose probe drafts the whole block) a
-     * full block */
+     * full block; a free row's probe adds no step */
     int steps1 = kmax > 0 && !one_shot ? kmax : 1, kp = 1;
     for (int i = 0; one_shot && i < n; i++)
         if (maxk[i] > kp) kp = maxk[i];
     int may_probe = (E + kp) / (td_cost_at(cv, T + kp) + step_s * steps1) > rate;
+    int may_probe_free = (E + 1) / (td_cost_at(cv, T + 1) + step_s * (one_shot ? kmax > 0 : kmax)) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {
         td_depth_ctl *c = ctl[i];
-        if (k[i] == 0 && maxk[i] > 0 && !may_probe) {
+        int fr = free_row && free_row[i];
+        if (k[i] == 0 && maxk[i] > 0 && !(fr ? may_probe_free : may_probe)) {
             c->since_probe = 0;
         } else if (k[i] == 0 && maxk[i] > 0) {
             if (c->since_probe == -1 && c->probe_every < TD_DEPTH_PROBE_MAX) c->probe_every *= 2; /* the last probe did not pay */
             if (c->since_probe < 0) c->since_probe = 0;
             if (c->since_probe < c->probe_every) c->since_probe++;
-            if (c->since_probe >= c->probe_every && allow_probe) { c->since_probe = -1; k[i] = one_shot ? maxk[i] : 1; probes++; }
+            if (c->since_probe >= c->probe_every && allow_probe) {
+                c->since_probe = -1;
+                k[i] = one_shot && !fr ? maxk[i] : 1;
+                probes++;
+            }
         } else if (k[i] > 0) { /* drafting on its own again */
             c->probe_every = TD_DEPTH_PROBE;
             c->since_probe = 0;

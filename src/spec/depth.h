@@ -69,10 +69,14 @@ void td_depth_init_from(td_depth_ctl *c, const td_depth_ctl *from);
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
  * k[i]. step_s: seconds per draft step (one position for all rows); one_shot:
  * the drafter drafts every position in one step (its cost is per round);
- * allow_probe: 0 = no row at depth 0 probes this round. Returns the number of
- * rows set to probe (depth 1 from the probe schedule, not from the plan). */
+ * free_row[i] (NULL: none): row i's proposals are already made (offered, see
+ * draft.h) and cost no draft step, only their verify tokens; allow_probe:
+ * 0 = no row at depth 0 probes this round. Returns the number of rows set to
+ * probe (depth 1 — a one-shot drafter's rows: a full block — from the probe
+ * schedule, not from the plan). */
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                  const td_cost_curve *cv, double step_s, int one_shot, int allow_probe, int *k);
+                  const td_cost_curve *cv, double step_s, int one_shot, const unsigned char *free_row,
+                  int allow_probe, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);
 

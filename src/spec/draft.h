@@ -75,6 +75,17 @@ typedef struct td_draft_rows_vt {
                   const td_draft_checkpoint *ck, td_err *err);
     /* required. Propose drafts for every row (see td_draft_req). */
     int (*draft)(void *g, td_draft_req *req, td_err *err);
+    /* optional. Proposals that cost no forward to make (copied from the row's
+     * own stream: prompt lookup), asked for before the group plans the round's
+     * depths, so the plan knows what each row has on offer and weighs it at
+     * no draft cost. For each row i: up to max_depth tokens to follow
+     * pending[i] into tokens[i * max_depth ..] and their count into
+     * n_tokens[i] (0: nothing on offer). Called at most once a round, before
+     * draft(), and only under the match rule (an offer has no probabilities).
+     * A row the group drafts from its offer gets depth 0 in that round's
+     * draft(): the drafter sees a row it was not asked to draft, and commit()
+     * then tells it what was accepted as for any row. */
+    int (*offer)(void *g, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err);
     /* required. cm[0..n_rows) in row order, one per row, every round. */
     int (*commit)(void *g, const td_draft_commit *cm, int n_rows, td_err *err);
     /* required. Keep rows keep[0..n_keep) (ascending old indices), in that order. */
@@ -118,6 +129,8 @@ struct td_drafter {
     int one_shot;             /* 1: one forward drafts every position (block drafters), so a
                                  round's draft cost does not grow with its depth; 0: one
                                  step per position (autoregressive drafters) */
+    int offers_all;           /* 1: every proposal the drafter makes is on offer (rows_vt.offer),
+                                 so a row with nothing on offer is not drafted at all */
     const td_model *target;   /* borrowed */
 };
 
@@ -187,6 +200,12 @@ static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n
 }
 static inline int td_draft_rows_draft(td_draft_rows *r, td_draft_req *q, td_err *err) {
     return r->vt->draft(r->self, q, err);
+}
+/* 1 when the group offers proposals before planning (td_draft_rows_vt.offer). */
+static inline int td_draft_rows_can_offer(const td_draft_rows *r) { return r->vt && r->vt->offer; }
+static inline int td_draft_rows_offer(td_draft_rows *r, const int32_t *pending, int max_depth, int32_t *tokens,
+                                      int *n_tokens, td_err *err) {
+    return r->vt->offer(r->self, pending, max_depth, tokens, n_tokens, err);
 }
 static inline int td_draft_rows_commit(td_draft_rows *r, const td_draft_commit *cm, td_err *err) {
     return r->vt->commit(r->self, cm, r->n_rows, err);

@@ -44,11 +44,13 @@ typedef struct sp_row {
     float *top_lp;             /* [cap][TD_MAX_TOP_LOGPROBS] */
     int lp_cap;                /* entries the three arrays hold */
     td_emitter em;
-    td_depth_ctl depth;
+    td_depth_ctl depth;        /* acceptance of the drafter's own proposals */
+    td_depth_ctl depth_lk;     /* acceptance of proposals taken from the drafter's offer */
     td_spec_stats st;
     int k;                     /* depth chosen this round */
     int n_draft;               /* proposals this round */
-    int drafted_last;          /* the row drafted in the previous round */
+    int drafted_last;          /* the drafter drafted for the row in the previous round */
+    int offered;               /* this round's drafts came from the drafter's offer */
 } sp_row;
 
 struct td_spec {
@@ -85,7 +87,12 @@ struct td_spec {
     td_cost_curve cv;          /* verify forward seconds by tokens */
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
     td_depth_ctl pool_depth;   /* every row's rounds pooled: where a joining row starts */
+    td_depth_ctl pool_lk;      /* the same for proposals taken from offers */
     int *maxk;                 /* [max_rows] by drafter row */
+    int32_t *offer;            /* [max_rows][max_depth] proposals on offer (draft.h), by drafter row */
+    int *n_offer;              /* [max_rows] */
+    unsigned char *free_row;   /* [max_rows] the row drafts from its offer this round */
+    int *ddepth;               /* [max_rows] depth asked of draft(): 0 where the offer serves */
     double draft_s;            /* seconds per draft step (running): one position for all rows */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
     int measured;              /* draft_s has been measured (else it is the drafter's hint) */
@@ -175,6 +182,10 @@ void td_spec_free(td_spec *g) {
     free(g->vtaps);
     free(g->ptaps);
     free(g->maxk);
+    free(g->offer);
+    free(g->n_offer);
+    free(g->free_row);
+    free(g->ddepth);
     free(g);
 }
 
@@ -238,13 +249,17 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         g->ptaps = malloc(sizeof(float) * (size_t)g->max_ctx * tap_row);
     }
     g->maxk = malloc(sizeof(int) * (size_t)R);
+    g->offer = malloc(sizeof(int32_t) * (size_t)R * (D ? (size_t)D : 1));
+    g->n_offer = malloc(sizeof(int) * (size_t)R);
+    g->free_row = malloc((size_t)R);
+    g->ddepth = malloc(sizeof(int) * (size_t)R);
     /* all ones, for any forward of the context: verify windows (R x W) and
      * tapped prefill chunks (up to max_tokens, which is >= R x W) */
     g->want = malloc((size_t)cp.max_tokens);
     if (g->want) memset(g->want, 1, (size_t)cp.max_tokens);
     if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
         !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
-        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || (n_taps && (!g->vtaps || !g->ptaps)) ||
+        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || !g->offer || !g->n_offer || !g->free_row || !g->ddepth || (n_taps && (!g->vtaps || !g->ptaps)) ||
         td_sampler_open(&g->smp, g->n_vocab) != 0) {
         td_spec_free(g);
         return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
@@ -262,6 +277,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     /* until a draft step is measured, assume the drafter's own estimate */
     if (drafter) g->draft_s = drafter->step_cost_hint * td_cost_at(&g->cv, 1);
     td_depth_init(&g->pool_depth, 0.7);
+    td_depth_init(&g->pool_lk, 0.7);
     g->debug = getenv("TD_SPEC_DEBUG") != NULL;
     if (g->debug) {
         fprintf(stderr, "tandem: verify cost curve:");
@@ -328,6 +344,7 @@ int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_pa
     td_emit_free(&r->em);
     td_emit_init(&r->em, gp->stop, gp->n_stop);
     td_depth_init_from(&r->depth, &g->pool_depth);
+    td_depth_init_from(&r->depth_lk, &g->pool_lk);
     memset(&r->st, 0, sizeof r->st);
     r->state = ROW_NEW;
     *id_out = slot;
@@ -463,63 +480,85 @@ int td_spec_step(td_spec *g, td_err *err) {
         g->samp[r->dr] = &r->gp->sampling;
         g->out_pos[r->dr] = (uint64_t)r->n_emitted;
     }
+    /* proposals on offer (a lookup in the row's stream): the plan weighs them
+     * at their verify cost alone, with their own acceptance estimates, and a
+     * row is drafted no deeper than its offer */
+    int offers = n_dr > 0 && D > 0 && g->p.accept == TD_ACCEPT_MATCH && td_draft_rows_can_offer(&g->dr);
+    if (offers && (rc = td_draft_rows_offer(&g->dr, g->pending, D, g->offer, g->n_offer, err)) != 0) return rc;
+    for (int d = 0; d < n_dr; d++) {
+        sp_row *r = &g->rows[g->dr_slot[d]];
+        r->offered = g->free_row[d] = offers && g->n_offer[d] > 0;
+        if (offers && !r->offered && g->drafter->offers_all) g->maxk[d] = 0;
+        if (!r->offered) continue;
+        if (g->maxk[d] > g->n_offer[d]) g->maxk[d] = g->n_offer[d];
+        g->ctl[d] = &r->depth_lk;
+    }
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
         else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->one_shot,
-                                      g->probe_spent <= TD_PROBE_BUDGET * g->verify_spent, g->depth);
+                                      g->free_row, g->probe_spent <= TD_PROBE_BUDGET * g->verify_spent, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
-                fprintf(stderr, "tandem: plan row %d: maxk %d -> depth %d (a1..4 %.2f %.2f %.2f %.2f, step %.3f ms, T1 %.3f ms)\n",
-                        d, g->maxk[d], g->depth[d], g->ctl[d]->a[0], g->ctl[d]->a[1], g->ctl[d]->a[2], g->ctl[d]->a[3],
-                        g->draft_s * 1e3, td_cost_at(&g->cv, 1) * 1e3);
+                fprintf(stderr, "tandem: plan row %d: maxk %d%s -> depth %d (a1..4 %.2f %.2f %.2f %.2f, step %.3f ms, T1 %.3f ms)\n",
+                        d, g->maxk[d], g->free_row[d] ? " offered" : "", g->depth[d], g->ctl[d]->a[0], g->ctl[d]->a[1],
+                        g->ctl[d]->a[2], g->ctl[d]->a[3], g->draft_s * 1e3, td_cost_at(&g->cv, 1) * 1e3);
     }
-    if (n_dr > 0) {
-        int any = 0;
-        for (int d = 0; d < n_dr; d++) any |= g->depth[d] > 0;
-        if (any) {
-            td_draft_req q = {.n_rows = n_dr, .pending = g->pending, .depth = g->depth, .max_depth = D,
-                              .tokens = g->drafts, .n_tokens = g->n_drafts, .probs = g->q,
-                              .sampling = g->samp, .out_pos = g->out_pos};
-            double t0 = td_now();
-            if ((rc = td_draft_rows_draft(&g->dr, &q, err)) != 0) return rc;
-            double dt = td_now() - t0;
-            g->total.t_draft += dt;
-            int drafting = 0;
-            for (int d = 0; d < n_dr; d++) drafting += g->depth[d] > 0;
-            if (n_probes == drafting) g->probe_spent += dt; /* a round of probes only */
-            long nd = 0;
-            for (int d = 0; d < n_dr; d++) {
-                if (g->n_drafts[d] > g->depth[d]) g->n_drafts[d] = g->depth[d];
-                g->rows[g->dr_slot[d]].n_draft = g->n_drafts[d];
-                nd += g->n_drafts[d];
-            }
-            g->have_q = q.has_probs; /* else accept treats each proposal as a one-hot q */
-            /* The draft cost per token is learnt only in steady rounds: a row that
-             * did not draft last round first catches its drafter up on the tokens
-             * it missed, a one-off cost that is not the price of a draft token. */
-            int steady = 1;
-            for (int d = 0; d < n_dr; d++)
-                if (g->depth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
-            int steps = 0;
-            for (int d = 0; d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
-            if (g->drafter->one_shot && steps > 1) steps = 1; /* one forward drafted them all */
-            /* A single slow round (a burst of load on a shared machine) moves the
-             * estimate by at most 20%; a catch-up round that was cheaper than the
-             * estimate shows it is too high (else a planner kept at depth 0 by
-             * one burst would see only catch-up rounds and never correct it). */
-            if (steps > 0 && (steady || g->measured)) {
-                double per = dt / (double)steps;
-                if (!g->measured) g->draft_s = per;
-                else if (steady) g->draft_s = 0.8 * g->draft_s + 0.2 * (per < 2.0 * g->draft_s ? per : 2.0 * g->draft_s);
-                else if (per < g->draft_s) g->draft_s = 0.8 * g->draft_s + 0.2 * per;
-                g->measured = 1;
-            }
-            if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; step %.3f ms\n", nd, steps, dt * 1e3,
-                                  steady ? "" : " (catch-up)", g->draft_s * 1e3);
+    int any = 0; /* rows the drafter drafts for (not from an offer) */
+    for (int d = 0; d < n_dr; d++) {
+        g->ddepth[d] = g->free_row[d] ? 0 : g->depth[d];
+        g->n_drafts[d] = 0;
+        any |= g->ddepth[d] > 0;
+    }
+    if (any) {
+        td_draft_req q = {.n_rows = n_dr, .pending = g->pending, .depth = g->ddepth, .max_depth = D,
+                          .tokens = g->drafts, .n_tokens = g->n_drafts, .probs = g->q,
+                          .sampling = g->samp, .out_pos = g->out_pos};
+        double t0 = td_now();
+        if ((rc = td_draft_rows_draft(&g->dr, &q, err)) != 0) return rc;
+        double dt = td_now() - t0;
+        g->total.t_draft += dt;
+        int drafting = 0;
+        for (int d = 0; d < n_dr; d++) drafting += g->ddepth[d] > 0;
+        if (n_probes >= drafting) g->probe_spent += dt; /* a round of probes only */
+        long nd = 0;
+        for (int d = 0; d < n_dr; d++) {
+            if (g->n_drafts[d] > g->ddepth[d]) g->n_drafts[d] = g->ddepth[d];
+            nd += g->n_drafts[d];
         }
+        g->have_q = q.has_probs; /* else accept treats each proposal as a one-hot q */
+        /* The draft cost per token is learnt only in steady rounds: a row that
+         * did not draft last round first catches its drafter up on the tokens
+         * it missed, a one-off cost that is not the price of a draft token. */
+        int steady = 1;
+        for (int d = 0; d < n_dr; d++)
+            if (g->ddepth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
+        int steps = 0;
+        for (int d = 0; d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
+        if (g->drafter->one_shot && steps > 1) steps = 1; /* one forward drafted them all */
+        /* A single slow round (a burst of load on a shared machine) moves the
+         * estimate by at most 20%; a catch-up round that was cheaper than the
+         * estimate shows it is too high (else a planner kept at depth 0 by
+         * one burst would see only catch-up rounds and never correct it). */
+        if (steps > 0 && (steady || g->measured)) {
+            double per = dt / (double)steps;
+            if (!g->measured) g->draft_s = per;
+            else if (steady) g->draft_s = 0.8 * g->draft_s + 0.2 * (per < 2.0 * g->draft_s ? per : 2.0 * g->draft_s);
+            else if (per < g->draft_s) g->draft_s = 0.8 * g->draft_s + 0.2 * per;
+            g->measured = 1;
+        }
+        if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; step %.3f ms\n", nd, steps, dt * 1e3,
+                              steady ? "" : " (catch-up)", g->draft_s * 1e3);
     }
-    for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].drafted_last = g->depth[d] > 0;
+    for (int d = 0; d < n_dr; d++) {
+        sp_row *r = &g->rows[g->dr_slot[d]];
+        if (g->free_row[d] && g->depth[d] > 0) { /* drafted from the offer */
+            memcpy(g->drafts + (size_t)d * D, g->offer + (size_t)d * D, sizeof(int32_t) * (size_t)g->depth[d]);
+            g->n_drafts[d] = g->depth[d];
+        }
+        r->n_draft = g->n_drafts[d];
+        r->drafted_last = g->ddepth[d] > 0;
+    }
     /* 2. verify every live row in one forward */
     int nb = 0, nt = 0;
     for (int i = 0; i < g->max_rows; i++) {
@@ -589,8 +628,8 @@ int td_spec_step(td_spec *g, td_err *err) {
             if (j < m) { r->st.accepted_at[j]++; g->total.accepted_at[j]++; }
         }
         if (k) {
-            td_depth_update(&r->depth, k, m);
-            td_depth_update(&g->pool_depth, k, m);
+            td_depth_update(r->offered ? &r->depth_lk : &r->depth, k, m);
+            td_depth_update(r->offered ? &g->pool_lk : &g->pool_depth, k, m);
         }
         /* emit t_0..t_m (t_j for j < m are accepted drafts) */
         int done = 0;

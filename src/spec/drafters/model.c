@@ -243,6 +243,19 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
     return 0;
 }
 
+/* lookup=N: the prompt lookup's proposals are on offer before the group plans
+ * (draft.h); a row drafted from its offer comes to draft() at depth 0, so the
+ * draft model skips it that round. Without lookup= nothing is on offer. */
+static int dm_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err) {
+    dm_group *g = gv;
+    (void)err;
+    for (int i = 0; i < g->n_rows; i++)
+        n_tokens[i] = g->p->lookup ? td_draft_lookup(g->rows[i].stream, g->rows[i].len, pending[i], g->p->lookup,
+                                                     max_depth, tokens + (size_t)i * max_depth)
+                                   : 0;
+    return 0;
+}
+
 static int dm_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
     dm_group *g = gv;
     for (int i = 0; i < n_rows; i++) {
@@ -302,7 +315,7 @@ static void dm_free_group(void *gv) {
 }
 
 static const td_draft_rows_vt dm_rows_vt = {
-    .append = dm_append, .draft = dm_draft, .commit = dm_commit,
+    .append = dm_append, .draft = dm_draft, .offer = dm_offer, .commit = dm_commit,
     .filter = dm_filter, .capture = dm_capture, .free = dm_free_group,
 };
 

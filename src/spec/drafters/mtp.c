@@ -267,6 +267,19 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
     return 0;
 }
 
+/* lookup=N: the prompt lookup's proposals are on offer before the group plans
+ * (draft.h); a row drafted from its offer comes to draft() at depth 0, so the
+ * MTP head skips it that round. Without lookup= nothing is on offer. */
+static int mtp_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err) {
+    mtp_group *g = gv;
+    (void)err;
+    for (int i = 0; i < g->n_rows; i++)
+        n_tokens[i] = g->p->lookup ? td_draft_lookup(g->rows[i].stream, g->rows[i].len, pending[i], g->p->lookup,
+                                                     max_depth, tokens + (size_t)i * max_depth)
+                                   : 0;
+    return 0;
+}
+
 static int mtp_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *err) {
     mtp_group *g = gv;
     int D = g->D;
@@ -329,7 +342,7 @@ static void mtp_free_group(void *gv) {
 }
 
 static const td_draft_rows_vt mtp_rows_vt = {
-    .append = mtp_append, .draft = mtp_draft, .commit = mtp_commit,
+    .append = mtp_append, .draft = mtp_draft, .offer = mtp_offer, .commit = mtp_commit,
     .filter = mtp_filter, .capture = mtp_capture, .free = mtp_free_group,
 };
 

@@ -80,28 +80,46 @@ int td_ngram_find(const int32_t *s, int len, int n) {
     return -1;
 }
 
+/* Row i's proposals after `pending`: what followed the longest earlier
+ * occurrence (n_max..n_min tokens) of the stream's tail, up to k tokens into
+ * out. Returns how many, or -1 out of memory. */
+static int ng_propose(ng_group *g, int i, int32_t pending, int k, int32_t *out) {
+    ng_row *r = &g->rows[i];
+    /* the pending token ends the stream for the lookup */
+    if (row_push(r, &pending, 1) != 0) return -1;
+    int m = 0;
+    for (int n = g->p->n_max; n >= g->p->n_min; n--) {
+        int at = td_ngram_find(r->tok, r->len, n);
+        if (at < 0) continue;
+        int avail = r->len - at;
+        m = avail < k ? avail : k;
+        memcpy(out, r->tok + at, sizeof(int32_t) * (size_t)m);
+        break;
+    }
+    r->len--; /* pending is committed by commit(), not here */
+    return m;
+}
+
 static int ng_draft(void *gv, td_draft_req *q, td_err *err) {
     ng_group *g = gv;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "ngram: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = 0;
     for (int i = 0; i < q->n_rows; i++) {
         q->n_tokens[i] = 0;
-        int k = q->depth[i];
-        if (k <= 0) continue;
-        ng_row *r = &g->rows[i];
-        /* the pending token ends the stream for the lookup */
-        if (row_push(r, &q->pending[i], 1) != 0) return td_seterr(err, TD_ENOMEM, "ngram: out of memory");
-        for (int n = g->p->n_max; n >= g->p->n_min; n--) {
-            int at = td_ngram_find(r->tok, r->len, n);
-            if (at < 0) continue;
-            int avail = r->len - at;
-            int m = avail < k ? avail : k;
-            memcpy(q->tokens + (size_t)i * q->max_depth, r->tok + at, sizeof(int32_t) * (size_t)m);
-            q->n_tokens[i] = m;
-            break;
-        }
-        r->len--; /* pending is committed by commit(), not here */
+        if (q->depth[i] <= 0) continue;
+        int m = ng_propose(g, i, q->pending[i], q->depth[i], q->tokens + (size_t)i * q->max_depth);
+        if (m < 0) return td_seterr(err, TD_ENOMEM, "ngram: out of memory");
+        q->n_tokens[i] = m;
     }
+    return 0;
+}
+
+/* Every proposal of this drafter is a lookup: all of them are on offer. */
+static int ng_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err) {
+    ng_group *g = gv;
+    for (int i = 0; i < g->n_rows; i++)
+        if ((n_tokens[i] = ng_propose(g, i, pending[i], max_depth, tokens + (size_t)i * max_depth)) < 0)
+            return td_seterr(err, TD_ENOMEM, "ngram: out of memory");
     return 0;
 }
 
@@ -148,7 +166,7 @@ static void ng_free_group(void *gv) {
 }
 
 static const td_draft_rows_vt ng_rows_vt = {
-    .append = ng_append, .draft = ng_draft, .commit = ng_commit,
+    .append = ng_append, .draft = ng_draft, .offer = ng_offer, .commit = ng_commit,
     .filter = ng_filter, .capture = ng_capture, .free = ng_free_group,
 };
 
@@ -187,6 +205,7 @@ int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *ta
     d->vt = &ng_vt;
     d->self = p;
     d->target = target;
+    d->offers_all = 1; /* a lookup costs no forward: all of it is on offer */
     snprintf(d->id, sizeof d->id, "ngram:%d-%d", lo, hi);
     snprintf(d->ns, sizeof d->ns, "ngram-v1");
     *out = d;
