@@ -480,17 +480,17 @@ static void test_depth_plan(void) {
     T_CHECK(low < 0.05 && stale.a[2] > 0.9 && stale.a[0] > 0.99, "a stale position drifts up (%.2f -> %.2f)", low, stale.a[2]);
     for (int r = 0; r < 60; r++) td_depth_update(&stale, 2, 0);
     T_CHECK(stale.a[2] > 0.9, "and never down on drafted positions' rejections (%.2f)", stale.a[2]);
-    /* the verify curve: the nondecreasing lower convex hull of the measurements */
+    /* the verify curve: the measurements made nondecreasing, steps kept */
     td_cost_curve cv;
-    int cT[5] = {1, 2, 3, 4, 8};
-    double cs[5] = {1.0, 1.5, 1.2, 1.6, 3.0};
-    td_cost_curve_fit(&cv, cT, cs, 5);
-    T_CHECK(cv.n == 3 && cv.T[1] == 4 && fabs(td_cost_at(&cv, 2) - 1.2) < 1e-12 && fabs(td_cost_at(&cv, 8) - 3.0) < 1e-12,
-            "cost curve hull: %d points, c(2) = %.3f", cv.n, td_cost_at(&cv, 2));
-    for (int T = 2; T < 12; T++)
-        T_CHECK(td_cost_at(&cv, T) >= td_cost_at(&cv, T - 1) &&
-                    td_cost_at(&cv, T + 1) - td_cost_at(&cv, T) >= td_cost_at(&cv, T) - td_cost_at(&cv, T - 1) - 1e-12,
-                "cost curve nondecreasing and convex at T = %d", T);
+    int cT[6] = {1, 2, 3, 8, 9, 16};
+    double cs[6] = {1.0, 0.9, 1.2, 1.6, 2.2, 3.0}; /* T = 2 below T = 1; a step at 9 */
+    td_cost_curve_fit(&cv, cT, cs, 6);
+    T_CHECK(cv.n == 6 && fabs(td_cost_at(&cv, 2) - 1.0) < 1e-12, "a cheaper point takes the cost before it: c(2) = %.3f",
+            td_cost_at(&cv, 2));
+    T_CHECK(fabs(td_cost_at(&cv, 9) - 2.2) < 1e-12 && td_cost_at(&cv, 9) - td_cost_at(&cv, 8) > td_cost_at(&cv, 10) - td_cost_at(&cv, 9),
+            "the step at T = 9 is kept: c(8) %.3f c(9) %.3f c(10) %.3f", td_cost_at(&cv, 8), td_cost_at(&cv, 9), td_cost_at(&cv, 10));
+    for (int T = 2; T < 20; T++)
+        T_CHECK(td_cost_at(&cv, T) >= td_cost_at(&cv, T - 1), "cost curve nondecreasing at T = %d", T);
     t_end();
 }
 

@@ -36,12 +36,6 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
     for (int p = 0; p < n && p < TD_COST_POINTS; p++) {
         double v = s[p];
         if (c->n > 0 && v < c->s[c->n - 1]) v = c->s[c->n - 1]; /* never cheaper with more tokens */
-        while (c->n >= 2) { /* drop the last point while it lies on or above the chord to this one */
-            int a = c->n - 2, b = c->n - 1;
-            double cross = (c->s[b] - c->s[a]) * (T[p] - c->T[a]) - (v - c->s[a]) * (c->T[b] - c->T[a]);
-            if (cross < 0) break;
-            c->n--;
-        }
         c->T[c->n] = T[p];
         c->s[c->n] = v;
         c->n++;

@@ -31,7 +31,7 @@
 
 #define TD_DEPTH_PROBE 16
 #define TD_DEPTH_PROBE_MAX 512
-#define TD_COST_POINTS 16
+#define TD_COST_POINTS 32
 #define TD_PROBE_BUDGET 0.01 /* probe drafting time / verify time, at most */
 
 typedef struct td_depth_ctl {
@@ -53,11 +53,11 @@ typedef struct td_cost_curve {
 
 double td_cost_at(const td_cost_curve *c, int T);
 /* Set c from n measured points (T increasing, s the fastest time seen at
- * each): the lower convex hull of the points, made nondecreasing. A forward's
- * cost is flat while it streams weights and grows at most linearly once
- * compute binds, so a point above the hull is load that hit its samples, and
- * a kink there would steer the planner (a depth just under a slow point looks
- * free, one above it dear). */
+ * each), made nondecreasing (a point cheaper than one before it takes that
+ * one's cost). The steps stay: a forward's cost is flat while it streams
+ * weights, then grows by steps where the token count starts another register
+ * tile (T = 9 after 8 costs more than T = 10 after 9), and a plan that
+ * smoothed them away would take the first token past a step for cheap. */
 void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n);
 
 void td_depth_init(td_depth_ctl *c, double prior);
