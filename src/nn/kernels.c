@@ -711,19 +711,19 @@ typedef void (*att_fn)(float *o, int ldo, const float *q, int ldq, const int *nk
                                       const char *V, size_t rs, int hd, float scale, float *sc) {          \
         att_block(QB, DT, o, ldo, q, ldq, nk, K, V, rs, hd, scale, sc);                                     \
     }
-#define ATT_SET(DT, SUF) ATT_INST(1, DT, SUF) ATT_INST(2, DT, SUF) ATT_INST(4, DT, SUF)
+#define ATT_SET(DT, SUF) ATT_INST(1, DT, SUF) ATT_INST(2, DT, SUF) ATT_INST(3, DT, SUF) ATT_INST(4, DT, SUF)
 ATT_SET(TD_DTYPE_F32, f32)
 ATT_SET(TD_DTYPE_F16, f16)
 ATT_SET(TD_DTYPE_BF16, bf16)
-#define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block4_##SUF}
-static const att_fn ATT[3][3] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
+#define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block3_##SUF, att_block4_##SUF}
+static const att_fn ATT[3][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
 
 static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                      const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
     const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2);
     for (int i = 0; i < nq;) {
-        int qb = nq - i >= 4 ? 4 : nq - i >= 2 ? 2 : 1;
-        ATT[dt][qb >> 1](o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n_keys + i, K, V, rs, hd, scale, sc);
+        int qb = nq - i >= 4 ? 4 : nq - i; /* 3: a GQA group of 3 reads its K/V once */
+        ATT[dt][qb - 1](o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n_keys + i, K, V, rs, hd, scale, sc);
         i += qb;
     }
 }

@@ -116,9 +116,10 @@ void td_swiglu(float *out, const float *g, const float *u, int n);
  * or on which queries share the call. Every K and V row may be read up to
  * max(n_keys) (all of them must be valid). scratch: min(nq, TD_ATTEND_QB) x
  * max(n_keys) floats. The AVX-512 path takes the queries in blocks of up to
- * TD_ATTEND_QB that share each K/V load; scores of 16 keys (16/qb keys x qb
- * queries) are folded together (fold16x16: the same additions as the D16 fold,
- * on shuffled registers). */
+ * TD_ATTEND_QB (then the rest, 1 to 3: a GQA group of 3 reads its K/V once)
+ * that share each K/V load; scores of 16 keys (16/qb keys x qb queries, 15
+ * lanes for 3) are folded together (fold16x16: the same additions as the D16
+ * fold, on shuffled registers). */
 #define TD_ATTEND_QB 4
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
