@@ -190,6 +190,12 @@ int td_ngram_find(const int32_t *s, int len, int n);
  * ending there that occurred before proposes what followed it: up to max_out
  * tokens into out. Returns how many (0: no match). */
 int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out);
+/* The offer (rows_vt.offer) of option lookup=N for a group of n_rows rows:
+ * row i's proposals are td_draft_lookup's over the stream stream_of(g, i, &len)
+ * returns (its committed tokens, with room for one more); nothing on offer
+ * when n_min is 0 (lookup= not given). */
+void td_draft_offer_lookup(void *g, int n_rows, int32_t *(*stream_of)(void *g, int i, int *len), int n_min,
+                           const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens);
 
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,

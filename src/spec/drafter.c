@@ -70,6 +70,15 @@ int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out
     return 0;
 }
 
+void td_draft_offer_lookup(void *g, int n_rows, int32_t *(*stream_of)(void *g, int i, int *len), int n_min,
+                           const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens) {
+    for (int i = 0; i < n_rows; i++) {
+        int len = 0;
+        int32_t *s = n_min ? stream_of(g, i, &len) : NULL;
+        n_tokens[i] = s ? td_draft_lookup(s, len, pending[i], n_min, max_depth, tokens + (size_t)i * max_depth) : 0;
+    }
+}
+
 int td_draft_quant_parse(const char *s) {
     return !strcmp(s, "q8_0") ? TD_DTYPE_Q8_0 : !strcmp(s, "q4_0") ? TD_DTYPE_Q4_0 : 0;
 }

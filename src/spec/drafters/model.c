@@ -243,16 +243,19 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
     return 0;
 }
 
+static int32_t *dm_stream(void *gv, int i, int *len) {
+    dm_group *g = gv;
+    *len = g->rows[i].len;
+    return g->rows[i].stream;
+}
+
 /* lookup=N: the prompt lookup's proposals are on offer before the group plans
  * (draft.h); a row drafted from its offer comes to draft() at depth 0, so the
  * draft model skips it that round. Without lookup= nothing is on offer. */
 static int dm_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err) {
     dm_group *g = gv;
     (void)err;
-    for (int i = 0; i < g->n_rows; i++)
-        n_tokens[i] = g->p->lookup ? td_draft_lookup(g->rows[i].stream, g->rows[i].len, pending[i], g->p->lookup,
-                                                     max_depth, tokens + (size_t)i * max_depth)
-                                   : 0;
+    td_draft_offer_lookup(g, g->n_rows, dm_stream, g->p->lookup, pending, max_depth, tokens, n_tokens);
     return 0;
 }
 
