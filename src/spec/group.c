@@ -158,7 +158,7 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
             }
     int T[TD_COST_POINTS];
     for (int p = 0; p < np; p++) T[p] = pts[p];
-    if (getenv("TD_SPEC_DEBUG")) {
+    if (g->debug) {
         fprintf(stderr, "tandem: verify cost measured (context %d):", ctx_n);
         for (int p = 0; p < np; p++) fprintf(stderr, " %d:%.3f", T[p], best[p] * 1e3);
         fprintf(stderr, "\n");
@@ -281,6 +281,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         td_spec_free(g);
         return rc;
     }
+    g->debug = getenv("TD_SPEC_DEBUG") != NULL;
     if ((rc = measure_verify(g, R * (D + 1), err)) != 0) {
         td_spec_free(g);
         return rc;
@@ -289,7 +290,6 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     if (drafter) g->draft_s = drafter->step_cost_hint * td_cost_at(&g->cv, 1);
     td_depth_init(&g->pool_depth, 0.7);
     td_depth_init(&g->pool_lk, 0.7);
-    g->debug = getenv("TD_SPEC_DEBUG") != NULL;
     if (g->debug) {
         fprintf(stderr, "tandem: verify cost curve:");
         for (int i = 0; i < g->cv.n; i++) fprintf(stderr, " T=%d %.3fms", g->cv.T[i], g->cv.s[i] * 1e3);
