@@ -565,6 +565,13 @@ static void test_checkpoints(void) {
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
         T_CHECK(n_tok == 3 && tok[0] == 8 && tok[1] == 5 && tok[2] == 6, "%s: lookup drafts %d tokens: %d %d %d", spec, n_tok,
                 tok[0], tok[1], tok[2]);
+        /* the same copy is on offer before planning (up to max_depth, into the
+         * pending token itself), with the length of the match behind it */
+        int32_t otok[4] = {0};
+        int on = 0, om = 0;
+        T_REQUIRE(td_draft_rows_can_offer(&a) && td_draft_rows_offer(&a, &pend, 4, otok, &on, &om, &err) == 0, "offer");
+        T_CHECK(on == 4 && otok[0] == 8 && otok[1] == 5 && otok[2] == 6 && otok[3] == 7 && om == 2,
+                "%s: offer of %d tokens (%d %d %d %d) behind a match of %d", spec, on, otok[0], otok[1], otok[2], otok[3], om);
         pend = 99; /* "6 99" never occurred: the model drafts (a second draft without a commit
                     * replaces the first, as a round that never verified) */
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
@@ -577,6 +584,16 @@ static void test_checkpoints(void) {
                 spec, n_tok, tok[0]);
         td_draft_rows_free(&a);
         td_drafter_free(dl);
+    }
+    /* the lookup reports the longest match: "1 .. 7" recurs (7 tokens), so what
+     * followed it, 9 1 2, is proposed behind a match of 7; with n_min 8 nothing */
+    {
+        int32_t st[15] = {1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4, 5, 6}, out[3] = {0};
+        int matched = -1, n = td_draft_lookup(st, 14, 7, 1, 3, out, &matched);
+        T_CHECK(n == 3 && out[0] == 9 && out[1] == 1 && out[2] == 2 && matched == 7, "lookup: %d tokens (%d ...) behind %d", n,
+                out[0], matched);
+        n = td_draft_lookup(st, 14, 7, 8, 3, out, &matched);
+        T_CHECK(n == 0 && matched == 0, "lookup with n_min 8: %d tokens, match %d", n, matched);
     }
     /* a forged checkpoint naming a token outside the vocabulary is refused */
     {

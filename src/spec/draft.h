@@ -80,12 +80,16 @@ typedef struct td_draft_rows_vt {
      * depths, so the plan knows what each row has on offer and weighs it at
      * no draft cost. For each row i: up to max_depth tokens to follow
      * pending[i] into tokens[i * max_depth ..] and their count into
-     * n_tokens[i] (0: nothing on offer). Called at most once a round, before
-     * draft(), and only under the match rule (an offer has no probabilities).
+     * n_tokens[i] (0: nothing on offer), and into match[i] the length of the
+     * context match behind it (the n-gram that recurred; 0: not a lookup) —
+     * a longer match is accepted more often, and the group keeps acceptance
+     * estimates per strength. Called at most once a round, before draft(),
+     * and only under the match rule (an offer has no probabilities).
      * A row the group drafts from its offer gets depth 0 in that round's
      * draft(): the drafter sees a row it was not asked to draft, and commit()
      * then tells it what was accepted as for any row. */
-    int (*offer)(void *g, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err);
+    int (*offer)(void *g, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, int *match,
+                 td_err *err);
     /* required. cm[0..n_rows) in row order, one per row, every round. */
     int (*commit)(void *g, const td_draft_commit *cm, int n_rows, td_err *err);
     /* required. Keep rows keep[0..n_keep) (ascending old indices), in that order. */
@@ -188,14 +192,15 @@ int td_ngram_find(const int32_t *s, int len, int n);
  * with the pending token appended to the committed stream s[0..len) (s must
  * have room for it at s[len]), the longest n-gram of n_min..TD_LOOKUP_MAX tokens
  * ending there that occurred before proposes what followed it: up to max_out
- * tokens into out. Returns how many (0: no match). */
-int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out);
+ * tokens into out. Returns how many (0: no match); *matched (may be NULL): the
+ * length of the n-gram that matched. */
+int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out, int *matched);
 /* The offer (rows_vt.offer) of option lookup=N for a group of n_rows rows:
  * row i's proposals are td_draft_lookup's over the stream stream_of(g, i, &len)
  * returns (its committed tokens, with room for one more); nothing on offer
  * when n_min is 0 (lookup= not given). */
 void td_draft_offer_lookup(void *g, int n_rows, int32_t *(*stream_of)(void *g, int i, int *len), int n_min,
-                           const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens);
+                           const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, int *match);
 
 /* Small wrappers so callers never touch the tables directly. */
 static inline int td_draft_rows_append(td_draft_rows *r, const int32_t *t, int n, const float *taps,
@@ -210,8 +215,8 @@ static inline int td_draft_rows_draft(td_draft_rows *r, td_draft_req *q, td_err 
 /* 1 when the group offers proposals before planning (td_draft_rows_vt.offer). */
 static inline int td_draft_rows_can_offer(const td_draft_rows *r) { return r->vt && r->vt->offer; }
 static inline int td_draft_rows_offer(td_draft_rows *r, const int32_t *pending, int max_depth, int32_t *tokens,
-                                      int *n_tokens, td_err *err) {
-    return r->vt->offer(r->self, pending, max_depth, tokens, n_tokens, err);
+                                      int *n_tokens, int *match, td_err *err) {
+    return r->vt->offer(r->self, pending, max_depth, tokens, n_tokens, match, err);
 }
 static inline int td_draft_rows_commit(td_draft_rows *r, const td_draft_commit *cm, td_err *err) {
     return r->vt->commit(r->self, cm, r->n_rows, err);

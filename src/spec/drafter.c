@@ -58,24 +58,27 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
     return td_seterr(err, TD_EINVAL, "unknown drafter '%s' (use none, ngram[:MIN-MAX], model:DIR, mtp:DIR or block:DIR)", spec);
 }
 
-int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out) {
+int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out, int *matched) {
     s[len] = pending;
+    if (matched) *matched = 0;
     for (int n = TD_LOOKUP_MAX; n >= n_min; n--) {
         int at = td_ngram_find(s, len + 1, n);
         if (at < 0) continue;
         int m = len + 1 - at < max_out ? len + 1 - at : max_out;
         memcpy(out, s + at, sizeof(int32_t) * (size_t)m);
+        if (matched) *matched = n;
         return m;
     }
     return 0;
 }
 
 void td_draft_offer_lookup(void *g, int n_rows, int32_t *(*stream_of)(void *g, int i, int *len), int n_min,
-                           const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens) {
+                           const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, int *match) {
     for (int i = 0; i < n_rows; i++) {
         int len = 0;
         int32_t *s = n_min ? stream_of(g, i, &len) : NULL;
-        n_tokens[i] = s ? td_draft_lookup(s, len, pending[i], n_min, max_depth, tokens + (size_t)i * max_depth) : 0;
+        match[i] = 0;
+        n_tokens[i] = s ? td_draft_lookup(s, len, pending[i], n_min, max_depth, tokens + (size_t)i * max_depth, &match[i]) : 0;
     }
 }
 

@@ -45,12 +45,14 @@ typedef struct sp_row {
     int lp_cap;                /* entries the three arrays hold */
     td_emitter em;
     td_depth_ctl depth;        /* acceptance of the drafter's own proposals */
-    td_depth_ctl depth_lk;     /* acceptance of proposals taken from the drafter's offer */
+    td_depth_ctl depth_lk[2];  /* acceptance of proposals taken from the drafter's offer: [1]
+                                  behind a context match of TD_OFFER_STRONG tokens or more */
     td_spec_stats st;
     int k;                     /* depth chosen this round */
     int n_draft;               /* proposals this round */
     int drafted_last;          /* the drafter drafted for the row in the previous round */
-    int offered;               /* this round's drafts came from the drafter's offer */
+    int offered;               /* this round's drafts came from the drafter's offer: 0 no,
+                                  1 a short match, 2 a strong one */
 } sp_row;
 
 struct td_spec {
@@ -87,10 +89,11 @@ struct td_spec {
     td_cost_curve cv;          /* verify forward seconds by tokens */
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
     td_depth_ctl pool_depth;   /* every row's rounds pooled: where a joining row starts */
-    td_depth_ctl pool_lk;      /* the same for proposals taken from offers */
+    td_depth_ctl pool_lk[2];   /* the same for proposals taken from offers, by strength */
     int *maxk;                 /* [max_rows] by drafter row */
     int32_t *offer;            /* [max_rows][max_depth] proposals on offer (draft.h), by drafter row */
     int *n_offer;              /* [max_rows] */
+    int *match;                /* [max_rows] context match length behind each offer */
     unsigned char *free_row;   /* [max_rows] the row drafts from its offer this round */
     int *ddepth;               /* [max_rows] depth asked of draft(): 0 where the offer serves */
     double draft_s;            /* seconds per draft step (running): one position for all rows */
@@ -195,6 +198,7 @@ void td_spec_free(td_spec *g) {
     free(g->maxk);
     free(g->offer);
     free(g->n_offer);
+    free(g->match);
     free(g->free_row);
     free(g->ddepth);
     free(g);
@@ -262,6 +266,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     g->maxk = malloc(sizeof(int) * (size_t)R);
     g->offer = malloc(sizeof(int32_t) * (size_t)R * (D ? (size_t)D : 1));
     g->n_offer = malloc(sizeof(int) * (size_t)R);
+    g->match = malloc(sizeof(int) * (size_t)R);
     g->free_row = malloc((size_t)R);
     g->ddepth = malloc(sizeof(int) * (size_t)R);
     /* all ones, for any forward of the context: verify windows (R x W) and
@@ -270,7 +275,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     if (g->want) memset(g->want, 1, (size_t)cp.max_tokens);
     if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
         !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
-        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || !g->offer || !g->n_offer || !g->free_row || !g->ddepth || (n_taps && (!g->vtaps || !g->ptaps)) ||
+        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || !g->offer || !g->n_offer || !g->match || !g->free_row || !g->ddepth || (n_taps && (!g->vtaps || !g->ptaps)) ||
         td_sampler_open(&g->smp, g->n_vocab) != 0) {
         td_spec_free(g);
         return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
@@ -289,7 +294,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     /* until a draft step is measured, assume the drafter's own estimate */
     if (drafter) g->draft_s = drafter->step_cost_hint * td_cost_at(&g->cv, 1);
     td_depth_init(&g->pool_depth, 0.7);
-    td_depth_init(&g->pool_lk, 0.7);
+    for (int c = 0; c < 2; c++) td_depth_init(&g->pool_lk[c], 0.7);
     if (g->debug) {
         fprintf(stderr, "tandem: verify cost curve:");
         for (int i = 0; i < g->cv.n; i++) fprintf(stderr, " T=%d %.3fms", g->cv.T[i], g->cv.s[i] * 1e3);
@@ -355,7 +360,7 @@ int td_spec_add(td_spec *g, const int32_t *prompt, int n_prompt, const td_gen_pa
     td_emit_free(&r->em);
     td_emit_init(&r->em, gp->stop, gp->n_stop);
     td_depth_init_from(&r->depth, &g->pool_depth);
-    td_depth_init_from(&r->depth_lk, &g->pool_lk);
+    for (int c = 0; c < 2; c++) td_depth_init_from(&r->depth_lk[c], &g->pool_lk[c]);
     memset(&r->st, 0, sizeof r->st);
     r->state = ROW_NEW;
     *id_out = slot;
@@ -495,14 +500,15 @@ int td_spec_step(td_spec *g, td_err *err) {
      * at their verify cost alone, with their own acceptance estimates, and a
      * row is drafted no deeper than its offer */
     int offers = n_dr > 0 && D > 0 && g->p.accept == TD_ACCEPT_MATCH && td_draft_rows_can_offer(&g->dr);
-    if (offers && (rc = td_draft_rows_offer(&g->dr, g->pending, D, g->offer, g->n_offer, err)) != 0) return rc;
+    if (offers && (rc = td_draft_rows_offer(&g->dr, g->pending, D, g->offer, g->n_offer, g->match, err)) != 0) return rc;
     for (int d = 0; d < n_dr; d++) {
         sp_row *r = &g->rows[g->dr_slot[d]];
-        r->offered = g->free_row[d] = offers && g->n_offer[d] > 0;
+        g->free_row[d] = offers && g->n_offer[d] > 0;
+        r->offered = g->free_row[d] ? 1 + (g->match[d] >= TD_OFFER_STRONG) : 0;
         if (offers && !r->offered && g->drafter->offers_all) g->maxk[d] = 0;
         if (!r->offered) continue;
         if (g->maxk[d] > g->n_offer[d]) g->maxk[d] = g->n_offer[d];
-        g->ctl[d] = &r->depth_lk;
+        g->ctl[d] = &r->depth_lk[r->offered - 1];
     }
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
@@ -639,8 +645,8 @@ int td_spec_step(td_spec *g, td_err *err) {
             if (j < m) { r->st.accepted_at[j]++; g->total.accepted_at[j]++; }
         }
         if (k) {
-            td_depth_update(r->offered ? &r->depth_lk : &r->depth, k, m);
-            td_depth_update(r->offered ? &g->pool_lk : &g->pool_depth, k, m);
+            td_depth_update(r->offered ? &r->depth_lk[r->offered - 1] : &r->depth, k, m);
+            td_depth_update(r->offered ? &g->pool_lk[r->offered - 1] : &g->pool_depth, k, m);
         }
         /* emit t_0..t_m (t_j for j < m are accepted drafts) */
         int done = 0;

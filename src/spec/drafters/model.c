@@ -165,7 +165,7 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
         dm_row *r = &g->rows[i];
         if (g->p->lookup && !q->probs && depth[i] > 0 &&
             (q->n_tokens[i] = td_draft_lookup(r->stream, r->len, q->pending[i], g->p->lookup, depth[i],
-                                              q->tokens + (size_t)i * q->max_depth)) > 0)
+                                              q->tokens + (size_t)i * q->max_depth, NULL)) > 0)
             depth[i] = 0;
         if (depth[i] > maxk) maxk = depth[i];
     }
@@ -252,10 +252,11 @@ static int32_t *dm_stream(void *gv, int i, int *len) {
 /* lookup=N: the prompt lookup's proposals are on offer before the group plans
  * (draft.h); a row drafted from its offer comes to draft() at depth 0, so the
  * draft model skips it that round. Without lookup= nothing is on offer. */
-static int dm_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err) {
+static int dm_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, int *match,
+                       td_err *err) {
     dm_group *g = gv;
     (void)err;
-    td_draft_offer_lookup(g, g->n_rows, dm_stream, g->p->lookup, pending, max_depth, tokens, n_tokens);
+    td_draft_offer_lookup(g, g->n_rows, dm_stream, g->p->lookup, pending, max_depth, tokens, n_tokens, match);
     return 0;
 }
 

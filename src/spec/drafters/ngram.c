@@ -82,18 +82,21 @@ int td_ngram_find(const int32_t *s, int len, int n) {
 
 /* Row i's proposals after `pending`: what followed the longest earlier
  * occurrence (n_max..n_min tokens) of the stream's tail, up to k tokens into
- * out. Returns how many, or -1 out of memory. */
-static int ng_propose(ng_group *g, int i, int32_t pending, int k, int32_t *out) {
+ * out; *matched: that occurrence's length (0: none). Returns how many, or -1
+ * out of memory. */
+static int ng_propose(ng_group *g, int i, int32_t pending, int k, int32_t *out, int *matched) {
     ng_row *r = &g->rows[i];
     /* the pending token ends the stream for the lookup */
     if (row_push(r, &pending, 1) != 0) return -1;
     int m = 0;
+    *matched = 0;
     for (int n = g->p->n_max; n >= g->p->n_min; n--) {
         int at = td_ngram_find(r->tok, r->len, n);
         if (at < 0) continue;
         int avail = r->len - at;
         m = avail < k ? avail : k;
         memcpy(out, r->tok + at, sizeof(int32_t) * (size_t)m);
+        *matched = n;
         break;
     }
     r->len--; /* pending is committed by commit(), not here */
@@ -107,7 +110,8 @@ static int ng_draft(void *gv, td_draft_req *q, td_err *err) {
     for (int i = 0; i < q->n_rows; i++) {
         q->n_tokens[i] = 0;
         if (q->depth[i] <= 0) continue;
-        int m = ng_propose(g, i, q->pending[i], q->depth[i], q->tokens + (size_t)i * q->max_depth);
+        int matched;
+        int m = ng_propose(g, i, q->pending[i], q->depth[i], q->tokens + (size_t)i * q->max_depth, &matched);
         if (m < 0) return td_seterr(err, TD_ENOMEM, "ngram: out of memory");
         q->n_tokens[i] = m;
     }
@@ -115,10 +119,11 @@ static int ng_draft(void *gv, td_draft_req *q, td_err *err) {
 }
 
 /* Every proposal of this drafter is a lookup: all of them are on offer. */
-static int ng_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, td_err *err) {
+static int ng_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, int *match,
+                    td_err *err) {
     ng_group *g = gv;
     for (int i = 0; i < g->n_rows; i++)
-        if ((n_tokens[i] = ng_propose(g, i, pending[i], max_depth, tokens + (size_t)i * max_depth)) < 0)
+        if ((n_tokens[i] = ng_propose(g, i, pending[i], max_depth, tokens + (size_t)i * max_depth, &match[i])) < 0)
             return td_seterr(err, TD_ENOMEM, "ngram: out of memory");
     return 0;
 }
