@@ -364,7 +364,7 @@ int td_generate(td_ctx *c, const td_model *m, const int32_t *prompt, int n_promp
 typedef struct td_drafter td_drafter;
 
 /* spec: "none" (no drafter: *out = NULL, returns 0), "ngram" or
- * "ngram:MIN-MAX" (prompt lookup, n-gram sizes MIN..MAX, default 1-4),
+ * "ngram:MIN-MAX" (prompt lookup, n-gram sizes MIN..MAX, default 1-8),
  * "model:DIR[,vocab=N]" (a separate draft model; its tokenizer must be the target's;
  * vocab=N drafts over the N most frequent ids only, cutting its LM head),
  * "mtp:DIR[,vocab=N]" (a multi-token-prediction head over the target's last hidden
@@ -375,7 +375,7 @@ typedef struct td_drafter td_drafter;
  * target is borrowed and must outlive the drafter. */
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 void td_drafter_free(td_drafter *d);
-const char *td_drafter_id(const td_drafter *d);       /* e.g. "ngram:1-4" */
+const char *td_drafter_id(const td_drafter *d);       /* e.g. "ngram:1-8" */
 size_t td_drafter_weight_bytes(const td_drafter *d);  /* resident weights it adds */
 
 typedef enum td_accept_rule {

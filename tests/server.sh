@@ -69,7 +69,7 @@ for m in tandem:requests_total tandem:prompt_tokens_total tandem:generation_toke
 done
 [ -z "$missing" ] && grep -q '^# TYPE tandem:time_to_first_token_seconds histogram' "$TMP/body" && ok server_metrics_names || bad server_metrics_names "missing:$missing"
 req server_completion POST /v1/completions '{"model":"tiny-code","prompt":"def add(a, b):","max_tokens":8,"temperature":0}' 200 \
-  '"object":"text_completion".*"finish_reason":"length".*"usage":\{"prompt_tokens":[0-9]+,"completion_tokens":8,"total_tokens":[0-9]+,"speculative":\{"drafter":"ngram:1-4"'
+  '"object":"text_completion".*"finish_reason":"length".*"usage":\{"prompt_tokens":[0-9]+,"completion_tokens":8,"total_tokens":[0-9]+,"speculative":\{"drafter":"ngram:1-8"'
 req server_completion_ids POST /v1/completions '{"prompt":[1264,912,11],"max_tokens":4,"temperature":0}' 200 '"completion_tokens":4'
 req server_completion_echo POST /v1/completions '{"prompt":"def add(a, b):","max_tokens":2,"echo":true,"temperature":0}' 200 '"text":"def add\(a, b\):'
 req server_chat POST /v1/chat/completions '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":6,"temperature":0}' 200 \

@@ -195,7 +195,9 @@ static const td_drafter_vt ng_vt = {.open_rows = ng_open_rows, .tap_layers = NUL
 
 int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *target, td_err *err) {
     *out = NULL;
-    int lo = 1, hi = 4;
+    int lo = 1, hi = 8; /* up to 8: a copy behind a 6-token or longer match is near certain (and
+                           planned apart, depth.h TD_OFFER_STRONG); 1-4 measured 1.02x at batch 8
+                           against 1.13x for 1-8 (bench/results/spec-ngram8.jsonl) */
     if (args && *args) {
         char tail;
         if (sscanf(args, "%d-%d%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo || hi > 64)
