@@ -595,6 +595,27 @@ static void test_checkpoints(void) {
         n = td_draft_lookup(st, 14, 7, 8, 3, out, &matched);
         T_CHECK(n == 0 && matched == 0, "lookup with n_min 8: %d tokens, match %d", n, matched);
     }
+    /* the one-pass search equals trying td_ngram_find from the longest n down,
+     * on random streams over small alphabets (many repeats, overlaps) */
+    {
+        uint64_t x = 12345;
+        int32_t rs[200];
+        int bad = 0;
+        for (int trial = 0; trial < 4000 && !bad; trial++) {
+            int len = 1 + (int)(x % 120), alpha = 2 + (int)((x >> 8) % 5), lo = 1 + (int)((x >> 16) % 3), hi = lo + (int)((x >> 20) % 10);
+            for (int i = 0; i < len; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; rs[i] = (int32_t)((x >> 33) % (uint64_t)alpha); }
+            int want = -1, want_n = 0, got_n = -1;
+            for (int n = hi; n >= lo && want < 0; n--)
+                if ((want = td_ngram_find(rs, len, n)) >= 0) want_n = n;
+            int got = td_ngram_longest(rs, len, lo, hi, &got_n);
+            if (got != want || got_n != want_n) {
+                bad = 1;
+                T_CHECK(0, "ngram search: len %d sizes %d-%d: one pass %d (n %d), by sizes %d (n %d)", len, lo, hi, got, got_n, want, want_n);
+            }
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+        }
+        T_CHECK(!bad, "one-pass n-gram search agrees on 4000 random streams");
+    }
     /* a forged checkpoint naming a token outside the vocabulary is refused */
     {
         int32_t forged[2] = {5, 99999};

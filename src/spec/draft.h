@@ -187,6 +187,10 @@ int td_draft_quant_parse(const char *s);
  * the most recent earlier occurrence of the last n tokens of s[0..len); returns
  * the index just past it (what followed it starts there), or -1. */
 int td_ngram_find(const int32_t *s, int len, int n);
+/* The same for the longest n in n_min..n_max that recurs, in one pass over s
+ * (the result of td_ngram_find for n = n_max, n_max - 1, ... down to the
+ * first that matches); *matched (may be NULL): that n, 0 when none. */
+int td_ngram_longest(const int32_t *s, int len, int n_min, int n_max, int *matched);
 #define TD_LOOKUP_MAX 8 /* the longest n-gram a drafter's lookup tries first */
 /* A drafter's prompt lookup (option lookup=N of the model and MTP drafters):
  * with the pending token appended to the committed stream s[0..len) (s must

@@ -60,16 +60,11 @@ int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, 
 
 int td_draft_lookup(int32_t *s, int len, int32_t pending, int n_min, int max_out, int32_t *out, int *matched) {
     s[len] = pending;
-    if (matched) *matched = 0;
-    for (int n = TD_LOOKUP_MAX; n >= n_min; n--) {
-        int at = td_ngram_find(s, len + 1, n);
-        if (at < 0) continue;
-        int m = len + 1 - at < max_out ? len + 1 - at : max_out;
-        memcpy(out, s + at, sizeof(int32_t) * (size_t)m);
-        if (matched) *matched = n;
-        return m;
-    }
-    return 0;
+    int at = td_ngram_longest(s, len + 1, n_min, TD_LOOKUP_MAX, matched);
+    if (at < 0) return 0;
+    int m = len + 1 - at < max_out ? len + 1 - at : max_out;
+    memcpy(out, s + at, sizeof(int32_t) * (size_t)m);
+    return m;
 }
 
 void td_draft_offer_lookup(void *g, int n_rows, int32_t *(*stream_of)(void *g, int i, int *len), int n_min,

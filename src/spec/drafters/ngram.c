@@ -70,6 +70,23 @@ static int ng_append(void *gv, const int32_t *tokens, int n, const float *taps,
     return 0;
 }
 
+int td_ngram_longest(const int32_t *s, int len, int n_min, int n_max, int *matched) {
+    /* one backward pass over the ends e of earlier occurrences: L = how many
+     * tokens before e agree with the stream's tail; the first e (from the
+     * back) to reach a new longest L is the most recent occurrence of it */
+    int best = 0, at = -1;
+    if (n_max > len - 1) n_max = len - 1;
+    for (int e = len - 1; e >= 1 && best < n_max; e--) {
+        if (s[e - 1] != s[len - 1]) continue;
+        int L = 1;
+        while (L < n_max && L < e && s[e - 1 - L] == s[len - 1 - L]) L++;
+        if (L > best) { best = L; at = e; }
+    }
+    if (best < n_min || best < 1) { if (matched) *matched = 0; return -1; }
+    if (matched) *matched = best;
+    return at;
+}
+
 int td_ngram_find(const int32_t *s, int len, int n) {
     if (len < n + 1) return -1;
     const int32_t *key = s + len - n;
@@ -88,16 +105,11 @@ static int ng_propose(ng_group *g, int i, int32_t pending, int k, int32_t *out, 
     ng_row *r = &g->rows[i];
     /* the pending token ends the stream for the lookup */
     if (row_push(r, &pending, 1) != 0) return -1;
-    int m = 0;
-    *matched = 0;
-    for (int n = g->p->n_max; n >= g->p->n_min; n--) {
-        int at = td_ngram_find(r->tok, r->len, n);
-        if (at < 0) continue;
+    int m = 0, at = td_ngram_longest(r->tok, r->len, g->p->n_min, g->p->n_max, matched);
+    if (at >= 0) {
         int avail = r->len - at;
         m = avail < k ? avail : k;
         memcpy(out, r->tok + at, sizeof(int32_t) * (size_t)m);
-        *matched = n;
-        break;
     }
     r->len--; /* pending is committed by commit(), not here */
     return m;
