@@ -61,6 +61,19 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   [ $rc -eq 0 ] && echo "$out" | grep -q '"act_type": "bf16"' && ok cli_bench_forward_act_type || bad cli_bench_forward_act_type "rc=$rc: $out"
   out=$($T bench forward -m $M --kv-type f16 --bw-mib 16 --json 2>&1); rc=$?
   [ $rc -eq 0 ] && echo "$out" | grep -q '"kv_type": "f16"' && ok cli_bench_forward_kv_type || bad cli_bench_forward_kv_type "rc=$rc: $out"
+  # --reps 2: one paired bandwidth and floor fraction per repetition, 9 T=8/T=1 pairs per repetition;
+  # the paired fraction is the median of the per-repetition ones, each the floor at that
+  # repetition's bandwidth over its decode time (checked against the JSON's own figures)
+  out=$($T bench forward -m $M --bw-mib 16 --reps 2 --json 2>&1); rc=$?
+  if [ $rc -eq 0 ] && echo "$out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+bw, ff = d["paired_bandwidth_gbs"], d["paired_floor_fraction"]
+assert len(bw) == len(ff) == 2 and min(bw) > 0 and min(ff) > 0, d
+assert abs(d["floor_fraction_paired"] - sorted(ff)[0] / 2 - sorted(ff)[1] / 2) < 1e-3, d
+assert d["decode_ms"] > 0 and d["verify_ratio_8_1_paired"] > 0, d
+# a repetition at the run-level bandwidth and best decode would give floor_fraction
+assert abs(d["floor_ms"] - d["weight_bytes"] / d["bandwidth_gbs"] / 1e6) < 1e-3 * d["floor_ms"], d'; then ok cli_bench_forward_paired; else bad cli_bench_forward_paired "rc=$rc: $out"; fi
   out=$($T run -m $M -p 'def f(x):' -n 64 --stop 'return' 2>/dev/null); rc=$?
   [ $rc -eq 0 ] && ! echo "$out" | grep -q 'return' && ok cli_run_stop_string || bad cli_run_stop_string "rc=$rc: $out"
   out=$($T run -m $M -p 'hello' -n 8 --chat 2>&1); rc=$?

@@ -6,8 +6,14 @@
  *   3. decode tokens/s at batch 1: 128 tokens (greedy) after a 16-token prompt;
  *   4. the verify cost curve: the time of one forward of T = 1, 2, 4, 8, 16 new
  *      tokens (all wanting logits) on a row holding 512 positions, rolled back
- *      after each (median of several).
+ *      after each (median of 9 rounds that each time every T once, in rotating
+ *      order).
  * floor_fraction = (weight_bytes / bandwidth) / (decode time per token).
+ * A shared VM's bandwidth drifts (here 32-80 GB/s within minutes), so each
+ * repetition also measures it right before and after its decode run and pairs
+ * the two: floor_fraction_paired is the median over repetitions of the decode
+ * run's fraction of the floor at the higher of those two bandwidths, and
+ * verify_ratio_8_1_paired the median over rounds of T=8 / T=1 timed back to back.
  * Also reported: the model's load time, whether its weights were copied
  * (--no-mmap) and how much of the process is in 2 MiB pages after the run
  * (AnonHugePages, FilePmdMapped of /proc/self/smaps_rollup).
@@ -110,25 +116,28 @@ static int bw_pass(uint64_t *buf, size_t words, int nth, int touch, uint64_t *su
     return 0;
 }
 
-/* Best GB/s of `reps` read passes over `bytes`, or < 0 on failure. */
-static double measure_bandwidth(size_t bytes, int nth, int reps) {
+/* A read buffer of `bytes`, first-touched by the threads that will read it; NULL on failure. */
+static uint64_t *bw_open(size_t bytes, int nth) {
     uint64_t *buf = NULL;
-    if (posix_memalign((void **)&buf, 4096, bytes) != 0) return -1;
-    size_t words = bytes / 8;
-    if (bw_pass(buf, words, nth, 1, NULL) != 0) { free(buf); return -1; }
+    if (posix_memalign((void **)&buf, 4096, bytes) != 0) return NULL;
+    if (bw_pass(buf, bytes / 8, nth, 1, NULL) != 0) { free(buf); return NULL; }
+    return buf;
+}
+
+/* Best GB/s of `reps` read passes over the buffer, or < 0 on failure. */
+static double measure_bandwidth(const uint64_t *buf, size_t bytes, int nth, int reps) {
     double best = 0;
     volatile uint64_t sink = 0;
     for (int r = 0; r < reps; r++) {
         uint64_t s;
         double t0 = cli_now();
-        if (bw_pass(buf, words, nth, 0, &s) != 0) { free(buf); return -1; }
+        if (bw_pass((uint64_t *)buf, bytes / 8, nth, 0, &s) != 0) return -1;
         double dt = cli_now() - t0;
         sink += s;
         double gbs = (double)bytes / dt / 1e9;
         if (gbs > best) best = gbs;
     }
     (void)sink;
-    free(buf);
     return best;
 }
 
@@ -226,10 +235,12 @@ int cmd_bench_forward(int argc, char **argv) {
 
     enum { CTX = 512, PREFILL = 512, DEC_PROMPT = 16, DEC_N = 128, MAXT = 16 };
     static const int TS[] = {1, 2, 4, 8, 16};
-    enum { NT = sizeof TS / sizeof TS[0] };
+    enum { NT = sizeof TS / sizeof TS[0], VREPS = 9 };
     td_ctx *c = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
+    uint64_t *bwbuf = NULL;
+    double *pair_ff = NULL, *pair_bw = NULL, *pair_vr = NULL;
     int rc = 1, row = -1;
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = 1;
@@ -242,13 +253,18 @@ int cmd_bench_forward(int argc, char **argv) {
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
     logits = malloc(sizeof(float) * (size_t)info.n_vocab * MAXT);
     toks = malloc(sizeof(int32_t) * (PREFILL + DEC_N + MAXT));
-    if (!logits || !toks) { fprintf(stderr, "tandem bench forward: out of memory\n"); goto out; }
+    pair_ff = malloc(sizeof(double) * (size_t)reps);
+    pair_bw = malloc(sizeof(double) * (size_t)reps);
+    pair_vr = malloc(sizeof(double) * (size_t)reps * VREPS);
+    if (!logits || !toks || !pair_ff || !pair_bw || !pair_vr) { fprintf(stderr, "tandem bench forward: out of memory\n"); goto out; }
     uint64_t seed = 12345;
     for (int i = 0; i < PREFILL + DEC_N + MAXT; i++) toks[i] = (int32_t)(lcg(&seed) % (uint64_t)info.n_vocab);
 
     /* 1. bandwidth (before the model's pages are hot: it does not matter, the buffer is 1 GiB) */
     double load0 = loadavg();
-    double bw = measure_bandwidth((size_t)bw_mib << 20, (int)threads, 5);
+    size_t bw_bytes = (size_t)bw_mib << 20;
+    bwbuf = bw_open(bw_bytes, (int)threads);
+    double bw = bwbuf ? measure_bandwidth(bwbuf, bw_bytes, (int)threads, 5) : -1;
     if (bw <= 0) { fprintf(stderr, "tandem bench forward: bandwidth measurement failed\n"); goto out; }
 
     if (td_ctx_row_add(c, &row) != 0) { fprintf(stderr, "tandem bench forward: no row\n"); goto out; }
@@ -273,26 +289,31 @@ int cmd_bench_forward(int argc, char **argv) {
         }
         double prefill_s1 = median(pre, 3);
 
-        /* 4. verify curve at context 512 (the row holds the 512-token prefill) */
-        double verify_ms1[NT];
-        for (int ti = 0; ti < NT; ti++) {
-            enum { REPS = 9 };
-            double v[REPS];
-            for (int r = 0; r < REPS; r++) {
+        /* 4. verify curve at context 512 (the row holds the 512-token prefill):
+         * VREPS rounds, each timing every T once, the round's first T rotating, so
+         * T = 1 and T = 8 are timed seconds apart and their ratio is paired */
+        double verify_ms1[NT], v[NT][VREPS];
+        for (int r = 0; r < VREPS; r++) {
+            for (int q = 0; q < NT; q++) {
+                int ti = (q + r) % NT;
                 td_ctx_row_trim(c, row, CTX);
                 double t0 = cli_now();
                 if (fwd(c, row, toks + PREFILL, TS[ti], 1, logits, &err) != 0) { cli_die("forward", &err); goto out; }
-                v[r] = cli_now() - t0;
-                if (v[r] * 1e3 < verify_min_ms[ti]) verify_min_ms[ti] = v[r] * 1e3;
+                v[ti][r] = cli_now() - t0;
+                if (v[ti][r] * 1e3 < verify_min_ms[ti]) verify_min_ms[ti] = v[ti][r] * 1e3;
             }
-            verify_ms1[ti] = median(v, REPS) * 1e3;
+            pair_vr[rep * VREPS + r] = v[3][r] / v[0][r];
         }
+        for (int ti = 0; ti < NT; ti++) verify_ms1[ti] = median(v[ti], VREPS) * 1e3;
 
-        /* 3. decode at batch 1: a short prompt, then 128 greedy tokens */
+        /* 3. decode at batch 1: a short prompt, then 128 greedy tokens, between two
+         * bandwidth measurements (the machine's bandwidth drifts: this rep's floor
+         * uses the higher of the two, the less favourable to the fraction) */
         td_ctx_row_trim(c, row, 0);
         if (fwd(c, row, toks, DEC_PROMPT, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
         int32_t t = argmax(logits, info.n_vocab);
         double per[DEC_N];
+        double bw_before = measure_bandwidth(bwbuf, bw_bytes, (int)threads, 3);
         double t0 = cli_now();
         for (int i = 0; i < DEC_N; i++) {
             double t1 = cli_now();
@@ -302,6 +323,9 @@ int cmd_bench_forward(int argc, char **argv) {
             t = argmax(logits, info.n_vocab);
         }
         double decode_s1 = cli_now() - t0;
+        double bw_after = measure_bandwidth(bwbuf, bw_bytes, (int)threads, 3);
+        pair_bw[rep] = bw_before > bw_after ? bw_before : bw_after;
+        pair_ff[rep] = pair_bw[rep] > 0 ? (double)info.weight_bytes / (pair_bw[rep] * 1e9) / (decode_s1 / DEC_N) : 0;
         double decode_med_ms1 = median(per, DEC_N) * 1e3;
         if (prefill_s1 < prefill_s) prefill_s = prefill_s1;
         if (decode_s1 < decode_s) decode_s = decode_s1;
@@ -315,6 +339,10 @@ int cmd_bench_forward(int argc, char **argv) {
     double decode_tps = DEC_N / decode_s;
     double floor_s = (double)info.weight_bytes / (bw * 1e9);
     double floor_fraction = floor_s / (decode_s / DEC_N);
+    double ff_reps[100], bw_reps[100];
+    memcpy(ff_reps, pair_ff, sizeof(double) * (size_t)reps);
+    memcpy(bw_reps, pair_bw, sizeof(double) * (size_t)reps);
+    double ff_paired = median(pair_ff, (int)reps), vr_paired = median(pair_vr, (int)reps * VREPS);
     if (json) {
         static const char *dtn[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
         printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"kv_type\": \"%s\", \"act_type\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
@@ -331,7 +359,11 @@ int cmd_bench_forward(int argc, char **argv) {
                "\"floor_fraction_best\": %.4f, \"verify_best_ms\": {", verify_ms[3] / verify_ms[0], PREFILL / prefill_min_s,
                decode_min_ms, floor_s * 1e3 / decode_min_ms);
         for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_min_ms[i]);
-        printf("}}\n");
+        printf("}, \"floor_fraction_paired\": %.4f, \"verify_ratio_8_1_paired\": %.4f, \"paired_bandwidth_gbs\": [", ff_paired, vr_paired);
+        for (long i = 0; i < reps; i++) printf("%s%.3f", i ? ", " : "", bw_reps[i]);
+        printf("], \"paired_floor_fraction\": [");
+        for (long i = 0; i < reps; i++) printf("%s%.4f", i ? ", " : "", ff_reps[i]);
+        printf("]}\n");
     } else {
         printf("model %s: %.1f M params, %.1f MB of weights, %ld threads, KV cache %s, activations %s\n", model_dir,
                info.n_params / 1e6, info.weight_bytes / 1e6, threads, td_kv_type_name(kv_type), td_act_type_name(act_type));
@@ -346,12 +378,18 @@ int cmd_bench_forward(int argc, char **argv) {
                decode_min_ms, 100 * floor_s * 1e3 / decode_min_ms);
         for (int i = 0; i < NT; i++) printf("  T=%d %.3f", TS[i], verify_min_ms[i]);
         printf(" ms\n");
+        printf("paired with the bandwidth measured around each decode run: %.1f%% of the floor (median of %ld);"
+               " T=8 / T=1 timed back to back: %.2fx (median of %ld pairs)\n", 100 * ff_paired, reps, vr_paired, reps * VREPS);
         printf("model loaded in %.3f s (%s); in 2 MiB pages: %.1f MiB anonymous, %.1f MiB of mapped files\n", load_s,
                info.copied ? "weights copied" : "weights mapped", anon_huge, file_pmd);
         printf("load average %.2f before, %.2f after (other processes on these cores make the numbers noisy)\n", load0, load);
     }
     rc = 0;
 out:
+    free(bwbuf);
+    free(pair_ff);
+    free(pair_bw);
+    free(pair_vr);
     free(logits);
     free(toks);
     td_ctx_free(c);
