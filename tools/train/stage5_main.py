@@ -29,8 +29,13 @@ OUT = os.path.join(os.environ.get("OUT") or os.path.join(WORK, "out"), "mtp")
 DL = common.Deadline(560)
 SPECS = [(24, 136), (96, 160), (256, 160), (448, 160)]
 GEN_BATCH, GEN_S, N_VALID = 1024, float(os.environ.get("STAGE5_GEN_S", "60")), 64
-K, WS = 3, [1.0, 0.8, 0.6]
-BSZ, PEAK_LR, WARMUP, SEED = 32, 5e-4, 50, 555
+# unrolled drafting steps and their loss weights (STAGE5_K, STAGE5_WS="1,0.8,0.6"), peak learning rate
+# (STAGE5_LR), sequences per step (STAGE5_BSZ); STAGE5_DATA_SEED (default 556) picks the prompt windows
+K = int(os.environ.get("STAGE5_K", "3"))
+WS = [float(w) for w in os.environ.get("STAGE5_WS", "1,0.8,0.6").split(",")]
+if len(WS) != K:
+    sys.exit(f"stage5: STAGE5_WS has {len(WS)} weights for STAGE5_K={K} steps")
+BSZ, PEAK_LR, WARMUP, SEED = int(os.environ.get("STAGE5_BSZ", "32")), float(os.environ.get("STAGE5_LR", "5e-4")), 50, 555
 POST_S = float(os.environ.get("STAGE5_POST_S", "80"))
 EAGER = os.environ.get("STAGE5_EAGER") == "1"  # explicit attention (tests without SDPA)
 
@@ -41,7 +46,7 @@ def main():
 
     os.makedirs(OUT, exist_ok=True)
     dev = os.environ.get("STAGE_DEVICE", "cuda")
-    metrics = {"init": "models/tiny-code/mtp of stage 3", "unrolled_steps": K, "step_weights": WS,
+    metrics = {"init": os.environ.get("STAGE5_INIT_NOTE", "models/tiny-code/mtp of stage 3"), "unrolled_steps": K, "step_weights": WS,
                "sequence_groups (prompt, generated)": SPECS, "batch_sequences": BSZ, "peak_lr": PEAK_LR,
                "warmup": WARMUP, "loss": "sum_s w_s CE(step s, target greedy token) / sum w"}
     tok = common.load_tokenizer(TARGET)
@@ -56,7 +61,9 @@ def main():
         p.requires_grad_(False)
     NL = len(tgt.model.layers)
     tp = common.Taps(tgt, [NL])
-    data, _ = common.generation_data(tgt, train_ids, valid_ids, SPECS, GEN_BATCH, GEN_S, N_VALID, SEED + 1, dev)
+    data, _ = common.generation_data(tgt, train_ids, valid_ids, SPECS, GEN_BATCH, GEN_S, N_VALID,
+                                      int(os.environ.get("STAGE5_DATA_SEED", str(SEED + 1))), dev)
+    metrics["data_seed"] = int(os.environ.get("STAGE5_DATA_SEED", str(SEED + 1)))
     metrics["train_sequences"] = {str(k): int(v.shape[0]) for k, v in data.items()}
     head = M.load(START, torch.float32, dev)
     head.train()
