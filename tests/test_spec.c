@@ -208,6 +208,9 @@ static const struct { const char *spec, *label; int temp, B, n; } CONTROLLED[] =
     {"block:%s/block_ranked,vocab=100", "block_ranked100", 1, 3, 5},
     {"block:%s/block_ranked,vocab=100", "block_ranked100", 1, 8, 4},
     {"block:%s/block_ranked,vocab=100,prune=off", "block_ranked100_unpruned", 0, 3, 6},
+    /* the block drafter with prompt lookup first */
+    {"block:%s/block_ranked,vocab=100,lookup=1", "block_lookup1", 0, 3, 5},
+    {"block:%s/block_ranked,vocab=100,lookup=1", "block_lookup1", 1, 8, 4},
 };
 
 static void run_exact_controlled(void) {
@@ -548,14 +551,15 @@ static void test_checkpoints(void) {
         td_draft_rows_free(&b);
     }
     /* lookup=2: a row whose stream holds "... 6 7 8 5 6" drafts 8 5 6 after pending 7
-     * (what followed the earlier "6 7"), whatever its model (or MTP head) would say */
-    for (int kind = 0; kind < 2; kind++) {
+     * (what followed the earlier "6 7"), whatever its model (MTP head, block
+     * drafter) would say */
+    for (int kind = 0; kind < 3; kind++) {
         td_drafter *dl = NULL;
-        snprintf(spec, sizeof spec, kind ? "mtp:%s/mtp,lookup=2" : "model:%s/draft_other,lookup=2", g_dir);
+        snprintf(spec, sizeof spec, kind == 2 ? "block:%s/block,prune=off,lookup=2" : kind ? "mtp:%s/mtp,lookup=2" : "model:%s/draft_other,lookup=2", g_dir);
         T_REQUIRE(td_drafter_open(&dl, spec, g_target, &err) == 0 && strstr(td_drafter_id(dl), "lookup=2"), "%s: %s", spec, err.msg);
         T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &a, &err) == 0, "open");
         int32_t st[6] = {40, 6, 7, 8, 5, 6}, pend = 7, tok[4], n_tok = 0, depth = 3;
-        float taps[7 * 64] = {0}; /* the MTP head reads the target's last hidden state (here zeros) */
+        static float taps[7 * 8 * 64]; /* the target's taps (zeros): the MTP head's last hidden state, the block drafter's layers */
         td_sampling sp = td_sampling_default();
         const td_sampling *spp = &sp;
         uint64_t pos = 0;
@@ -582,6 +586,54 @@ static void test_checkpoints(void) {
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
         T_CHECK(n_tok == 3 && !(tok[0] == 8 && tok[1] == 5 && tok[2] == 6), "%s: no 2-gram match: the model's drafts (%d: %d)",
                 spec, n_tok, tok[0]);
+        if (kind == 2) {
+            /* the block drafter's checkpoint ("block-v3") carries the stream: after
+             * committing 6 7 (stream 40 6 7 8 5 6 99 6 7) a restored row offers what
+             * the original offers after pending 8 ("6 7 8" recurred: 5 6 99 6); a
+             * "block-v2" one (no stream) restores with none, so it offers nothing */
+            int32_t o1[4], o2[4], acc7 = 7;
+            int n1 = 0, n2 = -1, m1 = 0, m2 = 0;
+            td_draft_commit cm2 = {.old_pending = 6, .accepted = &acc7, .n_accepted = 1, .new_pending = 8, .taps = taps};
+            T_REQUIRE(td_draft_rows_commit(&a, &cm2, &err) == 0, "commit");
+            pend = 8;
+            T_REQUIRE(td_draft_rows_offer(&a, &pend, 4, o1, &n1, &m1, &err) == 0, "offer");
+            td_draft_checkpoint *ck3 = NULL, *ck2 = NULL;
+            td_draft_rows c3 = {0}, c2 = {0};
+            T_REQUIRE(a.vt->capture(a.self, 0, &ck3, &err) == 0 && !strcmp(ck3->ns, "block-v3"), "capture: %s", err.msg);
+            T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &c3, &err) == 0, "open");
+            T_REQUIRE(td_draft_rows_append(&c3, NULL, 0, NULL, ck3, &err) == 0, "restore v3: %s", err.msg);
+            T_REQUIRE(td_draft_rows_offer(&c3, &pend, 4, o2, &n2, &m2, &err) == 0, "offer");
+            T_CHECK(n1 == 4 && o1[0] == 5 && o1[2] == 99 && m1 == 3 && n2 == n1 && !memcmp(o1, o2, sizeof o1) && m2 == m1,
+                    "restored stream offers %d tokens (%d) behind %d, the original %d (%d) behind %d", n2, o2[0], m2, n1, o1[0], m1);
+            int32_t hdr[5], slen;
+            memcpy(hdr, ck3->data, sizeof hdr);
+            slen = hdr[4];
+            size_t hb3 = sizeof hdr + sizeof(int32_t) * (size_t)slen;
+            T_REQUIRE(slen == 9 && td_draft_checkpoint_new(&ck2, "block-v2", ck3->size - hb3 + 4 * sizeof(int32_t), &err) == 0,
+                      "v2 of a %d-token stream", slen);
+            memcpy(ck2->data, hdr, 4 * sizeof(int32_t));
+            memcpy(ck2->data + 4 * sizeof(int32_t), ck3->data + hb3, ck3->size - hb3);
+            T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &c2, &err) == 0, "open");
+            T_CHECK(td_draft_rows_append(&c2, NULL, 0, NULL, ck2, &err) == 0, "restore v2: %s", err.msg);
+            n2 = -1;
+            T_CHECK(td_draft_rows_offer(&c2, &pend, 4, o2, &n2, &m2, &err) == 0 && n2 == 0, "v2: %d tokens on offer", n2);
+            hdr[4] = 1 << 20; /* a stream longer than the context */
+            memcpy(ck3->data, hdr, sizeof hdr);
+            td_draft_rows_free(&c3);
+            T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &c3, &err) == 0, "open");
+            T_CHECK(td_draft_rows_append(&c3, NULL, 0, NULL, ck3, &err) == TD_EFORMAT && strstr(err.msg, "stream"),
+                    "oversized stream: %s", err.msg);
+            hdr[4] = slen;
+            memcpy(ck3->data, hdr, sizeof hdr);
+            int32_t badtok = 1 << 30;
+            memcpy(ck3->data + sizeof hdr, &badtok, sizeof badtok);
+            T_CHECK(td_draft_rows_append(&c3, NULL, 0, NULL, ck3, &err) == TD_EFORMAT && strstr(err.msg, "vocabulary"),
+                    "stream token outside the vocabulary: %s", err.msg);
+            td_draft_rows_free(&c2);
+            td_draft_rows_free(&c3);
+            td_draft_checkpoint_free(ck2);
+            td_draft_checkpoint_free(ck3);
+        }
         td_draft_rows_free(&a);
         td_drafter_free(dl);
     }
@@ -740,7 +792,8 @@ static void test_bad_input(void) {
         {"model:%s/draft_same,lookup=9", "lookup="},
         {"model:%s/draft_same,lookup=x", "lookup="},
         {"mtp:%s/mtp,lookup=9", "lookup="},
-        {"block:%s/block,lookup=3", "unknown option"},         /* the model and MTP drafters' option */
+        {"block:%s/block,lookup=9", "lookup="},
+        {"block:%s/block,lookup=x", "lookup="},
     };
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
         snprintf(spec, sizeof spec, BAD[i].spec, g_dir);

@@ -125,7 +125,7 @@ typedef struct td_drafter_vt {
 struct td_drafter {
     const td_drafter_vt *vt;
     void *self;               /* owned */
-    char id[160];
+    char id[256];
     char ns[64];              /* checkpoint namespace */
     size_t weight_bytes;
     double step_cost_hint;    /* a draft step's cost as a fraction of a one-token target

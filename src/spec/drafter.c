@@ -1,6 +1,6 @@
 /* drafter — opens a drafter from its spec string and frees providers.
  * "none" | "ngram[:MIN-MAX]" | "model:DIR[,vocab=N][,quant=q8_0|q4_0][,lookup=N]" | "mtp:DIR[,vocab=N][,quant=...][,lookup=N]"
- * | "block:DIR[,prune=on|off][,vocab=N][,quant=...]".
+ * | "block:DIR[,prune=on|off][,vocab=N][,quant=...][,lookup=N]".
  * Each kind lives in spec/drafters/. */
 #include "spec/draft.h"
 #include "io/safetensors.h"

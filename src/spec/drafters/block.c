@@ -42,8 +42,17 @@
  * overwritten by the next commit; always f32, whatever the target's kv_type —
  * they are small and their checkpoints are f32). Matrix products run on the target
  * context's thread pool (drafting and verifying never overlap; a second pool's
- * spinning workers would take the cores from the target's). Checkpoints ("block-v2") hold a row's context K/V and context
- * ids, checked for size, finiteness and range on restore. */
+ * spinning workers would take the cores from the target's).
+ * Prompt lookup (option lookup=N, greedy drafts), as the model and MTP
+ * drafters have it: each row keeps its committed token stream; a row whose
+ * last tokens (with the pending one) recurred earlier in it proposes what
+ * followed them (td_draft_lookup) — offered before the group plans the round
+ * (rows_vt.offer), and a row served so comes to draft() at depth 0 and skips
+ * the block forward.
+ * Checkpoints ("block-v3") hold a row's token stream, context K/V and context
+ * ids, checked for size, finiteness and range on restore; "block-v2" ones (no
+ * stream) still restore, with an empty stream (lookup finds nothing in it
+ * until the row commits tokens). */
 #define _POSIX_C_SOURCE 200809L
 #include "spec/draft.h"
 #include "spec/vocab.h"
@@ -84,6 +93,7 @@ typedef struct {
     td_draft_vocab voc;                /* the draft vocabulary over the LM head (spec/vocab.h) */
     td_draft_vocab mvoc;               /* the same ids over markov.out (mk_out cut likewise) */
     int n_sub;                         /* = voc.n_sub (V when no vocab=N) */
+    int lookup;                        /* option lookup=N: prompt lookup of n-grams of N..TD_LOOKUP_MAX tokens first; 0 = off */
 } blk_provider;
 
 typedef struct {
@@ -95,6 +105,8 @@ typedef struct {
     int n_raw;
     td_draft_ctxids cx;       /* context ids outside the draft vocabulary: LM-head rows */
     td_draft_ctxids mx;       /* the same ids' markov.out rows (rank > 0) */
+    int32_t *stream;          /* [cap + 1] committed tokens (prompt, then each commit's), for lookup= */
+    int slen;
 } blk_row;
 
 typedef struct {
@@ -117,6 +129,7 @@ typedef struct {
     float *cl;                /* [TD_DRAFT_CTXIDS] context ids' logits */
     float *scratch;           /* [pool threads][TD_ATTEND_QB][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
+    int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
 } blk_group;
 
 /* ---- matrix products on the group's pool (outputs split in chunks of 8) */
@@ -234,6 +247,7 @@ static void row_free(blk_row *r) {
     free(r->K);
     free(r->V);
     free(r->raw);
+    free(r->stream);
     td_draft_ctxids_free(&r->cx);
     td_draft_ctxids_free(&r->mx);
     memset(r, 0, sizeof *r);
@@ -247,8 +261,9 @@ static int row_alloc(blk_group *g, blk_row *r) {
     r->K = malloc(sizeof(float) * n);
     r->V = malloc(sizeof(float) * n);
     r->raw = malloc(sizeof(float) * BLK_BACKLOG * (size_t)p->n_taps * p->D);
+    r->stream = malloc(sizeof(int32_t) * ((size_t)g->cap + 1));
     r->cap = g->cap;
-    if (!r->K || !r->V || !r->raw || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
+    if (!r->K || !r->V || !r->raw || !r->stream || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
         (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
         row_free(r);
         return TD_ENOMEM;
@@ -262,9 +277,11 @@ static void row_note(const blk_provider *p, blk_row *r, const int32_t *t, int n)
     if (p->rank) td_draft_ctxids_note(&p->mvoc, &r->mx, t, n);
 }
 
-/* checkpoint "block-v2": [int32 len][int32 n_layer][int32 KVH*hd][int32 n_ids]
- * then for each position, layer, kv head: K[hd] then V[hd] (float32), then the
- * row's context ids (int32 [n_ids], in the order they were noted). */
+/* checkpoint "block-v3": [int32 len][int32 n_layer][int32 KVH*hd][int32 n_ids]
+ * [int32 n_stream], the row's token stream (int32 [n_stream]), then for each
+ * position, layer, kv head: K[hd] then V[hd] (float32), then the row's context
+ * ids (int32 [n_ids], in the order they were noted). "block-v2" is the same
+ * without n_stream and the stream. */
 static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
                       const td_draft_checkpoint *ck, td_err *err) {
     blk_group *g = gv;
@@ -272,24 +289,33 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
     int hd = p->hd, KVH = p->KVH;
     if (g->n_rows >= g->max_rows) return td_seterr(err, TD_EFULL, "block: row group is full (%d rows)", g->max_rows);
     if (ck) {
-        int32_t hdr[4];
-        if (strcmp(ck->ns, "block-v2") != 0 || ck->size < sizeof hdr)
-            return td_seterr(err, TD_EFORMAT, "block: checkpoint of namespace '%s' is not a block-v2 checkpoint", ck->ns);
-        memcpy(hdr, ck->data, sizeof hdr);
+        int32_t hdr[5] = {0, 0, 0, 0, 0};
+        int v3 = !strcmp(ck->ns, "block-v3");
+        size_t hb = (v3 ? 5 : 4) * sizeof(int32_t); /* header bytes */
+        if ((!v3 && strcmp(ck->ns, "block-v2") != 0) || ck->size < hb)
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint of namespace '%s' is not a block-v3 (or -v2) checkpoint", ck->ns);
+        memcpy(hdr, ck->data, hb);
+        if (hdr[4] < 0 || hdr[4] > g->max_ctx + g->max_depth + 1)
+            return td_seterr(err, TD_EFORMAT, "block: checkpoint stream of %d tokens does not fit the context %d", (int)hdr[4], g->max_ctx);
+        const int32_t *stok = (const int32_t *)(ck->data + hb);
+        hb += (size_t)hdr[4] * sizeof(int32_t);
         size_t per = (size_t)p->n_layer * KVH * hd * 2;
         if (hdr[1] != p->n_layer || hdr[2] != KVH * hd)
             return td_seterr(err, TD_EFORMAT, "block: checkpoint holds %d layers of width %d; this drafter has %d of %d",
                              (int)hdr[1], (int)hdr[2], p->n_layer, KVH * hd);
         if (hdr[0] < 0 || hdr[0] > g->max_ctx || hdr[3] < 0 || hdr[3] > TD_DRAFT_CTXIDS ||
-            ck->size != sizeof hdr + (size_t)hdr[0] * per * sizeof(float) + (size_t)hdr[3] * sizeof(int32_t))
+            ck->size != hb + (size_t)hdr[0] * per * sizeof(float) + (size_t)hdr[3] * sizeof(int32_t))
             return td_seterr(err, TD_EFORMAT, "block: checkpoint of %zu bytes does not hold %d positions (context %d) and %d context ids",
                              ck->size, (int)hdr[0], g->max_ctx, (int)hdr[3]);
-        const float *src = (const float *)(ck->data + sizeof hdr);
+        for (int i = 0; i < hdr[4]; i++)
+            if (stok[i] < 0 || stok[i] >= p->V)
+                return td_seterr(err, TD_EFORMAT, "block: checkpoint stream token %d is outside the vocabulary", (int)stok[i]);
+        const float *src = (const float *)(ck->data + hb);
         for (size_t i = 0; i < (size_t)hdr[0] * per; i++)
             if (!isfinite(src[i])) return td_seterr(err, TD_EFORMAT, "block: checkpoint value %zu is not finite", i);
         int32_t *cids = malloc(sizeof(int32_t) * (size_t)(hdr[3] ? hdr[3] : 1));
         if (!cids) return td_seterr(err, TD_ENOMEM, "out of memory");
-        memcpy(cids, ck->data + sizeof hdr + (size_t)hdr[0] * per * sizeof(float), sizeof(int32_t) * (size_t)hdr[3]);
+        memcpy(cids, ck->data + hb + (size_t)hdr[0] * per * sizeof(float), sizeof(int32_t) * (size_t)hdr[3]);
         for (int i = 0; i < hdr[3]; i++)
             if (cids[i] < 0 || cids[i] >= p->V) {
                 int bad = (int)cids[i];
@@ -300,6 +326,8 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
         if (row_alloc(g, r)) { free(cids); return td_seterr(err, TD_ENOMEM, "block: no memory for a row"); }
         row_note(p, r, cids, hdr[3]);
         free(cids);
+        memcpy(r->stream, stok, sizeof(int32_t) * (size_t)hdr[4]);
+        r->slen = hdr[4];
         for (int pos = 0; pos < hdr[0]; pos++)
             for (int l = 0; l < p->n_layer; l++)
                 for (int h = 0; h < KVH; h++) {
@@ -319,6 +347,8 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
     blk_row *r = &g->rows[g->n_rows];
     if (row_alloc(g, r)) return td_seterr(err, TD_ENOMEM, "block: no memory for a row");
     row_note(p, r, tokens, n);
+    if (n) memcpy(r->stream, tokens, sizeof(int32_t) * (size_t)n);
+    r->slen = n;
     if (n) project_context(g, r, taps, n);
     g->n_rows++;
     return 0;
@@ -356,10 +386,17 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     int QW = H * hd, KW = KVH * hd;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "block: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = q->probs != NULL;
-    int nb = 0;
+    int nb = 0, *depth = g->bdepth;
     for (int i = 0; i < q->n_rows; i++) {
         q->n_tokens[i] = 0;
-        if (q->depth[i] > 0) {
+        depth[i] = q->depth[i];
+        /* prompt lookup first (lookup=N, greedy drafts only), as the draft model's */
+        blk_row *r = &g->rows[i];
+        if (p->lookup && !q->probs && depth[i] > 0 && r->slen <= r->cap - 1 &&
+            (q->n_tokens[i] = td_draft_lookup(r->stream, r->slen, q->pending[i], p->lookup, depth[i],
+                                              q->tokens + (size_t)i * q->max_depth, NULL)) > 0)
+            depth[i] = 0;
+        if (depth[i] > 0) {
             if (q->pending[i] < 0 || q->pending[i] >= V)
                 return td_seterr(err, TD_ERANGE, "block: pending token %d is outside the vocabulary", (int)q->pending[i]);
             if (g->rows[i].len + g->rows[i].n_raw + G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
@@ -420,7 +457,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     int nz = 0;
     for (int b = 0; b < nb; b++) {
         int i = g->brow[b];
-        int want = q->depth[i] < G - 1 ? q->depth[i] : G - 1;
+        int want = depth[i] < G - 1 ? depth[i] : G - 1;
         int k = 0;
         for (; k < want; k++) {
             float *z = g->n + (size_t)(nz + k) * D;
@@ -483,7 +520,8 @@ static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *e
         if (m < 0 || m + 1 > g->p->G)
             return td_seterr(err, TD_EINVAL, "block: row %d commits %d accepted drafts, more than a block holds", i, m);
         const blk_row *r = &g->rows[i];
-        if (r->len + r->n_raw + m + 1 + g->p->G > g->cap) return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
+        if (r->len + r->n_raw + m + 1 + g->p->G > g->cap || r->slen + m + 1 > g->cap)
+            return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
     }
     /* the accepted windows' taps join each row's backlog (projected lazily);
      * rows whose backlog would overflow are projected first, together */
@@ -495,6 +533,9 @@ static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *e
         blk_row *r = &g->rows[i];
         row_note(g->p, r, &cm[i].old_pending, 1);
         row_note(g->p, r, cm[i].accepted, cm[i].n_accepted);
+        r->stream[r->slen++] = cm[i].old_pending;
+        if (cm[i].n_accepted > 0) memcpy(r->stream + r->slen, cm[i].accepted, sizeof(int32_t) * (size_t)cm[i].n_accepted);
+        r->slen += cm[i].n_accepted;
         if (!cm[i].taps) continue; /* no taps: a row that finished and leaves */
         int m = cm[i].n_accepted + 1;
         memcpy(r->raw + (size_t)r->n_raw * TW, cm[i].taps, sizeof(float) * (size_t)m * TW);
@@ -521,14 +562,15 @@ static int blk_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err
     flush_backlogs(g, &row, 1);
     blk_row *r = &g->rows[row];
     int hd = p->hd;
-    int32_t hdr[4] = {r->len, p->n_layer, p->KVH * hd, r->cx.n};
-    size_t per = (size_t)p->n_layer * p->KVH * hd * 2;
-    size_t bytes = sizeof hdr + (size_t)r->len * per * sizeof(float) + sizeof(int32_t) * (size_t)r->cx.n;
+    int32_t hdr[5] = {r->len, p->n_layer, p->KVH * hd, r->cx.n, r->slen};
+    size_t per = (size_t)p->n_layer * p->KVH * hd * 2, hb = sizeof hdr + sizeof(int32_t) * (size_t)r->slen;
+    size_t bytes = hb + (size_t)r->len * per * sizeof(float) + sizeof(int32_t) * (size_t)r->cx.n;
     td_draft_checkpoint *ck;
-    int rc = td_draft_checkpoint_new(&ck, "block-v2", bytes, err);
+    int rc = td_draft_checkpoint_new(&ck, "block-v3", bytes, err);
     if (rc) return rc;
     memcpy(ck->data, hdr, sizeof hdr);
-    float *dst = (float *)(ck->data + sizeof hdr);
+    if (r->slen) memcpy(ck->data + sizeof hdr, r->stream, sizeof(int32_t) * (size_t)r->slen);
+    float *dst = (float *)(ck->data + hb);
     for (int pos = 0; pos < r->len; pos++)
         for (int l = 0; l < p->n_layer; l++)
             for (int h = 0; h < p->KVH; h++) {
@@ -550,12 +592,29 @@ static void blk_free_group(void *gv) {
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn);
-    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow);
+    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth);
     free(g);
 }
 
+static int32_t *blk_stream(void *gv, int i, int *len) {
+    blk_group *g = gv;
+    *len = g->rows[i].slen;
+    return g->rows[i].stream;
+}
+
+/* lookup=N: the prompt lookup's proposals are on offer before the group plans
+ * (draft.h); a row drafted from its offer comes to draft() at depth 0. Without
+ * lookup= nothing is on offer. */
+static int blk_offer(void *gv, const int32_t *pending, int max_depth, int32_t *tokens, int *n_tokens, int *match,
+                     td_err *err) {
+    blk_group *g = gv;
+    (void)err;
+    td_draft_offer_lookup(g, g->n_rows, blk_stream, g->p->lookup, pending, max_depth, tokens, n_tokens, match);
+    return 0;
+}
+
 static const td_draft_rows_vt blk_rows_vt = {
-    .append = blk_append, .draft = blk_draft, .commit = blk_commit,
+    .append = blk_append, .draft = blk_draft, .commit = blk_commit, .offer = blk_offer,
     .filter = blk_filter, .capture = blk_capture, .free = blk_free_group,
 };
 
@@ -595,7 +654,8 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->qsub = malloc(sizeof(float) * (size_t)p->n_sub);
     g->cl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+    g->bdepth = malloc(sizeof(int) * (size_t)max_rows);
+    if (!g->bdepth ||!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
         !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
@@ -718,7 +778,7 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     snprintf(dir, sizeof dir, "%s", spec ? spec : "");
     int prune = 1;
     long n_sub = 0;
-    int quant = 0;
+    int quant = 0, lookup = 0;
     char *opt = strchr(dir, ',');
     if (opt) {
         *opt = 0;
@@ -733,8 +793,13 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
             } else if (!strncmp(o, "vocab=", 6) && (n_sub = strtol(o + 6, &end, 10), end != o + 6 && !*end)) {
                 if (n_sub < 1 || n_sub > target->cfg.n_vocab)
                     return td_seterr(err, TD_EINVAL, "block: draft vocabulary %ld outside [1, %d]", n_sub, target->cfg.n_vocab);
+            } else if (!strncmp(o, "lookup=", 7)) {
+                long v = strtol(o + 7, &end, 10);
+                if (end == o + 7 || *end || v < 1 || v > TD_LOOKUP_MAX)
+                    return td_seterr(err, TD_EINVAL, "block: lookup= takes the shortest n-gram to look up, 1..%d", TD_LOOKUP_MAX);
+                lookup = (int)v;
             } else
-                return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off][,vocab=N][,quant=q8_0|q4_0])", o);
+                return td_seterr(err, TD_EINVAL, "block: unknown option '%s' (use block:DIR[,prune=on|off][,vocab=N][,quant=q8_0|q4_0][,lookup=N])", o);
         }
     }
     if (!*dir) return td_seterr(err, TD_EINVAL, "block: give a directory, as block:DIR");
@@ -755,6 +820,7 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     if (rc) { free(p); free(d); return rc; }
     p->target = target;
     p->prune = prune;
+    p->lookup = lookup;
     p->D = target->cfg.n_embd;
     p->V = target->cfg.n_vocab;
     snprintf(path, sizeof path, "%s", dir);
@@ -807,9 +873,11 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
     char vs[32] = "";
     if (n_sub) snprintf(vs, sizeof vs, ",vocab=%ld", n_sub);
-    snprintf(d->id, sizeof d->id, "block:%.96s%s%s%s%s", dir, prune ? "" : ",prune=off", vs, quant ? ",quant=" : "",
-             quant ? td_dtype_name(quant) : "");
-    snprintf(d->ns, sizeof d->ns, "block-v2");
+    char ls[24] = "";
+    if (lookup) snprintf(ls, sizeof ls, ",lookup=%d", lookup);
+    snprintf(d->id, sizeof d->id, "block:%.96s%s%s%s%s%s", dir, prune ? "" : ",prune=off", vs, quant ? ",quant=" : "",
+             quant ? td_dtype_name(quant) : "", ls);
+    snprintf(d->ns, sizeof d->ns, "block-v3");
     *out = d;
     return 0;
 }
