@@ -17,7 +17,8 @@ M=models/tiny-code
 for B in 1 8; do
   for d in ngram model:$M/draft model:$M/draft,vocab=1024 model:$M/draft,vocab=1024,quant=q8_0 \
            model:$M/draft,vocab=1024,quant=q8_0,lookup=3 model:$M/draft,vocab=1024,lookup=3 mtp:$M/mtp,vocab=1024 \
-           mtp:$M/mtp,vocab=1024,quant=q8_0 mtp:$M/mtp,vocab=1024,quant=q8_0,lookup=3 mtp:$M/mtp,vocab=1024,lookup=3 block:$M/block block:$M/block,vocab=1024 block:$M/block,vocab=1024,quant=q8_0; do
+           mtp:$M/mtp,vocab=1024,quant=q8_0 mtp:$M/mtp,vocab=1024,quant=q8_0,lookup=3 mtp:$M/mtp,vocab=1024,lookup=3 block:$M/block block:$M/block,vocab=1024 block:$M/block,vocab=1024,quant=q8_0 \
+           block:$M/block,vocab=1024,quant=q8_0,lookup=3 block:$M/block,vocab=1024,lookup=3; do
     $T bench spec -m $M/target --prompts bench/prompts/code.jsonl --limit "$LIMIT" -n "$N" --batch "$B" --draft "$d" --reps "$([ "$B" = 1 ] && echo "$REPS" || echo "$REPS8")" --json
   done
 done

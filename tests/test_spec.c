@@ -559,7 +559,7 @@ static void test_checkpoints(void) {
         T_REQUIRE(td_drafter_open(&dl, spec, g_target, &err) == 0 && strstr(td_drafter_id(dl), "lookup=2"), "%s: %s", spec, err.msg);
         T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 4, NULL, &a, &err) == 0, "open");
         int32_t st[6] = {40, 6, 7, 8, 5, 6}, pend = 7, tok[4], n_tok = 0, depth = 3;
-        static float taps[7 * 8 * 64]; /* the target's taps (zeros): the MTP head's last hidden state, the block drafter's layers */
+        static float taps[16 * 8 * 64]; /* the target's taps (zeros): the MTP head's last hidden state, the block drafter's layers */
         td_sampling sp = td_sampling_default();
         const td_sampling *spp = &sp;
         uint64_t pos = 0;
@@ -633,6 +633,20 @@ static void test_checkpoints(void) {
             td_draft_rows_free(&c3);
             td_draft_checkpoint_free(ck2);
             td_draft_checkpoint_free(ck3);
+            /* a copy may be longer than a block (its 7 drafts): at depth 8 the
+             * lookup proposes 8 tokens, and the group commits all 8 */
+            int32_t st8[12] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6}, t8[9] = {0}, n8 = 0, d8 = 8, p8 = 7;
+            T_REQUIRE(dl->vt->open_rows(dl->self, 1, 128, 8, NULL, &c3, &err) == 0, "open depth 8");
+            T_REQUIRE(td_draft_rows_append(&c3, st8, 12, taps, NULL, &err) == 0, "append: %s", err.msg);
+            td_draft_req q8 = {.n_rows = 1, .pending = &p8, .depth = &d8, .max_depth = 8, .tokens = t8, .n_tokens = &n8,
+                               .sampling = &spp, .out_pos = &pos};
+            T_REQUIRE(td_draft_rows_draft(&c3, &q8, &err) == 0, "draft");
+            T_CHECK(n8 == 8 && t8[0] == 8 && t8[7] == 5, "depth-8 lookup: %d tokens (%d .. %d)", n8, t8[0], t8[7]);
+            td_draft_commit cm8 = {.old_pending = 7, .accepted = t8, .n_accepted = 8, .new_pending = 6, .taps = taps};
+            T_CHECK(td_draft_rows_commit(&c3, &cm8, &err) == 0, "committing 8 copied drafts: %s", err.msg);
+            cm8.n_accepted = 9; /* more than the group's depth */
+            T_CHECK(td_draft_rows_commit(&c3, &cm8, &err) == TD_EINVAL, "9 accepted at depth 8 must be refused");
+            td_draft_rows_free(&c3);
         }
         td_draft_rows_free(&a);
         td_drafter_free(dl);

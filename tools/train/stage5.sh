@@ -9,6 +9,8 @@
 #   ref.json, logits.f32                        -> tests/fixtures/tiny-code-mtp/
 # STAGE_SECONDS (default 500) is the internal wall-clock budget; STAGE5_POST_S (default 80) the part
 # kept after training; STAGE5_GEN_S (default 60) the time spent generating training sequences.
+# stage5_main.py also reads STAGE5_K / STAGE5_WS (unrolled steps and their loss weights, default 3 and
+# 1,0.8,0.6), STAGE5_LR, STAGE5_BSZ and STAGE5_DATA_SEED (see its header).
 # Stage 4 and stage 5 fit together on one H200: run them side by side in one call.
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true

@@ -517,8 +517,8 @@ static int blk_commit(void *gv, const td_draft_commit *cm, int n_rows, td_err *e
     int TW = g->p->n_taps * g->p->D;
     for (int i = 0; i < n_rows; i++) {
         int m = cm[i].n_accepted;
-        if (m < 0 || m + 1 > g->p->G)
-            return td_seterr(err, TD_EINVAL, "block: row %d commits %d accepted drafts, more than a block holds", i, m);
+        if (m < 0 || m > g->max_depth) /* a block's drafts, or up to max_depth copied by lookup= */
+            return td_seterr(err, TD_EINVAL, "block: row %d commits %d accepted drafts, more than the depth %d", i, m, g->max_depth);
         const blk_row *r = &g->rows[i];
         if (r->len + r->n_raw + m + 1 + g->p->G > g->cap || r->slen + m + 1 > g->cap)
             return td_seterr(err, TD_EFULL, "block: row %d context is full", i);
