@@ -291,7 +291,7 @@ int cmd_bench_forward(int argc, char **argv) {
 
         /* 4. verify curve at context 512 (the row holds the 512-token prefill):
          * VREPS rounds, each timing every T once, the round's first T rotating, so
-         * T = 1 and T = 8 are timed seconds apart and their ratio is paired */
+         * T = 1 and T = 8 (TS[0], TS[3]) are timed moments apart and their ratio is paired */
         double verify_ms1[NT], v[NT][VREPS];
         for (int r = 0; r < VREPS; r++) {
             for (int q = 0; q < NT; q++) {
