@@ -655,7 +655,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->cl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bdepth = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->bdepth ||!g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+    if (!g->bdepth || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
         !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
