@@ -478,11 +478,35 @@ static uint16_t rbf(int e0, int e1) {
     return (uint16_t)(((r & 1) << 15) | ((uint32_t)(e0 + (int)((r >> 1) % (uint32_t)(e1 - e0 + 1))) << 7) | ((r >> 9) & 127));
 }
 
-/* td_bf16_dp_lane against vdpbf16ps on this CPU: 2^21 lanes in five classes —
- * ordinary magnitudes; cancellation (acc = -x1*w1 within a few ulp); products in
- * and below f32's subnormal range; subnormal bf16 inputs and subnormal or tiny
- * accumulators; arbitrary bit patterns (overflow to inf, inf - inf). Finite
- * results must be equal bits, NaN where the instruction gives NaN. */
+/* One lane's inputs in class cls (0..4): ordinary magnitudes; cancellation (acc
+ * = -x1*w1 within a few ulp); products in and below f32's subnormal range;
+ * subnormal bf16 inputs and subnormal or tiny accumulators; arbitrary bit
+ * patterns (overflow to inf, inf - inf). a, b: the pair of x and of w. */
+static void edge_pair(int cls, uint16_t *a, uint16_t *b, float *accl) {
+    if (cls == 0) {
+        for (int k = 0; k < 2; k++) { a[k] = rbf(100, 150); b[k] = rbf(100, 150); }
+        *accl = u2f((rnd32() & 0x80000000u) | ((80 + rnd32() % 100) << 23) | (rnd32() & 0x7fffff));
+    } else if (cls == 1) {
+        for (int k = 0; k < 2; k++) { a[k] = rbf(118, 136); b[k] = rbf(118, 136); }
+        *accl = -(td_bf16_to_f32(a[1]) * td_bf16_to_f32(b[1])) * (1.0f + (float)((int)(rnd32() % 64) - 32) * 1e-7f);
+    } else if (cls == 2) {
+        for (int k = 0; k < 2; k++) { a[k] = rbf(0, 70); b[k] = rbf(0, 70); }
+        *accl = rnd32() & 1 ? 0.0f : u2f(rnd32() & 0x80ffffffu);
+    } else if (cls == 3) {
+        a[0] = (uint16_t)(rnd32() & 0x807f); b[0] = rbf(60, 190);
+        a[1] = rbf(60, 140); b[1] = (uint16_t)(rnd32() & 0x807f);
+        if (rnd32() & 1) { uint16_t t = a[1]; a[1] = b[1]; b[1] = t; }
+        *accl = rnd32() & 1 ? u2f(rnd32() & 0x807fffffu)
+                             : u2f((rnd32() & 0x80000000u) | ((1 + rnd32() % 60) << 23) | (rnd32() & 0x7fffff));
+    } else {
+        for (int k = 0; k < 2; k++) { a[k] = (uint16_t)rnd32(); b[k] = (uint16_t)rnd32(); }
+        *accl = u2f(rnd32());
+    }
+}
+
+/* td_bf16_dp_lane against vdpbf16ps on this CPU: 2^21 lanes in the five classes
+ * of edge_pair. Finite results must be equal bits, NaN where the instruction
+ * gives NaN. */
 static void test_dp_lane(void) {
     tb("kernels_bf16_dp_lane_equals_vdpbf16ps");
 #ifdef HAVE_DPBF16_TEST
@@ -493,28 +517,7 @@ static void test_dp_lane(void) {
         float acc[16], hw[16];
         uint16_t x[32], w[32];
         int cls = it % 5;
-        for (int l = 0; l < 16; l++) {
-            uint16_t *a = x + 2 * l, *b = w + 2 * l;
-            if (cls == 0) {
-                for (int k = 0; k < 2; k++) { a[k] = rbf(100, 150); b[k] = rbf(100, 150); }
-                acc[l] = u2f((rnd32() & 0x80000000u) | ((80 + rnd32() % 100) << 23) | (rnd32() & 0x7fffff));
-            } else if (cls == 1) {
-                for (int k = 0; k < 2; k++) { a[k] = rbf(118, 136); b[k] = rbf(118, 136); }
-                acc[l] = -(td_bf16_to_f32(a[1]) * td_bf16_to_f32(b[1])) * (1.0f + (float)((int)(rnd32() % 64) - 32) * 1e-7f);
-            } else if (cls == 2) {
-                for (int k = 0; k < 2; k++) { a[k] = rbf(0, 70); b[k] = rbf(0, 70); }
-                acc[l] = rnd32() & 1 ? 0.0f : u2f(rnd32() & 0x80ffffffu);
-            } else if (cls == 3) {
-                a[0] = (uint16_t)(rnd32() & 0x807f); b[0] = rbf(60, 190);
-                a[1] = rbf(60, 140); b[1] = (uint16_t)(rnd32() & 0x807f);
-                if (rnd32() & 1) { uint16_t t = a[1]; a[1] = b[1]; b[1] = t; }
-                acc[l] = rnd32() & 1 ? u2f(rnd32() & 0x807fffffu)
-                                     : u2f((rnd32() & 0x80000000u) | ((1 + rnd32() % 60) << 23) | (rnd32() & 0x7fffff));
-            } else {
-                for (int k = 0; k < 2; k++) { a[k] = (uint16_t)rnd32(); b[k] = (uint16_t)rnd32(); }
-                acc[l] = u2f(rnd32());
-            }
-        }
+        for (int l = 0; l < 16; l++) edge_pair(cls, x + 2 * l, w + 2 * l, &acc[l]);
         hw_dp16(hw, acc, x, w);
         for (int l = 0; l < 16; l++, n++) {
             float e = td_bf16_dp_lane(acc[l], x[2 * l], x[2 * l + 1], w[2 * l], w[2 * l + 1]);
@@ -551,6 +554,38 @@ static float ref_b32(const uint16_t *a, const uint16_t *w, int n) {
     for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
     for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
     return s2[0] + s2[1];
+}
+
+/* td_matmul_bf16a on the path in force against ref_b32 on edge_pair's classes:
+ * K = 64, the first 32-step sets each lane's accumulator (x = (0, bf16(acc)),
+ * w = (0, 1)), the second runs the lane's class — so every flush of dp_lane is
+ * exercised inside the kernel. Finite results equal bits, NaN where ref_b32 is. */
+static void test_matmul_bf16a_edges(void) {
+    tb("kernels_matmul_bf16a_edge_values_equal_b32_definition");
+    enum { M = 2, N = 3, K = 64 };
+    long bad = 0, nan = 0;
+    for (int it = 0; it < 6000; it++) {
+        uint16_t x[M][K], w[N][K];
+        for (int r = 0; r < M || r < N; r++)
+            for (int l = 0; l < 16; l++) {
+                uint16_t a[2], b[2], h;
+                float acc;
+                edge_pair(it % 5, a, b, &acc); /* one class per dot: a large lane would hide a flush */
+                td_from_f32(&h, &acc, TD_DTYPE_BF16, 1);
+                if (r < M) { x[r][2 * l] = 0; x[r][2 * l + 1] = h; x[r][32 + 2 * l] = a[0]; x[r][33 + 2 * l] = a[1]; }
+                if (r < N) { w[r][2 * l] = 0; w[r][2 * l + 1] = 0x3f80; w[r][32 + 2 * l] = b[0]; w[r][33 + 2 * l] = b[1]; }
+            }
+        float y[M * N];
+        td_matmul_bf16a(y, N, &x[0][0], K, M, &w[0][0], K, 0, N, 0);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                float e = ref_b32(x[m], w[n], K), g = y[m * N + n];
+                if (isnan(e) || isnan(g)) { nan++; bad += !(isnan(e) && isnan(g)); continue; }
+                if (memcmp(&e, &g, 4) != 0 && bad++ < 3) printf("  it %d (%d,%d): %a vs %a\n", it, m, n, g, e);
+            }
+    }
+    T_CHECK(bad == 0, "%ld of %d dots differ (%ld NaN)", bad, 6000 * M * N, nan);
+    t_end();
 }
 
 /* td_matmul_bf16a on the path in force: every element equals ref_b32 (memcmp)
@@ -730,6 +765,7 @@ int main(void) {
     test_from_f32();
     test_dp_lane();
     test_matmul_bf16a();
+    test_matmul_bf16a_edges();
     /* every other path the CPU supports: the same bits as portable, and the
      * reference comparison again on it */
     for (int p = 0; p < TD_KPATH_COUNT; p++) {
@@ -749,6 +785,7 @@ int main(void) {
         test_matmul_large();
         test_attend();
         test_matmul_bf16a();
+    test_matmul_bf16a_edges();
     }
     td_kernels_set_path(best);
     return t_exit();

@@ -796,6 +796,10 @@ void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const
 #ifdef TD_HAVE_AVX512
     if (FAST() && bf16_ok()) { matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add); return; }
 #endif
+#ifdef TD_HAVE_AVX2_PATH
+    /* AVX2 (or AVX-512 without its BF16 extension: every such CPU has AVX2) */
+    if (resolve_path() != TD_KPATH_PORTABLE) { td_avx2_matmul_bf16a(y, ldy, x, ldx, M, W, K, n0, n1, add); return; }
+#endif
     matmul_bp(y, ldy, x, ldx, M, W, K, n0, n1, add);
 }
 

@@ -28,6 +28,7 @@
 #include "tandem.h"
 
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -202,6 +203,103 @@ void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
             for (int m = mb; m < me; m += 2)
                 ts->t[me - m < 2 ? 1 : 2][0](y + (size_t)m * ldy + n, ldy, x + (size_t)m * ldx, ldx, wb + n * wrow,
                                              wrow, K, add);
+    }
+}
+
+/* ---- bf16 activations x bf16 weights: the B32 order (td_matmul_bf16a) ------
+ * One 32-element step feeds the 16 lanes a pair each: lanes 0-7 take elements
+ * 0-15 of the step, lanes 8-15 elements 16-31. A dword of a 256-bit load holds a
+ * pair (element 2l in its low half, 2l+1 in its high half), so the pair's two
+ * f32 values are the dword shifted left by 16 and the dword with its low half
+ * cleared. Each lane then does exactly what kernels.c's dp_lane does: inputs
+ * with a zero exponent read as signed zeros, acc = ftz(fma(x1, w1, acc)), acc =
+ * ftz(fma(x0, w0, acc)). */
+
+/* v with a subnormal (zero-exponent) value replaced by the zero of its sign */
+AI __m256 flush8(__m256 v) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), _mm256_set1_ps(FLT_MIN), _CMP_GE_OQ);
+    __m256 keep = _mm256_or_ps(big, sign); /* a NaN or inf compares unordered: */
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q); /* keep those too */
+    return _mm256_and_ps(v, _mm256_or_ps(keep, nan));
+}
+
+/* the pair halves of 16 bf16 values at p: *e = elements 0, 2, .., 14, *o = 1, 3, .., 15 */
+AI void pairs8(const uint16_t *p, __m256 *e, __m256 *o) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *e = flush8(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    *o = flush8(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))));
+}
+
+AI __m256 dp8(__m256 acc, __m256 x0, __m256 x1, __m256 w0, __m256 w1) {
+    acc = flush8(_mm256_fmadd_ps(x1, w1, acc));
+    return flush8(_mm256_fmadd_ps(x0, w0, acc));
+}
+
+/* one 32-step of an MR x NR tile (x rows at stride ldx, weight rows at stride wrow elements) */
+AI void tileb_step(int MR, int NR, __m256 (*lo)[2], __m256 (*hi)[2], const uint16_t *x, int ldx,
+                   const uint16_t *w, size_t wrow) {
+    __m256 xe[2][2], xo[2][2];
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) pairs8(x + (size_t)i * ldx + 16 * h, &xe[i][h], &xo[i][h]);
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; j++) {
+        __m256 we[2], wo[2];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) pairs8(w + j * wrow + 16 * h, &we[h], &wo[h]);
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; i++) {
+            lo[i][j] = dp8(lo[i][j], xe[i][0], xo[i][0], we[0], wo[0]);
+            hi[i][j] = dp8(hi[i][j], xe[i][1], xo[i][1], we[1], wo[1]);
+        }
+    }
+}
+
+AI void tileb(int MR, int NR, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *w, size_t wrow,
+              int K, int add) {
+    __m256 lo[2][2], hi[2][2];
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < NR; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 32 <= K; k += 32) tileb_step(MR, NR, lo, hi, x + k, ldx, w + k, wrow);
+    if (k < K) {
+        _Alignas(32) uint16_t xb[2][32], wb[2][32];
+        for (int i = 0; i < MR; i++) pad16(xb[i], x + (size_t)i * ldx, k, K, 2);
+        for (int j = 0; j < NR; j++) pad16(wb[j], w + j * wrow, k, K, 2);
+        tileb_step(MR, NR, lo, hi, &xb[0][0], 32, &wb[0][0], 32);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < NR; j++) {
+            float s = fold16(lo[i][j], hi[i][j]);
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = add ? *yp + s : s;
+        }
+}
+
+#define TILEB_INST(MR, NR)                                                                                  \
+    static void tileb_##MR##x##NR(float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *w, size_t wrow, \
+                                  int K, int add) {                                                         \
+        tileb(MR, NR, y, ldy, x, ldx, w, wrow, K, add);                                                     \
+    }
+TILEB_INST(1, 1) TILEB_INST(1, 2) TILEB_INST(2, 1) TILEB_INST(2, 2)
+
+void td_avx2_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
+                          int n1, int add) {
+    size_t wrow = (size_t)K;
+    for (int m = 0; m < M; m += 2) {
+        int two = M - m >= 2;
+        const uint16_t *xm = x + (size_t)m * ldx;
+        float *ym = y + (size_t)m * ldy;
+        int n = n0;
+        for (; n + 2 <= n1; n += 2)
+            (two ? tileb_2x2 : tileb_1x2)(ym + n, ldy, xm, ldx, W + n * wrow, wrow, K, add);
+        for (; n < n1; n++) (two ? tileb_2x1 : tileb_1x1)(ym + n, ldy, xm, ldx, W + n * wrow, wrow, K, add);
     }
 }
 

@@ -39,6 +39,10 @@ void td_avx2_to_f32(float *dst, const void *src, int dt, size_t n);
 /* td_matmul for f32 / bf16 / f16 weights (quantized ones: quant_avx2.h). */
 void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt,
                     int K, int n0, int n1, int add);
+/* td_matmul_bf16a: bf16 activations x bf16 weights in the B32 order (vdpbf16ps's
+ * lanes, emulated exactly as kernels.c's dp_lane). */
+void td_avx2_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
+                          int n1, int add);
 /* The second half of td_rmsnorm: out[i] = w[i] * (x[i] * r). */
 void td_avx2_norm_apply(float *out, const float *x, const void *w, int dt, int n, float r);
 void td_avx2_exp(float *out, const float *x, int n);
