@@ -20,6 +20,7 @@
  * Compiled with -mavx2 -mfma -mf16c -mno-avx512f (Makefile, this file only) so the
  * code is genuine AVX2 even in a -march=native build on an AVX-512 machine. */
 #include "kernels_avx2.h"
+#include "kernels.h"
 
 #ifdef TD_HAVE_AVX2_PATH
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
@@ -30,6 +31,8 @@
 #include <immintrin.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -181,11 +184,169 @@ static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(
 
 #define MBLOCK 64 /* tokens whose activations stay in L2 while a weight panel streams */
 
+/* ---- bf16 weights: the even/odd tiles -----------------------------------------
+ * A 256-bit load of 16 bf16 weights holds a pair per dword (element 2i in the low
+ * half, 2i+1 in the high half), so one shift gives the even elements as f32 (E)
+ * and one AND the odd ones (O), without the widening shuffle of ldw8. E lane i is
+ * D16 lane 2i and O lane i D16 lane 2i+1 — the same lanes, the same fmas, only
+ * held in other registers — so the activations are permuted to match once per
+ * call (each 16-block: its 8 even elements, then its 8 odd ones, the last block
+ * zero-padded) into a per-thread scratch buffer, and the fold interleaves E and O
+ * back into lanes 0-7 / 8-15 first. The bits are those of tile() above; where no
+ * scratch can be had, td_avx2_matmul falls back to it. */
+
+#define EO_MBLOCK 64 /* tokens permuted at a time */
+
+static pthread_key_t eo_key;
+static pthread_once_t eo_once = PTHREAD_ONCE_INIT;
+static int eo_key_ok;
+typedef struct { size_t cap; float *p; } eo_buf;
+static void eo_buf_free(void *v) {
+    eo_buf *b = v;
+    free(b->p);
+    free(b);
+}
+static void eo_key_init(void) { eo_key_ok = pthread_key_create(&eo_key, eo_buf_free) == 0; }
+
+/* This thread's scratch of at least n floats (32-byte aligned), or NULL. It only
+ * grows, so after the first calls of a session no call allocates. */
+static float *eo_scratch(size_t n) {
+    pthread_once(&eo_once, eo_key_init);
+    if (!eo_key_ok) return NULL;
+    eo_buf *b = pthread_getspecific(eo_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(eo_key, b) != 0) { free(b); return NULL; }
+    }
+    if (b->cap < n) {
+        size_t bytes = (n * sizeof(float) + 31) & ~(size_t)31;
+        float *q = aligned_alloc(32, bytes);
+        if (!q) return NULL;
+        free(b->p);
+        b->p = q;
+        b->cap = n;
+    }
+    return b->p;
+}
+
+/* rows [0, m) of x (K values each) into xp (ldp floats apart), each 16-block as
+ * evens then odds, the last block zero-padded to Kp = K rounded up to 16 */
+static void eo_permute(float *xp, int ldp, const float *x, int ldx, int m, int K) {
+    const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int i = 0; i < m; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        float *pi = xp + (size_t)i * ldp;
+        int k = 0;
+        for (; k + 16 <= K; k += 16) {
+            __m256 a = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xi + k), idx);     /* 0 2 4 6 | 1 3 5 7 */
+            __m256 b = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xi + k + 8), idx); /* 8 .. 14 | 9 .. 15 */
+            _mm256_store_ps(pi + k, _mm256_permute2f128_ps(a, b, 0x20));
+            _mm256_store_ps(pi + k + 8, _mm256_permute2f128_ps(a, b, 0x31));
+        }
+        if (k < K) {
+            float t[16] = {0};
+            memcpy(t, xi + k, sizeof(float) * (size_t)(K - k));
+            for (int l = 0; l < 8; l++) { pi[k + l] = t[2 * l]; pi[k + 8 + l] = t[2 * l + 1]; }
+        }
+    }
+}
+
+/* E (even lanes) and O (odd lanes) of a D16 accumulator back to the usual fold */
+AI float fold_eo(__m256 e, __m256 o) {
+    __m256 l = _mm256_unpacklo_ps(e, o), h = _mm256_unpackhi_ps(e, o); /* [0 1 2 3 | 8 9 10 11], [4 5 6 7 | 12 .. 15] */
+    return fold16(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
+}
+
+/* One 16-step of an MR x NR even/odd tile: xp rows ldp apart from element k,
+ * weight rows wrow elements apart from element kw. */
+AI void eo_step(int MR, int NR, __m256 (*e)[4], __m256 (*o)[4], const float *xp, int ldp, int k, const uint16_t *w,
+                size_t wrow, int kw) {
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + j * wrow + kw));
+        __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hm));
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; i++) {
+            e[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xp + (size_t)i * ldp + k), we, e[i][j]);
+            o[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xp + (size_t)i * ldp + k + 8), wo, o[i][j]);
+        }
+    }
+}
+
+AI void eo_tile(int MR, int NR, float *y, int ldy, const float *xp, int ldp, const uint16_t *w, size_t wrow, int K,
+                int add) {
+    __m256 e[2][4], o[2][4];
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) e[i][j] = o[i][j] = _mm256_setzero_ps();
+    const char *pf = (const char *)(w + (size_t)NR * wrow * PF_PANELS);
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + (j * wrow + (size_t)k) * 2, _MM_HINT_T0);
+        eo_step(MR, NR, e, o, xp, ldp, k, w, wrow, k);
+    }
+    if (k < K) { /* the weights' last block zero-padded (xp is already) */
+        _Alignas(32) uint16_t wb[4][32]; /* pad16 fills 64 bytes */
+        for (int j = 0; j < NR; j++) pad16(wb[j], w + j * wrow, k, K, 2);
+        eo_step(MR, NR, e, o, xp, ldp, k, &wb[0][0], 32, 0);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            float s = fold_eo(e[i][j], o[i][j]);
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = add ? *yp + s : s;
+        }
+}
+
+typedef void (*eo_fn)(float *y, int ldy, const float *xp, int ldp, const uint16_t *w, size_t wrow, int K, int add);
+#define EO_INST(MR, NR)                                                                                        \
+    static void eo_##MR##x##NR(float *y, int ldy, const float *xp, int ldp, const uint16_t *w, size_t wrow, int K, \
+                               int add) {                                                                      \
+        eo_tile(MR, NR, y, ldy, xp, ldp, w, wrow, K, add);                                                     \
+    }
+EO_INST(1, 1) EO_INST(2, 1) EO_INST(1, 3) EO_INST(2, 3) EO_INST(1, 4)
+
+/* 0 when there is no scratch (the caller then takes the widening tiles) */
+static int matmul_bf16_eo(float *y, int ldy, const float *x, int ldx, int M, const uint16_t *W, int K, int n0,
+                          int n1, int add) {
+    const int Kp = (K + 15) & ~15, ldp = Kp + 16; /* + 16: rows not 4 KiB apart (L1 bank conflicts) */
+    const int mrows = M < EO_MBLOCK ? M : EO_MBLOCK;
+    float *xp = eo_scratch((size_t)mrows * (size_t)ldp);
+    if (!xp) return 0;
+    const size_t wrow = (size_t)K;
+    for (int mb = 0; mb < M; mb += EO_MBLOCK) {
+        int me = mb + EO_MBLOCK < M ? mb + EO_MBLOCK : M;
+        eo_permute(xp, ldp, x + (size_t)mb * ldx, ldx, me - mb, K);
+        float *yb = y + (size_t)mb * ldy;
+        int n = n0;
+        if (me - mb == 1) {
+            for (; n + 4 <= n1; n += 4) eo_1x4(yb + n, ldy, xp, ldp, W + n * wrow, wrow, K, add);
+            for (; n < n1; n++) eo_1x1(yb + n, ldy, xp, ldp, W + n * wrow, wrow, K, add);
+            continue;
+        }
+        for (; n + 3 <= n1; n += 3)
+            for (int m = 0; m < me - mb; m += 2)
+                (me - mb - m < 2 ? eo_1x3 : eo_2x3)(yb + (size_t)m * ldy + n, ldy, xp + (size_t)m * ldp, ldp,
+                                                     W + n * wrow, wrow, K, add);
+        for (; n < n1; n++)
+            for (int m = 0; m < me - mb; m += 2)
+                (me - mb - m < 2 ? eo_1x1 : eo_2x1)(yb + (size_t)m * ldy + n, ldy, xp + (size_t)m * ldp, ldp,
+                                                     W + n * wrow, wrow, K, add);
+    }
+    return 1;
+}
+
 void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt, int K, int n0,
                     int n1, int add) {
     size_t wrow = (size_t)K * esize(dt);
     const char *wb = W;
     const tile_set *ts = &TILES[dt];
+    if (dt == TD_DTYPE_BF16 && matmul_bf16_eo(y, ldy, x, ldx, M, W, K, n0, n1, add)) return;
     if (M == 1) {
         int n = n0;
         for (; n + 4 <= n1; n += 4) ts->gemv4(y + n, ldy, x, ldx, wb + n * wrow, wrow, K, add);
@@ -399,85 +560,125 @@ AI __m256 scores8(int dt, const float *qi, const char *kb, size_t rs, int hd) {
     return fold8x8(s8);
 }
 
-/* Attention for K/V rows of dtype DT (a constant in each instance below). */
+/* Attention for K/V rows of dtype DT (a constant in each instance below).
+ * Queries go in blocks of up to TD_ATTEND_QB, and each pass over the keys goes in
+ * blocks of about 16 KiB of K (or V) rows, every query of the block taking its
+ * turn on one key block while it sits in L1: the K/V rows come from L2/L3 once
+ * per query block instead of once per query. Each query's operations are those
+ * of the portable attend_p in the same order (a score is its D16 dot, whether
+ * scores8 or td_avx2_dot makes it; the output accumulates in j order, its
+ * running sums parked in o between key blocks), so neither the blocking nor the
+ * other queries change a bit. sc: TD_ATTEND_QB rows of max(n_keys) floats. */
+AI void attend_scores(int dt, float *sc, const float *qi, const char *K, size_t rs, int hd, int j0, int j1,
+                      __m256 vscale, float scale) {
+    int j = j0;
+    if ((hd & 15) == 0)
+        for (; j + 8 <= j1; j += 8)
+            _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8(dt, qi, K + (size_t)j * rs, rs, hd), vscale));
+    for (; j < j1; j++) sc[j] = td_avx2_dot(qi, K + (size_t)j * rs, dt, hd) * scale;
+}
+
+/* Softmax of one query's n scores in place (exp(s - max)), returning 1 / sum. */
+AI float attend_softmax(float *sc, int n) {
+    /* max (exact, order-free) */
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int j;
+    for (j = 0; j + 8 <= n; j += 8) vm = _mm256_max_ps(_mm256_loadu_ps(sc + j), vm);
+    float m8[8], mx = -INFINITY;
+    _mm256_storeu_ps(m8, vm);
+    for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+    for (; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+    /* exp and D16 sum (the tail's missing lanes add 0) */
+    __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_setzero_ps(), hi = lo;
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m256 e0 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
+        __m256 e1 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(sc + j + 8), vmx));
+        _mm256_storeu_ps(sc + j, e0);
+        _mm256_storeu_ps(sc + j + 8, e1);
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+    }
+    if (j < n) {
+        float b[16];
+        int r = n - j;
+        pad16(b, sc, j, n, 4);
+        __m256 e0 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(b), vmx));
+        __m256 e1 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(b + 8), vmx));
+        e0 = _mm256_and_ps(e0, _mm256_castsi256_ps(lanes(r)));
+        e1 = _mm256_and_ps(e1, _mm256_castsi256_ps(lanes(r - 8)));
+        _mm256_storeu_ps(b, e0);
+        _mm256_storeu_ps(b + 8, e1);
+        memcpy(sc + j, b, sizeof(float) * (size_t)r);
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+    }
+    return 1.0f / fold16(lo, hi);
+}
+
+/* oi += sum over j in [j0, j1), in order, of (sc[j] * inv) V_j — from zero when
+ * j0 == 0 — in blocks of 8 dims (64 at a time), the running sums kept in oi. */
+AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, size_t rs, int hd, int j0, int j1) {
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        int rem = hd - d0;
+        const char *vb = V + (size_t)d0 * esize(dt);
+        __m256 a[8];
+        if (rem >= 64) {
+            for (int b = 0; b < 8; b++) a[b] = j0 ? _mm256_loadu_ps(oi + d0 + 8 * b) : _mm256_setzero_ps();
+            for (int j = j0; j < j1; j++) {
+                __m256 p = _mm256_set1_ps(sc[j] * inv);
+                const char *vj = vb + (size_t)j * rs;
+#pragma GCC unroll 8
+                for (int b = 0; b < 8; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vj, (size_t)8 * b, dt), a[b]);
+            }
+            for (int b = 0; b < 8; b++) _mm256_storeu_ps(oi + d0 + 8 * b, a[b]);
+        } else {
+            int nb = (rem + 7) / 8;
+            __m256i ml = lanes(rem - 8 * (nb - 1)), all = lanes(8);
+            for (int b = 0; b < nb; b++)
+                a[b] = j0 ? _mm256_maskload_ps(oi + d0 + 8 * b, b == nb - 1 ? ml : all) : _mm256_setzero_ps();
+            for (int j = j0; j < j1; j++) {
+                __m256 p = _mm256_set1_ps(sc[j] * inv);
+                const char *vj = vb + (size_t)j * rs;
+                if (dt == TD_DTYPE_F32) {
+                    for (int b = 0; b < nb; b++)
+                        a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps((const float *)vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
+                } else { /* no 16-bit masked load: the rem values into a zeroed buffer */
+                    _Alignas(32) uint16_t vt[64] = {0};
+                    memcpy(vt, vj, 2 * (size_t)rem);
+                    for (int b = 0; b < nb; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vt, (size_t)8 * b, dt), a[b]);
+                }
+            }
+            for (int b = 0; b < nb; b++) _mm256_maskstore_ps(oi + d0 + 8 * b, b == nb - 1 ? ml : all, a[b]);
+        }
+    }
+}
+
 AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                const char *V, int ldkv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
     const size_t rs = (size_t)ldkv * esize(dt);
-    for (int i = 0; i < nq; i++) {
-        const float *qi = q + (size_t)i * ldq;
-        int n = n_keys[i];
-        float *oi = o + (size_t)i * ldo;
-        /* scores: D16 dots times scale */
-        int j = 0;
-        if ((hd & 15) == 0)
-            for (; j + 8 <= n; j += 8)
-                _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8(dt, qi, K + (size_t)j * rs, rs, hd), vscale));
-        for (; j < n; j++) sc[j] = td_avx2_dot(qi, K + (size_t)j * rs, dt, hd) * scale;
-        /* max (exact, order-free) */
-        __m256 vm = _mm256_set1_ps(-INFINITY);
-        for (j = 0; j + 8 <= n; j += 8) vm = _mm256_max_ps(_mm256_loadu_ps(sc + j), vm);
-        float m8[8], mx = -INFINITY;
-        _mm256_storeu_ps(m8, vm);
-        for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
-        for (; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
-        /* exp and D16 sum (the tail's missing lanes add 0) */
-        __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_setzero_ps(), hi = lo;
-        for (j = 0; j + 16 <= n; j += 16) {
-            __m256 e0 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
-            __m256 e1 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(sc + j + 8), vmx));
-            _mm256_storeu_ps(sc + j, e0);
-            _mm256_storeu_ps(sc + j + 8, e1);
-            lo = _mm256_add_ps(lo, e0);
-            hi = _mm256_add_ps(hi, e1);
-        }
-        if (j < n) {
-            float b[16];
-            int r = n - j;
-            pad16(b, sc, j, n, 4);
-            __m256 e0 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(b), vmx));
-            __m256 e1 = exp_v(_mm256_sub_ps(_mm256_loadu_ps(b + 8), vmx));
-            e0 = _mm256_and_ps(e0, _mm256_castsi256_ps(lanes(r)));
-            e1 = _mm256_and_ps(e1, _mm256_castsi256_ps(lanes(r - 8)));
-            _mm256_storeu_ps(b, e0);
-            _mm256_storeu_ps(b + 8, e1);
-            memcpy(sc + j, b, sizeof(float) * (size_t)r);
-            lo = _mm256_add_ps(lo, e0);
-            hi = _mm256_add_ps(hi, e1);
-        }
-        float inv = 1.0f / fold16(lo, hi);
-        /* o = sum_j p_j V_j, sequential in j, 8 blocks of 8 dims at a time */
-        for (int d0 = 0; d0 < hd; d0 += 64) {
-            int rem = hd - d0;
-            const char *vb = V + (size_t)d0 * esize(dt);
-            __m256 a[8];
-            for (int b = 0; b < 8; b++) a[b] = _mm256_setzero_ps();
-            if (rem >= 64) {
-                for (j = 0; j < n; j++) {
-                    __m256 p = _mm256_set1_ps(sc[j] * inv);
-                    const char *vj = vb + (size_t)j * rs;
-#pragma GCC unroll 8
-                    for (int b = 0; b < 8; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vj, (size_t)8 * b, dt), a[b]);
-                }
-                for (int b = 0; b < 8; b++) _mm256_storeu_ps(oi + d0 + 8 * b, a[b]);
-            } else {
-                int nb = (rem + 7) / 8;
-                __m256i ml = lanes(rem - 8 * (nb - 1)), all = lanes(8);
-                for (j = 0; j < n; j++) {
-                    __m256 p = _mm256_set1_ps(sc[j] * inv);
-                    const char *vj = vb + (size_t)j * rs;
-                    if (dt == TD_DTYPE_F32) {
-                        for (int b = 0; b < nb; b++)
-                            a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps((const float *)vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
-                    } else { /* no 16-bit masked load: the rem values into a zeroed buffer */
-                        _Alignas(32) uint16_t vt[64] = {0};
-                        memcpy(vt, vj, 2 * (size_t)rem);
-                        for (int b = 0; b < nb; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vt, (size_t)8 * b, dt), a[b]);
-                    }
-                }
-                for (int b = 0; b < nb; b++) _mm256_maskstore_ps(oi + d0 + 8 * b, b == nb - 1 ? ml : all, a[b]);
+    /* keys per block: about 16 KiB of rows, a multiple of 8 */
+    int kb = (int)(16384 / ((size_t)hd * esize(dt))) & ~7;
+    if (kb < 8) kb = 8;
+    for (int i0 = 0; i0 < nq; i0 += TD_ATTEND_QB) {
+        int qb = nq - i0 < TD_ATTEND_QB ? nq - i0 : TD_ATTEND_QB, nmax = 0;
+        for (int b = 0; b < qb; b++) nmax = n_keys[i0 + b] > nmax ? n_keys[i0 + b] : nmax;
+        /* sc row b (nmax floats apart): query i0 + b's scores, then its exps */
+        for (int j0 = 0; j0 < nmax; j0 += kb)
+            for (int b = 0; b < qb; b++) {
+                int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
+                if (j0 < j1) attend_scores(dt, sc + (size_t)b * nmax, q + (size_t)(i0 + b) * ldq, K, rs, hd, j0, j1, vscale, scale);
             }
+        float inv[TD_ATTEND_QB];
+        for (int b = 0; b < qb; b++) {
+            inv[b] = attend_softmax(sc + (size_t)b * nmax, n_keys[i0 + b]);
+            if (n_keys[i0 + b] <= 0) memset(o + (size_t)(i0 + b) * ldo, 0, sizeof(float) * (size_t)hd); /* no keys: zeros */
         }
+        for (int j0 = 0; j0 < nmax; j0 += kb)
+            for (int b = 0; b < qb; b++) {
+                int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
+                if (j0 < j1) attend_pv(dt, o + (size_t)(i0 + b) * ldo, sc + (size_t)b * nmax, inv[b], V, rs, hd, j0, j1);
+            }
     }
 }
 
