@@ -22,6 +22,9 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
+#ifndef QPF
+#define QPF 16 /* prefetch the weights this many blocks ahead (8 was 5-10% slower from memory on Zen 3) */
+#endif
 
 AI float fold16(__m256 lo, __m256 hi) {
     __m256 a = _mm256_add_ps(lo, hi);                                              /* s8 */
@@ -56,9 +59,9 @@ AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
         for (int j = 0; j < NR; j++) acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const int h = b & 1;
-        if ((b & 1) == 0 && b + 8 < nb)
+        if ((b & 1) == 0 && b + QPF < nb)
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)(b + 8) * bs, _MM_HINT_T0);
+            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)(b + QPF) * bs, _MM_HINT_T0);
         __m256i wv[4], wa[4];
         __m256 dw[4];
 #pragma GCC unroll 4
