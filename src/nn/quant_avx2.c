@@ -7,7 +7,7 @@
  * consecutive products each, as quant.h defines them). Then c = dw * d and one
  * fma per lane into the accumulator of the block's parity: lo (lanes 0-7) for
  * even blocks, hi (lanes 8-15) for odd ones; the fold is kernels_avx2.c's.
- * Tiles: 1 token x 4 outputs (decode), 2 tokens x 2 outputs. */
+ * Tiles: 1 token x 1 output (decode: one weight stream), 2 tokens x 2 outputs. */
 #include "nn/quant_avx2.h"
 
 #ifdef TD_HAVE_QUANT_AVX2
@@ -47,48 +47,55 @@ AI __m256 wscale(const char *blk) {
     return _mm256_cvtph_ps(_mm_set1_epi16((short)d));
 }
 
-AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
-              int add) {
-    __m256 acc[2][2][4]; /* [parity][token][output] */
-    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+/* Block b of an MR x NR tile into acc (the accumulators of b's parity), output
+ * by output: an output's weights, |weights| and scale, then every token's product
+ * (at most 8 accumulators and 6 temporaries: all in registers). */
+AI void qstep(int MR, int NR, int dt, __m256 (*acc)[2], const char *a, size_t lda, const char *w, size_t wrow, int K,
+              int b, size_t bs) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const int nb = K / 32;
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const int h = b & 1;
-        if ((b & 1) == 0 && b + QPF < nb)
-#pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)(b + QPF) * bs, _MM_HINT_T0);
-        __m256i wv[4], wa[4];
-        __m256 dw[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
-            const char *blk = w + j * wrow + (size_t)b * bs;
-            wv[j] = wvals(blk, dt);
-            wa[j] = _mm256_abs_epi8(wv[j]);
-            dw[j] = wscale(blk);
-        }
-#pragma GCC unroll 4
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; j++) {
+        const char *blk = w + j * wrow + (size_t)b * bs;
+        __m256i wv = wvals(blk, dt), wa = _mm256_abs_epi8(wv);
+        __m256 dw = wscale(blk);
+#pragma GCC unroll 2
         for (int i = 0; i < MR; i++) {
             const char *ar = a + (size_t)i * lda;
             __m256i q = _mm256_loadu_si256((const __m256i *)(ar + 32 * b));
             __m256 dx = _mm256_broadcast_ss((const float *)(ar + K) + b);
-#pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) {
-                __m256i p16 = _mm256_maddubs_epi16(wa[j], _mm256_sign_epi8(q, wv[j]));
-                __m256 pv = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-                acc[h][i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[j], dx), pv, acc[h][i][j]);
-            }
+            __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(q, wv));
+            __m256 pv = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+            acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), pv, acc[i][j]);
         }
     }
-#pragma GCC unroll 4
+}
+
+/* Blocks two at a time, the even one into lo and the odd one into hi: with the
+ * parity known at compile time the accumulators stay in registers (picked at run
+ * time, they lived on the stack, every block's fma waiting on a store and a reload). */
+AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
+              int add) {
+    __m256 lo[2][2], hi[2][2]; /* [token][output] */
+    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const int nb = K / 32;
+#pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 2
+        for (int j = 0; j < NR; j++) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        if (b + QPF < nb)
+#pragma GCC unroll 2
+            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)(b + QPF) * bs, _MM_HINT_T0);
+        qstep(MR, NR, dt, lo, a, lda, w, wrow, K, b, bs);
+        qstep(MR, NR, dt, hi, a, lda, w, wrow, K, b + 1, bs);
+    }
+    if (b < nb) qstep(MR, NR, dt, lo, a, lda, w, wrow, K, b, bs);
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
         for (int j = 0; j < NR; j++) {
-            float s = fold16(acc[0][i][j], acc[1][i][j]);
+            float s = fold16(lo[i][j], hi[i][j]);
             float *yp = y + (size_t)i * ldy + j;
             *yp = add ? *yp + s : s;
         }
@@ -100,22 +107,19 @@ typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const cha
                                        size_t wrow, int K, int add) {                                    \
         qtile(MR, NR, DT, y, ldy, a, lda, w, wrow, K, add);                                              \
     }
-#define QT_SET(DT, SUF) QT_INST(1, 1, DT, SUF) QT_INST(2, 1, DT, SUF) QT_INST(1, 4, DT, SUF) QT_INST(2, 2, DT, SUF)
+#define QT_SET(DT, SUF) QT_INST(1, 1, DT, SUF) QT_INST(2, 1, DT, SUF) QT_INST(2, 2, DT, SUF)
 QT_SET(TD_DTYPE_Q8_0, q8)
 QT_SET(TD_DTYPE_Q4_0, q4)
-typedef struct { qtile_fn t1, t2, gemv4, t22; } qtile_set; /* 1x1, 2x1, 1x4, 2x2 */
-static const qtile_set QTILES[2] = {{qt_1x1_q8, qt_2x1_q8, qt_1x4_q8, qt_2x2_q8},
-                                    {qt_1x1_q4, qt_2x1_q4, qt_1x4_q4, qt_2x2_q4}};
+typedef struct { qtile_fn t1, t2, t22; } qtile_set; /* 1x1, 2x1, 2x2 */
+static const qtile_set QTILES[2] = {{qt_1x1_q8, qt_2x1_q8, qt_2x2_q8}, {qt_1x1_q4, qt_2x1_q4, qt_2x2_q4}};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
     size_t wrow = td_dtype_row_bytes(dt, K);
     const char *wb = W;
     const qtile_set *ts = &QTILES[dt == TD_DTYPE_Q8_0 ? 0 : 1];
-    if (M == 1) {
-        int n = n0;
-        for (; n + 4 <= n1; n += 4) ts->gemv4(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
-        for (; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
+    if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
+        for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;
     }
     int n = n0;
