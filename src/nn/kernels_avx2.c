@@ -325,9 +325,7 @@ static int matmul_bf16_eo(float *y, int ldy, const float *x, int ldx, int M, con
         float *yb = y + (size_t)mb * ldy;
         int n = n0;
         if (me - mb == 1) {
-#ifndef EO1ONLY
             for (; n + 4 <= n1; n += 4) eo_1x4(yb + n, ldy, xp, ldp, W + n * wrow, wrow, K, add);
-#endif
             for (; n < n1; n++) eo_1x1(yb + n, ldy, xp, ldp, W + n * wrow, wrow, K, add);
             continue;
         }
