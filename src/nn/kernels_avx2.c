@@ -157,11 +157,7 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
-            float s = fold16(lo[i][j], hi[i][j]);
-            float *yp = y + (size_t)i * ldy + j;
-            *yp = add ? *yp + s : s;
-        }
+        for (int j = 0; j < NR; j++) td_avx2_put(y, ldy, i, j, fold16(lo[i][j], hi[i][j]), add);
 }
 
 typedef void (*tile_fn)(float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K, int add);
@@ -296,11 +292,7 @@ AI void eo_tile(int MR, int NR, float *y, int ldy, const float *xp, int ldp, con
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
-            float s = fold_eo(e[i][j], o[i][j]);
-            float *yp = y + (size_t)i * ldy + j;
-            *yp = add ? *yp + s : s;
-        }
+        for (int j = 0; j < NR; j++) td_avx2_put(y, ldy, i, j, fold_eo(e[i][j], o[i][j]), add);
 }
 
 typedef void (*eo_fn)(float *y, int ldy, const float *xp, int ldp, const uint16_t *w, size_t wrow, int K, int add);
@@ -436,11 +428,7 @@ AI void tileb(int MR, int NR, float *y, int ldy, const uint16_t *x, int ldx, con
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
-        for (int j = 0; j < NR; j++) {
-            float s = fold16(lo[i][j], hi[i][j]);
-            float *yp = y + (size_t)i * ldy + j;
-            *yp = add ? *yp + s : s;
-        }
+        for (int j = 0; j < NR; j++) td_avx2_put(y, ldy, i, j, fold16(lo[i][j], hi[i][j]), add);
 }
 
 #define TILEB_INST(MR, NR)                                                                                  \

@@ -31,6 +31,12 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TD_HAVE_AVX2_PATH 1
 
+/* A tile's output (i, j): y[i*ldy + j] = s, or += s when add. */
+static inline void td_avx2_put(float *y, int ldy, int i, int j, float s, int add) {
+    float *yp = y + (size_t)i * ldy + j;
+    *yp = add ? *yp + s : s;
+}
+
 /* 1 when this CPU has AVX2, FMA and F16C. */
 int td_avx2_cpu_ok(void);
 /* D16 dot of a (f32) with w (n values of dtype dt). */

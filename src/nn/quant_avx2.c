@@ -9,6 +9,7 @@
  * even blocks, hi (lanes 8-15) for odd ones; the fold is kernels_avx2.c's.
  * Tiles: 1 token x 1 output (decode: one weight stream), 2 tokens x 2 outputs. */
 #include "nn/quant_avx2.h"
+#include "nn/kernels_avx2.h"
 
 #ifdef TD_HAVE_QUANT_AVX2
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
@@ -94,11 +95,7 @@ AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
-        for (int j = 0; j < NR; j++) {
-            float s = fold16(lo[i][j], hi[i][j]);
-            float *yp = y + (size_t)i * ldy + j;
-            *yp = add ? *yp + s : s;
-        }
+        for (int j = 0; j < NR; j++) td_avx2_put(y, ldy, i, j, fold16(lo[i][j], hi[i][j]), add);
 }
 
 typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K, int add);
