@@ -119,7 +119,8 @@ void td_swiglu(float *out, const float *g, const float *u, int n);
  * TD_ATTEND_QB (then the rest, 1 to 3: a GQA group of 3 reads its K/V once)
  * that share each K/V load; scores of 16 keys (16/qb keys x qb queries, 15
  * lanes for 3) are folded together (fold16x16: the same additions as the D16
- * fold, on shuffled registers). */
+ * fold, on shuffled registers). The AVX2 path takes the same query blocks over
+ * L1-sized blocks of keys (kernels_avx2.c). */
 #define TD_ATTEND_QB 4
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);

@@ -12,9 +12,13 @@
  * otherwise (12 accumulators + 2 weight registers of the 16 ymm). The weights of
  * an output are loaded and converted once per 16-step and applied to every
  * token of the tile; the activations come from L1. (Q8_0 / Q4_0 products have
- * their own integer kernels: quant_avx2.c.)
- * Attention scores: 4 keys at a time, 8 keys folded together (fold8x8: the D16
- * fold on shuffled registers). K/V rows may be stored as f32, bf16 or f16
+ * their own integer kernels: quant_avx2.c.) bf16 weights take the even/odd
+ * tiles instead (matmul_bf16_eo: one shift or AND per 8 weights, activations
+ * permuted to match), with the same lanes and bits; bf16 activations (act_type
+ * bf16) the B32 tiles (td_avx2_matmul_bf16a).
+ * Attention: queries in blocks of TD_ATTEND_QB over L1-sized blocks of keys;
+ * scores 4 keys at a time, 8 keys folded together (fold8x8: the D16 fold on
+ * shuffled registers). K/V rows may be stored as f32, bf16 or f16
  * (td_attend_kv): each element is widened exactly where it is loaded (ldw8).
  *
  * Compiled with -mavx2 -mfma -mf16c -mno-avx512f (Makefile, this file only) so the
