@@ -21,6 +21,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -809,6 +810,36 @@ int td_kernels_bf16_native(void) {
 #else
     return 0;
 #endif
+}
+
+/* ---- per-thread scratch (td_thread_scratch) ------------------------------ */
+typedef struct { size_t cap; void *p; } qscratch;
+static pthread_key_t g_key;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_key_ok;
+static void scratch_free(void *v) {
+    qscratch *s = v;
+    free(s->p);
+    free(s);
+}
+static void scratch_init(void) { g_key_ok = pthread_key_create(&g_key, scratch_free) == 0; }
+void *td_thread_scratch(size_t n) {
+    pthread_once(&g_once, scratch_init);
+    if (!g_key_ok) return NULL;
+    qscratch *s = pthread_getspecific(g_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(g_key, s)) { free(s); return NULL; }
+    }
+    if (s->cap < n) {
+        size_t cap = (n + 4095) & ~(size_t)4095;
+        void *p = aligned_alloc(64, cap);
+        if (!p) return NULL;
+        free(s->p);
+        s->p = p;
+        s->cap = cap;
+    }
+    return s->p;
 }
 
 void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, float eps) {

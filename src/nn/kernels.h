@@ -107,6 +107,14 @@ void td_exp(float *out, const float *x, int n);
 /* out[i] = (g[i] / (1 + exp(-g[i]))) * u[i]   (exp as td_exp); out may equal g. */
 void td_swiglu(float *out, const float *g, const float *u, int n);
 
+/* This thread's scratch of at least n bytes, 64-byte aligned, or NULL when out
+ * of memory. One buffer per thread that only grows (so after a session's first
+ * forwards no call allocates) and is freed when the thread exits. Valid until
+ * this thread's next call: a kernel takes it, fills it and is done with it
+ * within one call (the q8_0/q4_0 activation packs, the AVX2 bf16 path's
+ * permuted activations), and no kernel calls another while holding it. */
+void *td_thread_scratch(size_t n);
+
 /* Causal attention of nq queries against one KV head. Query i (hd floats at
  * q + i*ldq) attends to keys 0 .. n_keys[i]-1 (rows of K and V, stride ldkv):
  *   s_j = td_dot(q_i, K_j, hd) * scale;  mx = max_j s_j;  e_j = exp(s_j - mx);

@@ -35,8 +35,6 @@
 #include <immintrin.h>
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -191,43 +189,11 @@ static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(
  * D16 lane 2i and O lane i D16 lane 2i+1 — the same lanes, the same fmas, only
  * held in other registers — so the activations are permuted to match once per
  * call (each 16-block: its 8 even elements, then its 8 odd ones, the last block
- * zero-padded) into a per-thread scratch buffer, and the fold interleaves E and O
+ * zero-padded) into this thread's td_thread_scratch, and the fold interleaves E and O
  * back into lanes 0-7 / 8-15 first. The bits are those of tile() above; where no
  * scratch can be had, td_avx2_matmul falls back to it. */
 
 #define EO_MBLOCK 64 /* tokens permuted at a time */
-
-static pthread_key_t eo_key;
-static pthread_once_t eo_once = PTHREAD_ONCE_INIT;
-static int eo_key_ok;
-typedef struct { size_t cap; float *p; } eo_buf;
-static void eo_buf_free(void *v) {
-    eo_buf *b = v;
-    free(b->p);
-    free(b);
-}
-static void eo_key_init(void) { eo_key_ok = pthread_key_create(&eo_key, eo_buf_free) == 0; }
-
-/* This thread's scratch of at least n floats (32-byte aligned), or NULL. It only
- * grows, so after the first calls of a session no call allocates. */
-static float *eo_scratch(size_t n) {
-    pthread_once(&eo_once, eo_key_init);
-    if (!eo_key_ok) return NULL;
-    eo_buf *b = pthread_getspecific(eo_key);
-    if (!b) {
-        if (!(b = calloc(1, sizeof *b))) return NULL;
-        if (pthread_setspecific(eo_key, b) != 0) { free(b); return NULL; }
-    }
-    if (b->cap < n) {
-        size_t bytes = (n * sizeof(float) + 31) & ~(size_t)31;
-        float *q = aligned_alloc(32, bytes);
-        if (!q) return NULL;
-        free(b->p);
-        b->p = q;
-        b->cap = n;
-    }
-    return b->p;
-}
 
 /* rows [0, m) of x (K values each) into xp (ldp floats apart), each 16-block as
  * evens then odds, the last block zero-padded to Kp = K rounded up to 16 */
@@ -312,7 +278,7 @@ static int matmul_bf16_eo(float *y, int ldy, const float *x, int ldx, int M, con
                           int n1, int add) {
     const int Kp = (K + 15) & ~15, ldp = Kp + 16; /* + 16: rows not 4 KiB apart (L1 bank conflicts) */
     const int mrows = M < EO_MBLOCK ? M : EO_MBLOCK;
-    float *xp = eo_scratch((size_t)mrows * (size_t)ldp);
+    float *xp = td_thread_scratch(sizeof(float) * (size_t)mrows * (size_t)ldp);
     if (!xp) return 0;
     const size_t wrow = (size_t)K;
     for (int mb = 0; mb < M; mb += EO_MBLOCK) {

@@ -22,7 +22,6 @@
 #include "util/util.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,36 +206,6 @@ void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
     for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, q + b * TD_QK, d + b);
 }
 
-/* This thread's scratch of at least n bytes (64-byte aligned; grows, never
- * shrinks; freed when the thread exits), or NULL when out of memory. */
-typedef struct { size_t cap; void *p; } qscratch;
-static pthread_key_t g_key;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_key_ok;
-static void scratch_free(void *v) {
-    qscratch *s = v;
-    free(s->p);
-    free(s);
-}
-static void scratch_init(void) { g_key_ok = pthread_key_create(&g_key, scratch_free) == 0; }
-static void *scratch(size_t n) {
-    pthread_once(&g_once, scratch_init);
-    if (!g_key_ok) return NULL;
-    qscratch *s = pthread_getspecific(g_key);
-    if (!s) {
-        if (!(s = calloc(1, sizeof *s))) return NULL;
-        if (pthread_setspecific(g_key, s)) { free(s); return NULL; }
-    }
-    if (s->cap < n) {
-        size_t cap = (n + 4095) & ~(size_t)4095;
-        void *p = aligned_alloc(64, cap);
-        if (!p) return NULL;
-        free(s->p);
-        s->p = p;
-        s->cap = cap;
-    }
-    return s->p;
-}
 
 #define QMB 64 /* rows quantized per pass: their packed activations stay in cache while a weight panel streams */
 
@@ -696,7 +665,7 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
         if (M >= (dtype == TD_DTYPE_Q8_0 ? QXM_Q8 : QXM_Q4)) {
             size_t sb = (size_t)(K / TD_QK + 1) / 2 * XPAIR;
             lda = ((size_t)(K / TD_QK + 1) / 2 * XAP + 63) & ~(size_t)63;
-            char *a = scratch(lda * (size_t)mb + sb);
+            char *a = td_thread_scratch(lda * (size_t)mb + sb);
             if (!a) { set_nan(y, ldy, M, n0, n1); return; }
             for (int m = 0; m < M; m += QMB) {
                 int me = m + QMB < M ? m + QMB : M;
@@ -705,7 +674,7 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
             }
             return;
         }
-        char *a = scratch(lda * (size_t)mb);
+        char *a = td_thread_scratch(lda * (size_t)mb);
         if (!a) { set_nan(y, ldy, M, n0, n1); return; }
         for (int m = 0; m < M; m += QMB) {
             int me = m + QMB < M ? m + QMB : M;
@@ -716,7 +685,7 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
     }
 #endif
     size_t lda = plain_ld(K);
-    char *a = scratch(lda * (size_t)mb);
+    char *a = td_thread_scratch(lda * (size_t)mb);
     if (!a) { set_nan(y, ldy, M, n0, n1); return; }
     for (int m = 0; m < M; m += QMB) {
         int me = m + QMB < M ? m + QMB : M;
