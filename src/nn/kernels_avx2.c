@@ -14,7 +14,8 @@
  * token of the tile; the activations come from L1. (Q8_0 / Q4_0 products have
  * their own integer kernels: quant_avx2.c.) bf16 weights take the even/odd
  * tiles instead (matmul_bf16_eo: one shift or AND per 8 weights, activations
- * permuted to match), with the same lanes and bits; bf16 activations (act_type
+ * permuted to match; 2 tokens x 2 outputs with the activations held in registers),
+ * with the same lanes and bits; bf16 activations (act_type
  * bf16) the B32 tiles (td_avx2_matmul_bf16a).
  * Attention: queries in blocks of TD_ATTEND_QB over L1-sized blocks of keys;
  * scores 4 keys at a time, 8 keys folded together (fold8x8: the D16 fold on
@@ -228,14 +229,24 @@ AI float fold_eo(__m256 e, __m256 o) {
 AI void eo_step(int MR, int NR, __m256 (*e)[4], __m256 (*o)[4], const float *xp, int ldp, int k, const uint16_t *w,
                 size_t wrow, int kw) {
     const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 xe[2], xo[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++) {
+        xe[i] = _mm256_load_ps(xp + (size_t)i * ldp + k);
+        xo[i] = _mm256_load_ps(xp + (size_t)i * ldp + k + 8);
+        /* 2 x 2: 8 accumulators + these 4 + 2 weights + the mask fit the 16 ymm, so the
+         * activations are loaded once, not once per output as fma memory operands (the
+         * compiler's choice otherwise): 2 x 3 with 12 such loads per step was load-bound */
+        if (NR == 2) __asm__("" : "+x"(xe[i]), "+x"(xo[i]));
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(w + j * wrow + kw));
         __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hm));
 #pragma GCC unroll 2
         for (int i = 0; i < MR; i++) {
-            e[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xp + (size_t)i * ldp + k), we, e[i][j]);
-            o[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xp + (size_t)i * ldp + k + 8), wo, o[i][j]);
+            e[i][j] = _mm256_fmadd_ps(xe[i], we, e[i][j]);
+            o[i][j] = _mm256_fmadd_ps(xo[i], wo, o[i][j]);
         }
     }
 }
@@ -271,7 +282,21 @@ typedef void (*eo_fn)(float *y, int ldy, const float *xp, int ldp, const uint16_
                                int add) {                                                                      \
         eo_tile(MR, NR, y, ldy, xp, ldp, w, wrow, K, add);                                                     \
     }
-EO_INST(1, 1) EO_INST(2, 1) EO_INST(1, 3) EO_INST(2, 3) EO_INST(1, 4)
+EO_INST(1, 1) EO_INST(2, 1) EO_INST(1, 2) EO_INST(2, 2) EO_INST(1, 4)
+
+/* tokens [0, m) x outputs [n0, n1) in 2 x 2 tiles (1 x 2, 2 x 1, 1 x 1 at the edges),
+ * outputs outermost: a pair's weights are read from memory once for all tokens */
+static void eo_rect(float *y, int ldy, const float *xp, int ldp, const uint16_t *W, int K, int m, int n0, int n1,
+                    int add) {
+    const size_t wrow = (size_t)K;
+    for (int n = n0; n < n1; n += 2) {
+        int two_n = n1 - n >= 2;
+        for (int i = 0; i < m; i += 2) {
+            eo_fn f = m - i >= 2 ? (two_n ? eo_2x2 : eo_2x1) : (two_n ? eo_1x2 : eo_1x1);
+            f(y + (size_t)i * ldy + n, ldy, xp + (size_t)i * ldp, ldp, W + n * wrow, wrow, K, add);
+        }
+    }
+}
 
 /* 0 when there is no scratch (the caller then takes the widening tiles) */
 static int matmul_bf16_eo(float *y, int ldy, const float *x, int ldx, int M, const uint16_t *W, int K, int n0,
@@ -291,14 +316,7 @@ static int matmul_bf16_eo(float *y, int ldy, const float *x, int ldx, int M, con
             for (; n < n1; n++) eo_1x1(yb + n, ldy, xp, ldp, W + n * wrow, wrow, K, add);
             continue;
         }
-        for (; n + 3 <= n1; n += 3)
-            for (int m = 0; m < me - mb; m += 2)
-                (me - mb - m < 2 ? eo_1x3 : eo_2x3)(yb + (size_t)m * ldy + n, ldy, xp + (size_t)m * ldp, ldp,
-                                                     W + n * wrow, wrow, K, add);
-        for (; n < n1; n++)
-            for (int m = 0; m < me - mb; m += 2)
-                (me - mb - m < 2 ? eo_1x1 : eo_2x1)(yb + (size_t)m * ldy + n, ldy, xp + (size_t)m * ldp, ldp,
-                                                     W + n * wrow, wrow, K, add);
+        eo_rect(yb, ldy, xp, ldp, W, K, me - mb, n0, n1, add);
     }
     return 1;
 }
