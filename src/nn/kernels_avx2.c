@@ -59,9 +59,11 @@ AI float fold16(__m256 lo, __m256 hi) {
  * lane u of the result = the fold of key u, the same additions in the same order. */
 AI __m256 fold8x8(const __m256 *s8) {
     __m256 c[4], e[2];
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) /* s4: lanes 0-3 key 2k, lanes 4-7 key 2k+1 */
         c[k] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * k], s8[2 * k + 1], 0x20),
                              _mm256_permute2f128_ps(s8[2 * k], s8[2 * k + 1], 0x31));
+#pragma GCC unroll 2
     for (int k = 0; k < 2; k++) /* s2: [4k (2 lanes), 4k+2 (2 lanes) | 4k+1, 4k+3] */
         e[k] = _mm256_add_ps(_mm256_shuffle_ps(c[2 * k], c[2 * k + 1], 0x44),
                              _mm256_shuffle_ps(c[2 * k], c[2 * k + 1], 0xEE));
@@ -519,8 +521,10 @@ AI __m256i lanes(int r) {
  * apart, from kb): s8 of 4 keys at a time, then fold8x8 */
 AI __m256 scores8(int dt, const float *qi, const char *kb, size_t rs, int hd) {
     __m256 s8[8];
-    for (int h = 0; h < 8; h += 4) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 8; h += 4) { /* unrolled: s8 and the fold stay in registers */
         __m256 lo[4], hi[4];
+#pragma GCC unroll 4
         for (int u = 0; u < 4; u++) lo[u] = hi[u] = _mm256_setzero_ps();
         for (int d = 0; d < hd; d += 16) {
             __m256 q0 = _mm256_loadu_ps(qi + d), q1 = _mm256_loadu_ps(qi + d + 8);
@@ -531,6 +535,7 @@ AI __m256 scores8(int dt, const float *qi, const char *kb, size_t rs, int hd) {
                 hi[u] = _mm256_fmadd_ps(q1, ldw8(kr, (size_t)d + 8, dt), hi[u]);
             }
         }
+#pragma GCC unroll 4
         for (int u = 0; u < 4; u++) s8[h + u] = _mm256_add_ps(lo[u], hi[u]);
     }
     return fold8x8(s8);
