@@ -813,12 +813,12 @@ int td_kernels_bf16_native(void) {
 }
 
 /* ---- per-thread scratch (td_thread_scratch) ------------------------------ */
-typedef struct { size_t cap; void *p; } qscratch;
+typedef struct { size_t cap; void *p; } scratch_buf;
 static pthread_key_t g_key;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_key_ok;
 static void scratch_free(void *v) {
-    qscratch *s = v;
+    scratch_buf *s = v;
     free(s->p);
     free(s);
 }
@@ -826,7 +826,7 @@ static void scratch_init(void) { g_key_ok = pthread_key_create(&g_key, scratch_f
 void *td_thread_scratch(size_t n) {
     pthread_once(&g_once, scratch_init);
     if (!g_key_ok) return NULL;
-    qscratch *s = pthread_getspecific(g_key);
+    scratch_buf *s = pthread_getspecific(g_key);
     if (!s) {
         if (!(s = calloc(1, sizeof *s))) return NULL;
         if (pthread_setspecific(g_key, s)) { free(s); return NULL; }

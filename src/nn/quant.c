@@ -206,7 +206,6 @@ void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
     for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, q + b * TD_QK, d + b);
 }
 
-
 #define QMB 64 /* rows quantized per pass: their packed activations stay in cache while a weight panel streams */
 
 /* ---- portable products ---------------------------------------------------- */
