@@ -6,7 +6,8 @@
 # (status + message), the node client checks in tests/server/client.mjs (the
 # official openai package, exactness against `tandem run`, disconnects, load),
 # admission (503 + Retry-After when the queue is full), and graceful shutdown
-# on SIGTERM/SIGINT (exit 0, in-flight request finished). Prints PASS/FAIL lines.
+# on SIGTERM/SIGINT (exit 0, in-flight request finished); first, SIGINT/SIGTERM during
+# startup (exit 130/143 at once). Prints PASS/FAIL lines.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -23,6 +24,40 @@ trap cleanup EXIT
 $T serve --help | grep -q 'usage: tandem serve' && ok server_help || bad server_help "no usage"
 out=$($T serve --port 99999 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q -- '--port' && ok server_bad_option || bad server_bad_option "rc=$rc $out"
+
+# ---- a signal during startup ends the process at once: status 128 + signo, "during startup" on stderr.
+# The signal is sent as soon as the server has blocked SIGINT/SIGTERM, i.e. before it opens the model:
+# the model and drafter load and the verify cost measurement still lie ahead (a second or more). Without
+# the startup watcher the signal would wait for all of that, then drain an idle server: exit 0.
+# running: not ended, nor ended and not yet waited for (a zombie)
+running() { local st; read -r _ _ st _ 2>/dev/null </proc/"$1"/stat || return 1; [ "$st" != Z ]; }
+# args: name, signal, wanted exit status
+startup_signal() {
+  local name=$1 sig=$2 want=$3 log=$TMP/$1.log
+  $T serve --port 0 --ctx $CTX -t 1 2>"$log" &
+  local pid=$!
+  PIDS+=("$pid")
+  # the signal must come after the server blocked SIGINT/SIGTERM (a background job of this script
+  # starts with SIGINT ignored, and an ignored signal that is not blocked is dropped)
+  local blk=0
+  for _ in $(seq 1 1000); do
+    blk=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/"$pid"/status 2>/dev/null)
+    [ -n "$blk" ] && (( (0x$blk & 0x4002) == 0x4002 )) && break
+    running "$pid" || break
+    sleep 0.01
+  done
+  kill -"$sig" "$pid"
+  # a server that never ends is killed after 10 s (a sanitizer build's whole startup takes longer)
+  for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+  local hung=0
+  running "$pid" && { hung=1; kill -9 "$pid"; }
+  wait "$pid" 2>/dev/null; local rc=$?
+  if [ $hung = 1 ]; then bad "$name" "still running 10 s after SIG$sig (killed): $(tail -c 300 "$log")"
+  elif [ $rc -eq "$want" ] && grep -q 'during startup' "$log"; then ok "$name"
+  else bad "$name" "exit status $rc (want $want): $(tail -c 300 "$log")"; fi
+}
+startup_signal server_startup_sigint INT 130
+startup_signal server_startup_sigterm TERM 143
 
 # start a server; sets PID and URL. args: name, extra options
 start() {

@@ -5,13 +5,20 @@
  * start the scheduler thread (sched.c), then the HTTP daemon (http.c), and
  * print "tandem serve: listening on http://HOST:PORT" to stderr.
  *
- * Signals: SIGINT/SIGTERM are blocked in every thread and taken by the main
- * thread with sigtimedwait. The first one stops admitting (the listening
- * socket is closed, queued requests get 503, new requests on open connections
- * get 503) and lets running rows finish for up to --shutdown-grace seconds,
- * then cancels what is left; a second signal cancels at once. Then the HTTP
- * daemon stops (joining its connection threads), the scheduler exits, and
- * everything is freed: exit status 0. */
+ * Signals: SIGINT/SIGTERM are blocked in every thread from option parsing on.
+ * During startup (model and drafter load, the scheduler's start, which
+ * measures the verify cost curve and can take over a minute under sanitizers,
+ * or an open that never returns) a small watcher thread takes them with
+ * sigtimedwait: one prints "tandem serve: SIGINT during startup: exiting" and
+ * ends the process at once, exit status 128 + the signal number. Once the HTTP
+ * daemon runs, the main thread marks startup done, joins the watcher (a signal
+ * it took after the mark is handed over, not lost), prints the "listening"
+ * line and takes the signals itself with sigwaitinfo. The first one stops
+ * admitting (the listening socket is closed, queued requests get 503, new
+ * requests on open connections get 503) and lets running rows finish for up
+ * to --shutdown-grace seconds, then cancels what is left; a second signal
+ * cancels at once. Then the HTTP daemon stops (joining its connection
+ * threads), the scheduler exits, and everything is freed: exit status 0. */
 #define _GNU_SOURCE
 #include "server/server.h"
 #include "server/srv.h"
@@ -21,7 +28,9 @@
 #include <libgen.h>
 #include <limits.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +78,42 @@ static void derive_model_id(const char *dir, char *out, size_t cap) {
     const char *base = basename(a);
     if (!strcmp(base, "target")) base = basename(dirname(b));
     snprintf(out, cap, "%s", base);
+}
+
+/* The startup watcher: SIGINT/SIGTERM while the server starts. */
+typedef struct {
+    sigset_t sigs;
+    pthread_t thread;
+    int started;     /* the thread runs (0: it could not be started; signals wait for the main thread) */
+    atomic_int done; /* set by the main thread once startup is over */
+    int sig;         /* a signal taken after done was set: the main thread's to handle (read after the join) */
+} startup_watch;
+
+static void *startup_watch_main(void *arg) {
+    startup_watch *w = arg;
+    while (!atomic_load(&w->done)) {
+        struct timespec ts = {0, 100 * 1000000L};
+        int sig = sigtimedwait(&w->sigs, NULL, &ts);
+        if (sig < 0) continue; /* timeout or EINTR: look at done again */
+        if (atomic_load(&w->done)) { w->sig = sig; break; }
+        /* _exit, not exit or a return: the main thread may be blocked in an open or a read,
+         * or halfway through the model load or the scheduler's start, so it can neither be
+         * joined nor have its state freed; atexit handlers and stdio flushing would run
+         * alongside it. This is the program's front end, not the library (which never
+         * exits): the kernel reclaims everything. No address has been announced yet. */
+        fprintf(stderr, "tandem serve: %s during startup: exiting\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        _exit(128 + sig);
+    }
+    return NULL;
+}
+
+/* Ends the watcher (startup is over, or failed) and joins it; returns the signal it
+ * handed over, 0 if none. */
+static int startup_watch_stop(startup_watch *w) {
+    atomic_store(&w->done, 1);
+    if (w->started) pthread_join(w->thread, NULL);
+    w->started = 0;
+    return w->sig;
 }
 
 int td_serve_main(int argc, char **argv) {
@@ -130,6 +175,12 @@ int td_serve_main(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    startup_watch W; /* joined on every path below (startup_watch_stop) */
+    memset(&W, 0, sizeof W);
+    W.sigs = sigs;
+    atomic_init(&W.done, 0);
+    W.started = pthread_create(&W.thread, NULL, startup_watch_main, &W) == 0;
+    if (!W.started) fprintf(stderr, "tandem serve: cannot start the startup signal watcher; signals wait until the server listens\n");
 
     pthread_mutex_init(&S.mu, NULL);
     pthread_cond_init(&S.cv, NULL);
@@ -156,13 +207,14 @@ int td_serve_main(int argc, char **argv) {
     if (srv_sched_start(eb, sizeof eb) != 0) { fprintf(stderr, "tandem serve: %s\n", eb); goto out; }
     int port = 0;
     if (!(d = srv_http_start(eb, sizeof eb, &port))) { fprintf(stderr, "tandem serve: %s\n", eb); goto out; }
+    int sig = startup_watch_stop(&W); /* before the line: whoever waits for it gets the graceful drain */
     fprintf(stderr, "tandem serve: listening on http://%s:%d (model %s, drafter %s, depth %d, max rows %d, ctx %d, queue %d)\n",
             strchr(cf->host, ':') ? "[::]" : cf->host, port, cf->model_id, cf->draft, cf->depth, cf->max_rows, S.n_ctx, cf->queue);
     fflush(stderr);
 
-    /* wait for a signal */
-    int sig;
-    while ((sig = sigwaitinfo(&sigs, NULL)) < 0 && errno == EINTR) {}
+    /* wait for a signal, unless the watcher handed one over */
+    if (!sig)
+        while ((sig = sigwaitinfo(&sigs, NULL)) < 0 && errno == EINTR) {}
     MHD_socket ls = MHD_quiesce_daemon(d);
     pthread_mutex_lock(&S.mu);
     fprintf(stderr, "tandem serve: %s: draining (%d running, %d waiting)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
@@ -188,6 +240,7 @@ int td_serve_main(int argc, char **argv) {
     rc = 0;
     fprintf(stderr, "tandem serve: stopped\n");
 out:
+    startup_watch_stop(&W); /* after a failed startup; a no-op once joined */
     if (d) MHD_stop_daemon(d);
     srv_sched_stop();
     td_model_free(S.model);
