@@ -9,12 +9,14 @@
  * under tests/fixtures/{qwen3,llama}-rand are loaded when present. */
 #define _POSIX_C_SOURCE 200809L
 #include "t.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "tandem.h"
 #include "util/util.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1100,6 +1102,38 @@ done:
     t_end();
 }
 
+/* A named pipe where a weights, GGUF or JSON file is expected: refused at once
+ * with a message naming the path (an open of a FIFO for reading would otherwise
+ * wait for a writer forever). The alarm turns a regression into a failure, not a
+ * hung suite: its default action ends the program, which run.sh counts. */
+static void test_fifo(void) {
+    t_begin("io: a FIFO in place of a model file is refused without blocking");
+    char p[512];
+    snprintf(p, sizeof p, "%s/fifo.safetensors", g_root);
+    T_REQUIRE(mkfifo(p, 0600) == 0, "mkfifo %s", p);
+    alarm(20);
+    td_err err = {0};
+    td_st_file *f = (td_st_file *)1;
+    int rc = td_st_open(&f, p, &err);
+    T_CHECK(rc == TD_EIO && f == NULL && strstr(err.msg, "not a regular file") && strstr(err.msg, p), "st: %d %s", rc, err.msg);
+    td_gguf_file *g = (td_gguf_file *)1;
+    memset(&err, 0, sizeof err);
+    rc = td_gguf_open(&g, p, &err);
+    T_CHECK(rc == TD_EIO && g == NULL && strstr(err.msg, "not a regular file") && strstr(err.msg, p), "gguf: %d %s", rc, err.msg);
+    char *data = (char *)1;
+    size_t len = 7;
+    memset(&err, 0, sizeof err);
+    rc = td_read_file(p, &data, &len, &err);
+    T_CHECK(rc == TD_EIO && data == NULL && len == 0 && strstr(err.msg, "not a regular file"), "read: %d %s", rc, err.msg);
+    memset(&err, 0, sizeof err); /* a directory is not a file either */
+    rc = td_read_file(g_root, &data, &len, &err);
+    T_CHECK(rc == TD_EIO && data == NULL && strstr(err.msg, "not a regular file"), "dir: %d %s", rc, err.msg);
+    alarm(0);
+done:
+    unlink(p);
+    t_end();
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "%s/td_model_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_root)) {
@@ -1118,6 +1152,7 @@ int main(void) {
     test_missing_files();
     test_tokenizer();
     test_robust();
+    test_fifo();
     static const fixture fx[] = {
         {"tests/fixtures/qwen3-rand", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_F32, 2},
         {"tests/fixtures/qwen3-rand-bf16", TD_ARCH_QWEN3, 128, 1, TD_DTYPE_BF16, 1},

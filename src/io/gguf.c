@@ -464,26 +464,22 @@ int td_gguf_open(td_gguf_file **out, const char *path, td_err *err) {
     td_gguf_file *f;
     int rc = gg_new(&f, path, err);
     if (rc) return rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        rc = td_seterr(err, TD_EIO, "%s: %s", path, strerror(errno));
+    long long fsize;
+    int fd = td_open_regular(path, &fsize, err);
+    if (fd < 0) {
+        rc = fd;
         goto fail;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        rc = td_seterr(err, TD_EIO, "%s: not a regular file", path);
-        goto fail;
-    }
-    if (sb.st_size < 24) {
+    if (fsize < 24) {
         rc = td_seterr(err, TD_EFORMAT, "%s: file is %lld bytes, too short for a GGUF header (24)", path,
-                       (long long)sb.st_size);
+                       fsize);
         goto fail;
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
+    if ((unsigned long long)fsize > SIZE_MAX) {
         rc = td_seterr(err, TD_ERANGE, "%s: file too large to map", path);
         goto fail;
     }
-    f->map_len = (size_t)sb.st_size;
+    f->map_len = (size_t)fsize;
     f->map = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (f->map == MAP_FAILED) {
         f->map = NULL;

@@ -272,30 +272,22 @@ int td_st_open(td_st_file **out, const char *path, td_err *err) {
     }
     int rc = 0;
     char *hdr = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    long long fsize;
+    int fd = td_open_regular(path, &fsize, err);
     if (fd < 0) {
-        rc = td_seterr(err, TD_EIO, "%s: %s", path, strerror(errno));
+        rc = fd;
         goto fail;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        rc = td_seterr(err, TD_EIO, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        rc = td_seterr(err, TD_EIO, "%s: not a regular file", path);
-        goto fail;
-    }
-    if (sb.st_size < 8) {
+    if (fsize < 8) {
         rc = td_seterr(err, TD_EFORMAT, "%s: file is %lld bytes, too short for a safetensors header",
-                       path, (long long)sb.st_size);
+                       path, fsize);
         goto fail;
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
+    if ((unsigned long long)fsize > SIZE_MAX) {
         rc = td_seterr(err, TD_ERANGE, "%s: file too large to map", path);
         goto fail;
     }
-    f->map_len = (size_t)sb.st_size;
+    f->map_len = (size_t)fsize;
     f->map = st_map(fd, f->map_len);
     if (f->map == MAP_FAILED) {
         f->map = NULL;

@@ -3,11 +3,14 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *td_strerror(int code) {
     switch (code) {
@@ -46,30 +49,49 @@ double td_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+int td_open_regular(const char *path, long long *size, td_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return td_seterr(err, TD_EIO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return td_seterr(err, TD_EIO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return td_seterr(err, TD_EIO, "%s: not a regular file", path);
+    }
+    *size = (long long)sb.st_size;
+    return fd;
+}
+
 int td_read_file(const char *path, char **data, size_t *len, td_err *err) {
     *data = NULL;
     if (len) *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return td_seterr(err, TD_EIO, "%s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return td_seterr(err, TD_EIO, "%s: cannot seek", path);
-    }
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return td_seterr(err, TD_EIO, "%s: cannot size", path);
+    long long n;
+    int fd = td_open_regular(path, &n, err);
+    if (fd < 0) return fd;
+    if ((unsigned long long)n >= SIZE_MAX) {
+        close(fd);
+        return td_seterr(err, TD_ERANGE, "%s: file too large (%lld bytes)", path, n);
     }
     char *buf = malloc((size_t)n + 1);
     if (!buf) {
-        fclose(f);
-        return td_seterr(err, TD_ENOMEM, "%s: out of memory reading %ld bytes", path, n);
+        close(fd);
+        return td_seterr(err, TD_ENOMEM, "%s: out of memory reading %lld bytes", path, n);
     }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
+    size_t got = 0;
+    while (got < (size_t)n) {
+        ssize_t r = read(fd, buf + got, (size_t)n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
     if (got != (size_t)n) {
         free(buf);
-        return td_seterr(err, TD_EIO, "%s: short read", path);
+        return td_seterr(err, TD_EIO, "%s: short read (%zu of %lld bytes)", path, got, n);
     }
     buf[n] = 0;
     *data = buf;

@@ -19,7 +19,13 @@ void td_assert_fail(const char *expr, const char *file, int line);
 /* Monotonic seconds. */
 double td_now(void);
 
-/* Read a whole file into an owned, NUL-terminated buffer (free()). */
+/* Open path read-only for the loaders: a file descriptor (owned by the caller,
+ * close()) when it is a regular file, its size in *size; else a negative TD_E*
+ * code with a message naming the path. A FIFO or device is refused without
+ * blocking (opened O_NONBLOCK, which does not change reads of a regular file). */
+int td_open_regular(const char *path, long long *size, td_err *err);
+
+/* Read a whole regular file into an owned, NUL-terminated buffer (free()). */
 int td_read_file(const char *path, char **data, size_t *len, td_err *err);
 
 /* a*b with overflow check: 0 ok, TD_ERANGE on overflow. */
