@@ -73,4 +73,27 @@ test: all $(TEST_BIN) $(TOOL_BIN)
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+# libFuzzer harnesses (tests/fuzz/README.md): `make fuzz` builds $(BUILD)/fuzz/fuzz_* with clang,
+# ASan and UBSan. Not part of all or test; needs clang only when asked for.
+FUZZ_CC    ?= clang
+FUZZ_FLAGS  = -std=c11 -O1 -g -Wall -Wextra $(ARCH) -fno-omit-frame-pointer -Iinclude -Isrc -pthread
+FUZZ_BIN   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+# the library plus the CLI's option helpers, which src/server/server.c calls
+FUZZ_OBJ   := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(LIB_SRC) src/cli/opts.c)
+FUZZ_AVX2  := $(BUILD)/fuzz/obj/src/nn/kernels_avx2.o $(BUILD)/fuzz/obj/src/nn/quant_avx2.o
+.PHONY: fuzz
+fuzz: $(FUZZ_BIN)
+$(BUILD)/fuzz/obj/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link,address,undefined -MMD -MP -c $< -o $@
+# clang 14 refuses __builtin_cpu_supports("f16c"): the AVX2 kernels are built by $(CC), uninstrumented
+$(FUZZ_AVX2): $(BUILD)/fuzz/obj/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g -Iinclude -Isrc -pthread -mavx2 -mfma -mf16c -mno-avx512f -MMD -MP -c $< -o $@
+$(BUILD)/fuzz/libtandem-fuzz.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(BUILD)/fuzz/libtandem-fuzz.a
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer,address,undefined $< $(BUILD)/fuzz/libtandem-fuzz.a -o $@ $(LDLIBS)
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d)

@@ -23,18 +23,5 @@ static inline void t_end(void) {
 #define T_REQUIRE(cond, ...) do { if (!(cond)) { T_CHECK(cond, __VA_ARGS__); goto done; } } while (0)
 static inline int t_exit(void) { return t_any_failed ? 1 : 0; }
 
-/* Read a whole file into a malloc'd NUL-terminated buffer (NULL if missing). */
-static inline char *t_slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    if (b && len) *len = (size_t)n;
-    return b;
-}
+#include "slurp.h"
 #endif

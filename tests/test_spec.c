@@ -497,6 +497,41 @@ static void test_depth_plan(void) {
     t_end();
 }
 
+/* The ngram drafter's empty row: a restored empty "ngram-v1" checkpoint, and a
+ * row appended with no tokens, captured before any draft. Both did pointer
+ * arithmetic and memcpy on the row's NULL stream (undefined behaviour, caught
+ * by the sanitizer build; found by tests/fuzz/fuzz_checkpoint.c). */
+static void test_checkpoint_ngram_empty(void) {
+    t_begin("draft_checkpoint_ngram_empty");
+    td_err err = {0};
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_draft_checkpoint *ck = NULL, *back = NULL;
+    T_REQUIRE(td_drafter_open(&d, "ngram", g_target, &err) == 0, "%s", err.msg);
+    T_REQUIRE(d->vt->open_rows(d->self, 2, 64, 4, NULL, &rows, &err) == 0, "open: %s", err.msg);
+    T_REQUIRE(td_draft_checkpoint_new(&ck, "ngram-v1", 0, &err) == 0, "%s", err.msg);
+    T_CHECK(td_draft_rows_append(&rows, NULL, 0, NULL, ck, &err) == 0, "restore an empty checkpoint: %s", err.msg);
+    T_CHECK(td_draft_rows_append(&rows, NULL, 0, NULL, NULL, &err) == 0, "append an empty row: %s", err.msg);
+    for (int r = 0; r < rows.n_rows; r++) {
+        T_CHECK(rows.vt->capture(rows.self, r, &back, &err) == 0 && back && back->size == 0, "capture row %d: %s", r, err.msg);
+        td_draft_checkpoint_free(back);
+        back = NULL;
+    }
+    int32_t pend[2] = {5, 6}, tok[8];
+    int depth[2] = {4, 4}, n_tok[2] = {-1, -1};
+    td_sampling sp = td_sampling_default();
+    const td_sampling *spp[2] = {&sp, &sp};
+    uint64_t pos[2] = {0, 0};
+    td_draft_req q = {.n_rows = rows.n_rows, .pending = pend, .depth = depth, .max_depth = 4, .tokens = tok,
+                      .n_tokens = n_tok, .sampling = spp, .out_pos = pos};
+    T_CHECK(td_draft_rows_draft(&rows, &q, &err) == 0 && n_tok[0] == 0, "draft from an empty row: %s", err.msg);
+done:
+    td_draft_checkpoint_free(ck);
+    td_draft_rows_free(&rows);
+    td_drafter_free(d);
+    t_end();
+}
+
 /* A row's draft state captured as a checkpoint and restored into another
  * group drafts exactly as the original; a checkpoint of another drafter kind
  * is refused. */
@@ -910,6 +945,7 @@ int main(void) {
     snprintf(d1, sizeof d1, "%s/block_wrong", g_dir);
     tm_write_block(d1, &tgt, tgt.layers + 3, "[1, 2]", 2, "[]", 42);
     if (!g_target || !g_target_small_vocab) return 1;
+    test_checkpoint_ngram_empty();
     char same[600], oth[600], mtp[600], blk[600], blk_all[600];
     snprintf(mtp, sizeof mtp, "mtp:%s/mtp", g_dir);
     snprintf(blk, sizeof blk, "block:%s/block", g_dir);

@@ -144,6 +144,22 @@ done:
     t_end();
 }
 
+/* A length query, td_token_bytes(t, id, NULL, 0), as td_detokenize allows: it
+ * passed the NULL buffer to memcpy (undefined behaviour even for 0 bytes; the
+ * sanitizer build aborted). Found by tests/fuzz/fuzz_tokenizer.c. */
+static void test_token_bytes_query(void) {
+    t_begin("tok_token_bytes_null_query");
+    td_tokenizer *t = NULL;
+    td_err err = { 0 };
+    T_REQUIRE(td_tokenizer_open(&t, FIX_JSON, FIX_CFG, &err) == 0, "%s", err.msg);
+    T_CHECK(td_token_bytes(t, 267, NULL, 0) == 4, "length of the emoji token");
+    T_CHECK(td_token_bytes(t, 'a', NULL, 0) == 1, "length of a byte token");
+    T_CHECK(td_token_bytes(t, 267, NULL, 1) == TD_EINVAL, "NULL buffer with a capacity");
+done:
+    td_tokenizer_free(t);
+    t_end();
+}
+
 /* merges in the [a, b] pair form, ignore_merges, a ByteLevel GPT-2 regex, and
  * tokenizer_config.json's other spellings */
 static void test_variants(void) {
@@ -438,6 +454,7 @@ done:
 
 int main(void) {
     test_fixture();
+    test_token_bytes_query();
     test_variants();
     test_bad_input();
     test_chat();

@@ -631,7 +631,7 @@ int td_token_bytes(const td_tokenizer *t, int32_t id, char *buf, int cap) {
     if (!t || id < 0 || id >= t->n_vocab) return TD_ERANGE;
     if (cap < 0 || (!buf && cap > 0)) return TD_EINVAL;
     uint32_t len = t->tok_off[id + 1] - t->tok_off[id];
-    memcpy(buf, t->bytes + t->tok_off[id], len < (uint32_t)cap ? len : (size_t)cap);
+    if (cap > 0) memcpy(buf, t->bytes + t->tok_off[id], len < (uint32_t)cap ? len : (size_t)cap); /* buf may be NULL */
     return (int)len;
 }
 

@@ -31,6 +31,7 @@ typedef struct {
 } ng_group;
 
 static int row_push(ng_row *r, const int32_t *t, int n) {
+    if (n <= 0) return 0; /* r->tok may still be NULL (an empty row) */
     if (r->len + n > r->cap) {
         int nc = r->cap ? r->cap : 256;
         while (nc < r->len + n) nc *= 2;
@@ -169,7 +170,7 @@ static int ng_capture(void *gv, int row, td_draft_checkpoint **out, td_err *err)
     td_draft_checkpoint *ck;
     int rc = td_draft_checkpoint_new(&ck, "ngram-v1", bytes, err);
     if (rc) return rc;
-    memcpy(ck->data, g->rows[row].tok, bytes);
+    if (bytes) memcpy(ck->data, g->rows[row].tok, bytes); /* an empty row has no stream yet */
     *out = ck;
     return 0;
 }
