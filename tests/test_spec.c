@@ -827,6 +827,15 @@ static void test_bad_input(void) {
             "draft model with another vocabulary: %s", err.msg);
     T_CHECK(td_drafter_open(&d2, "telepathy", g_target, &err) == TD_EINVAL && strstr(err.msg, "unknown drafter"), "unknown drafter");
     T_CHECK(td_drafter_open(&d2, "ngram:5-2", g_target, &err) == TD_EINVAL, "bad ngram sizes");
+    /* sizes past int (sscanf's %d overflowed: undefined), trailing text, a missing maximum */
+    static const char *BAD_NG[] = {"ngram:1-99999999999", "ngram:99999999999-3", "ngram:1-8x", "ngram:4", "ngram:1-65"};
+    for (size_t i = 0; i < sizeof BAD_NG / sizeof BAD_NG[0]; i++)
+        T_CHECK(td_drafter_open(&d2, BAD_NG[i], g_target, &err) == TD_EINVAL && d2 == NULL && strstr(err.msg, "MIN-MAX"),
+                "%s: %s", BAD_NG[i], err.msg);
+    T_CHECK(td_drafter_open(&d2, "ngram:2-64", g_target, &err) == 0 && d2 && !strcmp(td_drafter_id(d2), "ngram:2-64"),
+            "ngram:2-64: %s", err.msg);
+    td_drafter_free(d2);
+    d2 = NULL;
     /* drafter options refused with TD_EINVAL and a message naming the problem */
     static const struct { const char *spec, *says; } BAD[] = {
         {"model:%s/draft_same,vocab=0", "vocabulary"},         /* an empty draft vocabulary */

@@ -275,7 +275,8 @@ static int completion_prompt(const cJSON *p, srv_req *r, int echo, perr *pe) {
 static int valid_drafter_spec(const char *s) {
     if (!strcmp(s, "none") || !strcmp(s, "ngram")) return 1;
     int a, b, n = 0;
-    if (sscanf(s, "ngram:%d-%d%n", &a, &b, &n) == 2 && s[n] == 0 && a >= 1 && b >= a && b <= 16) return 1;
+    /* widths: no int overflow in %d (undefined); a longer number leaves digits behind s[n] */
+    if (sscanf(s, "ngram:%3d-%3d%n", &a, &b, &n) == 2 && s[n] == 0 && a >= 1 && b >= a && b <= 16) return 1;
     return 0;
 }
 

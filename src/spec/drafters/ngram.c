@@ -213,7 +213,8 @@ int td_drafter_ngram_open(td_drafter **out, const char *args, const td_model *ta
                            against 1.13x for 1-8 (bench/results/spec-ngram8.jsonl) */
     if (args && *args) {
         char tail;
-        if (sscanf(args, "%d-%d%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo || hi > 64)
+        /* at most 3 digits a size: no int overflow (undefined in sscanf); more digits fail the match */
+        if (sscanf(args, "%3d-%3d%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo || hi > 64)
             return td_seterr(err, TD_EINVAL, "ngram: sizes '%s' must be MIN-MAX with 1 <= MIN <= MAX <= 64", args);
     }
     td_drafter *d = calloc(1, sizeof *d);
