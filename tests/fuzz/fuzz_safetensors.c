@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "io/safetensors.h"
 #include "tandem.h"
+#include "memfile.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -18,17 +19,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static int fd = -1;
-static char path[64];
 static volatile uint64_t sink;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (fd < 0) {
-        fd = memfd_create("fuzz.safetensors", 0);
-        if (fd < 0) { perror("memfd_create"); abort(); }
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    }
-    if (ftruncate(fd, 0) || pwrite(fd, data, size, 0) != (ssize_t)size) abort();
+    const char *path = fuzz_memfile("fuzz.safetensors", data, size);
 
     td_err err = {0};
     td_st_file *f = NULL;
