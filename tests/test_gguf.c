@@ -16,6 +16,7 @@
  * plus flips through td_model_open (metadata semantics). Files go to a temp dir. */
 #define _POSIX_C_SOURCE 200809L
 #include "t.h"
+#include "tmodel.h"
 #include "io/gguf.h"
 #include "model/model.h"
 #include "tok/tok_gguf.h"
@@ -165,6 +166,55 @@ done:
     free(lb);
     td_model_free(a);
     td_model_free(b);
+    t_end();
+}
+
+/* k-quant files: the per-tensor types llama.cpp's quantizer would choose (the
+ * output matrix q6_k, the _m mixes' attn_v / ffn_down q6_k, rows that are not
+ * whole 256-value super-blocks q8_0), and the same logits as quantizing in memory. */
+static void case_kquant(void) {
+    char dir[400], path[512];
+    tmp_path(dir, sizeof dir, "kshape");
+    tm_shape s = {.vocab = 300, .hidden = 256, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 64, .ffn = 768,
+                  .ctx = 128, .tied = 1, .bf16 = 1, .seed = 21};
+    if (tm_write(dir, &s) != 0) { t_begin("gguf_kquant_types"); T_CHECK(0, "cannot write %s", dir); t_end(); return; }
+    case_quant(dir, "q4_k", TD_DTYPE_Q4_K);
+    case_quant(dir, "q5_k", TD_DTYPE_Q5_K);
+    case_quant(dir, "q6_k", TD_DTYPE_Q6_K);
+    t_begin("gguf_kquant_tensor_types");
+    td_err err = {0};
+    td_model *a = NULL;
+    td_gguf_file *f = NULL;
+    static const struct { const char *model, *type, *tensor, *want; } cases[] = {
+        {"kshape", "q4_k_m", "token_embd.weight", "Q6_K"},   {"kshape", "q4_k_m", "blk.1.attn_v.weight", "Q6_K"},
+        {"kshape", "q4_k_m", "blk.0.ffn_down.weight", "Q6_K"}, {"kshape", "q4_k_m", "blk.0.attn_q.weight", "Q4_K"},
+        {"kshape", "q5_k_m", "blk.0.ffn_up.weight", "Q5_K"},  {"kshape", "q5_k_m", "blk.0.attn_v.weight", "Q6_K"},
+        {"kshape", "q4_k", "blk.0.attn_v.weight", "Q4_K"},    {"kshape", "q4_k", "token_embd.weight", "Q6_K"},
+        {"target", "q4_k", "blk.0.ffn_down.weight", "Q4_K"},  /* 1280 = 5 super-blocks */
+        {"target", "q4_k", "blk.0.attn_q.weight", "Q8_0"},    /* 384: not whole super-blocks */
+        {"target", "q4_k_m", "blk.3.ffn_down.weight", "Q6_K"}, {"target", "q6_k", "token_embd.weight", "Q8_0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *src = !strcmp(cases[i].model, "kshape") ? dir : "models/tiny-code/target";
+        T_REQUIRE(td_model_open(&a, src, &err) == 0, "%s", err.msg);
+        tmp_path(path, sizeof path, "kq.gguf");
+        T_REQUIRE(td_model_quantize(a, path, cases[i].type, &err) == 0, "%s: %s", cases[i].type, err.msg);
+        td_model_free(a);
+        a = NULL;
+        T_REQUIRE(td_gguf_open(&f, path, &err) == 0, "%s", err.msg);
+        const td_gguf_tensor *t = td_gguf_find_tensor(f, cases[i].tensor);
+        T_CHECK(t && !strcmp(t->type->name, cases[i].want), "%s %s: %s is %s, want %s", cases[i].model, cases[i].type,
+                cases[i].tensor, t ? t->type->name : "missing", cases[i].want);
+        td_gguf_free(f);
+        f = NULL;
+        /* and it loads and runs */
+        T_REQUIRE(td_model_open(&a, path, &err) == 0, "reopen %s: %s", cases[i].type, err.msg);
+        td_model_free(a);
+        a = NULL;
+    }
+done:
+    td_gguf_free(f);
+    td_model_free(a);
     t_end();
 }
 
@@ -685,6 +735,7 @@ int main(void) {
     case_roundtrip("models/tiny-code/target", "bf16", "tiny-code.gguf");
     case_quant("models/tiny-code/target", "q8_0", TD_DTYPE_Q8_0);
     case_quant("models/tiny-code/target", "q4_0", TD_DTYPE_Q4_0);
+    case_kquant();
     case_rounding("f16", "tests/fixtures/qwen3-rand-f16");
     case_rounding("bf16", "tests/fixtures/qwen3-rand-bf16");
     case_tok_model();

@@ -11,6 +11,7 @@
 #include "t.h"
 #include "tmodel.h"
 #include "tctx.h"
+#include "model/model.h"
 #include "nn/kernels.h"
 #include "nn/quant.h"
 #include "util/util.h"
@@ -169,26 +170,36 @@ static const char *ggml_lib(char *buf, size_t n, const char *name) {
     return buf;
 }
 
+/* dlopen ggml's library name (RTLD_NOW | flags); *missing = 1 (and a skip line)
+ * when it is not installed; NULL with the reason printed when it does not load */
+static void *ggml_open(const char *name, int flags, int *missing) {
+    char buf[300];
+    const char *lib = ggml_lib(buf, sizeof buf, name);
+    *missing = access(lib, R_OK) != 0;
+    if (*missing) {
+        printf("  %s not installed: skipped (scripts/test-deps llama installs it on x86-64 Linux)\n", lib);
+        return NULL;
+    }
+    void *h = dlopen(lib, RTLD_NOW | flags);
+    if (!h) printf("  dlopen %s: %s\n", lib, dlerror());
+    return h;
+}
+
 static void test_ggml_oracle(void) {
     t_begin("ggml_reference_quantizers_agree");
-    char buf[300];
-    const char *lib = ggml_lib(buf, sizeof buf, "libggml-base.so");
-    void *h = NULL;
+    int missing;
     float *x = NULL, *y = NULL, *z = NULL;
     unsigned char *a = NULL, *b = NULL;
-    if (access(lib, R_OK) != 0) {
-        printf("  %s not installed: skipped (scripts/test-deps llama installs it on x86-64 Linux)\n", lib);
-        goto done;
-    }
-    h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    T_REQUIRE(h != NULL, "dlopen %s: %s", lib, dlerror());
+    void *h = ggml_open("libggml-base.so", RTLD_LOCAL, &missing);
+    if (missing) goto done;
+    T_REQUIRE(h != NULL, "libggml-base.so does not load");
     typedef void (*qfn)(const float *, void *, int64_t);
     typedef void (*dqfn)(const void *, float *, int64_t);
     typedef uint16_t (*hfn)(float);
     qfn q8 = (qfn)dlsym(h, "quantize_row_q8_0_ref"), q4 = (qfn)dlsym(h, "quantize_row_q4_0_ref");
     dqfn d8 = (dqfn)dlsym(h, "dequantize_row_q8_0"), d4 = (dqfn)dlsym(h, "dequantize_row_q4_0");
     hfn f16 = (hfn)dlsym(h, "ggml_fp32_to_fp16");
-    T_REQUIRE(q8 && q4 && d8 && d4 && f16, "symbols missing from %s", lib);
+    T_REQUIRE(q8 && q4 && d8 && d4 && f16, "symbols missing from libggml-base.so");
     enum { K = 32 * 256 };
     x = malloc(sizeof(float) * K); y = malloc(sizeof(float) * K); z = malloc(sizeof(float) * K);
     a = malloc(34 * K / 32); b = malloc(34 * K / 32);
@@ -218,7 +229,7 @@ static void test_ggml_oracle(void) {
     T_CHECK(bad[0] == 0 && bad[1] == 0, "quantized bytes differ from ggml's (q8_0 %d, q4_0 %d of 40 rows)", bad[0], bad[1]);
     T_CHECK(badv[0] == 0 && badv[1] == 0, "dequantized values differ from ggml's (q8_0 %d, q4_0 %d)", badv[0], badv[1]);
     T_CHECK(badh == 0, "%d f16 conversions differ from ggml_fp32_to_fp16", badh);
-    if (!bad[0] && !bad[1]) printf("  40 rows of %d values: q8_0 and q4_0 bytes identical to %s\n", K, strrchr(lib, '/') + 1);
+    if (!bad[0] && !bad[1]) printf("  40 rows of %d values: q8_0 and q4_0 bytes identical to libggml-base.so's\n", K);
 done:
     if (h) dlclose(h);
     free(x); free(y); free(z); free(a); free(b);
@@ -272,6 +283,44 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
     return s2[0] + s2[1];
 }
 
+/* td_matmul of M rows on every path in paths, with add = 0 and 1 and over an
+ * inner output sub-range, against ref (the reference order's bits, memcmp):
+ * rows past M and columns past N untouched. Returns the products run; failures
+ * are reported (the first 5 of *fails) and counted. */
+static int paths_vs_ref(const float *x, int ldx, int M, const char *Wq, int dt, int K, int N, const float *ref, float *got,
+                        int ldy, int Mmax, const int *paths, int npaths, int *fails) {
+    int run = 0;
+    for (int p = 0; p < npaths; p++) {
+        td_kernels_set_path(paths[p]);
+        for (int add = 0; add < 2; add++) {
+            for (int i = 0; i < Mmax * ldy; i++) got[i] = (float)i * 0.25f;
+            td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 0, N, add);
+            run++;
+            int same = 1;
+            for (int m = 0; m < Mmax; m++)
+                for (int n = 0; n < ldy; n++) {
+                    float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
+                                                                     : add ? init + ref[m * ldy + n]
+                                                                           : ref[m * ldy + n];
+                    same &= !memcmp(&want, &got[m * ldy + n], 4);
+                }
+            if (!same && (*fails)++ < 5)
+                T_CHECK(0, "%s path %d M %d N %d K %d add %d: not the reference order's bits", td_dtype_name(dt), paths[p],
+                        M, N, K, add);
+        }
+        if (N > 2) { /* an output sub-range gives the same bits as the full range */
+            for (int i = 0; i < Mmax * ldy; i++) got[i] = -1.0f;
+            td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 1, N - 1, 0);
+            int same = 1;
+            for (int m = 0; m < M; m++)
+                same &= !memcmp(got + m * ldy + 1, ref + m * ldy + 1, sizeof(float) * (N - 2)) && got[m * ldy] == -1.0f &&
+                        got[m * ldy + N - 1] == -1.0f;
+            if (!same && (*fails)++ < 5) T_CHECK(0, "%s M %d N %d K %d: sub-range differs", td_dtype_name(dt), M, N, K);
+        }
+    }
+    return run;
+}
+
 static void test_matmul(void) {
     t_begin("matmul_q16_order_all_paths");
     static const int Ms[] = {1, 2, 3, 5, 7, 8, 9, 13, 17, 70};
@@ -304,38 +353,8 @@ static void test_matmul(void) {
                     for (int n = 0; n < N; n++)
                         ref[m * ldy + n] = q16_ref(x + (size_t)m * ldx, (const unsigned char *)Wq + n * rb, dt, K,
                                                    &ex[m * N + n], &bd[m * N + n]);
-                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
-                    int M = Ms[mi];
-                    for (int p = 0; p < npaths; p++) {
-                        td_kernels_set_path(paths[p]);
-                        for (int add = 0; add < 2; add++) {
-                            for (int i = 0; i < Mmax * ldy; i++) got[i] = (float)i * 0.25f;
-                            td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 0, N, add);
-                            checked++;
-                            int same = 1;
-                            for (int m = 0; m < Mmax; m++)
-                                for (int n = 0; n < ldy; n++) {
-                                    float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
-                                                                                     : add ? init + ref[m * ldy + n]
-                                                                                           : ref[m * ldy + n];
-                                    same &= !memcmp(&want, &got[m * ldy + n], 4);
-                                }
-                            if (!same && fails++ < 5)
-                                T_CHECK(0, "%s path %d M %d N %d K %d add %d: not the Q16-order bits", td_dtype_name(dt),
-                                        paths[p], M, N, K, add);
-                        }
-                        /* an output sub-range gives the same bits as the full range */
-                        if (N > 2) {
-                            for (int i = 0; i < Mmax * ldy; i++) got[i] = -1.0f;
-                            td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 1, N - 1, 0);
-                            int same = 1;
-                            for (int m = 0; m < M; m++)
-                                same &= !memcmp(got + m * ldy + 1, ref + m * ldy + 1, sizeof(float) * (N - 2)) &&
-                                        got[m * ldy] == -1.0f && got[m * ldy + N - 1] == -1.0f;
-                            if (!same && fails++ < 5) T_CHECK(0, "%s M %d N %d K %d: sub-range differs", td_dtype_name(dt), M, N, K);
-                        }
-                    }
-                }
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+                    checked += paths_vs_ref(x, ldx, Ms[mi], Wq, dt, K, N, ref, got, ldy, Mmax, paths, npaths, &fails);
                 /* against the dequantized weights: quant.h's stated bound; against the
                  * unquantized matrix: the relative rms error */
                 for (int m = 0; m < Mmax; m++)
@@ -364,15 +383,16 @@ static void test_matmul(void) {
  * other rows are unaffected */
 static void test_nonfinite(void) {
     t_begin("matmul_nonfinite_activations_nan");
-    enum { K = 64, N = 5 };
-    float W[N * K], x[3 * K], y[3 * N];
-    unsigned char Wq[N * 34 * 2];
+    enum { K = 512, N = 5 };
+    float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * 3 * K), y[3 * N];
+    unsigned char *Wq = malloc(34 * N * K / 32);
+    T_REQUIRE(W && x && Wq, "memory");
     for (int i = 0; i < N * K; i++) W[i] = frand();
     for (int i = 0; i < 3 * K; i++) x[i] = frand();
-    x[K + 40] = NAN;
-    x[2 * K + 3] = INFINITY;
+    x[K + 300] = NAN;
+    x[2 * K + 3] = -INFINITY;
     int deflt = td_kernels_path();
-    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++) {
+    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q6_K; dt++) {
         size_t rb = td_dtype_row_bytes(dt, K);
         for (int n = 0; n < N; n++) td_quantize_row(dt, W + n * K, Wq + n * rb, K);
         for (int p = 0; p < TD_KPATH_COUNT; p++) {
@@ -385,6 +405,15 @@ static void test_nonfinite(void) {
         }
     }
     td_kernels_set_path(deflt);
+    /* the quantizers on non-finite weights: defined bytes (the sanitizer build traps
+     * an undefined float-to-int conversion), decoded without a trap */
+    for (int i = 0; i < K; i++) W[i] = i % 50 == 0 ? INFINITY : i % 77 == 0 ? NAN : frand();
+    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q6_K; dt++) {
+        T_CHECK(td_quantize_row(dt, W, Wq, K) == 0, "%s quantize", td_dtype_name(dt));
+        td_dequantize_row(dt, Wq, x, K);
+    }
+done:
+    free(W); free(x); free(Wq);
     t_end();
 }
 
@@ -508,6 +537,274 @@ static void test_bad_sizes(void) {
     t_end();
 }
 
+/* ---- k-quants (Q4_K, Q5_K, Q6_K) ------------------------------------------------ */
+
+#define KQ_FIRST TD_DTYPE_Q4_K
+#define KQ_LAST TD_DTYPE_Q6_K
+
+/* One super-block decoded the way llama.cpp's dequantize_row_q*_K loops walk it
+ * (a transcription independent of src/nn/kquant.c): v[256] the integers of the
+ * product (Q4_K/Q5_K: q; Q6_K: q - 32), ws[16] the scale of each 16 values
+ * (d * sc), wm[8] each 32-value sub-block's minimum scale (dmin * m; Q6_K 0). */
+static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[8]) {
+    uint16_t h;
+    if (dt == TD_DTYPE_Q6_K) {
+        memcpy(&h, blk + 208, 2);
+        float d = td_f16_to_f32(h);
+        const unsigned char *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int n = 0; n < 2; n++) {
+            for (int l = 0; l < 32; l++) {
+                v[128 * n + l] = ((ql[64 * n + l] & 15) | ((qh[32 * n + l] >> 0) & 3) << 4) - 32;
+                v[128 * n + l + 32] = ((ql[64 * n + l + 32] & 15) | ((qh[32 * n + l] >> 2) & 3) << 4) - 32;
+                v[128 * n + l + 64] = ((ql[64 * n + l] >> 4) | ((qh[32 * n + l] >> 4) & 3) << 4) - 32;
+                v[128 * n + l + 96] = ((ql[64 * n + l + 32] >> 4) | ((qh[32 * n + l] >> 6) & 3) << 4) - 32;
+            }
+        }
+        for (int i = 0; i < 16; i++) ws[i] = d * (float)sc[i];
+        for (int j = 0; j < 8; j++) wm[j] = 0.0f;
+        return;
+    }
+    uint16_t hm;
+    memcpy(&h, blk, 2);
+    memcpy(&hm, blk + 2, 2);
+    float d = td_f16_to_f32(h), dmin = td_f16_to_f32(hm);
+    const unsigned char *s = blk + 4, *qh = blk + 16, *qs = blk + (dt == TD_DTYPE_Q5_K ? 48 : 16);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        if (j < 4) { sc = s[j] & 63; m = s[j + 4] & 63; }
+        else { sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+        ws[2 * j] = ws[2 * j + 1] = d * (float)sc;
+        wm[j] = dmin * (float)m;
+    }
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++) {
+            v[64 * g + l] = qs[32 * g + l] & 0xF;
+            v[64 * g + 32 + l] = qs[32 * g + l] >> 4;
+            if (dt == TD_DTYPE_Q5_K) {
+                v[64 * g + l] += qh[l] & (1 << (2 * g)) ? 16 : 0;
+                v[64 * g + 32 + l] += qh[l] & (2 << (2 * g)) ? 16 : 0;
+            }
+        }
+}
+
+/* random super-blocks: every byte random, the f16 scales finite (any value of a
+ * finite scale is a valid block; the quantizer never writes most of them) */
+static void krand_blocks(int dt, unsigned char *b, int nsb) {
+    size_t bs = td_dtype_row_bytes(dt, 256);
+    for (size_t i = 0; i < bs * (size_t)nsb; i++) b[i] = (unsigned char)tm_rng(&g_rng);
+    for (int s = 0; s < nsb; s++)
+        for (int k = 0; k < (dt == TD_DTYPE_Q6_K ? 1 : 2); k++) {
+            uint16_t h = td_f32_to_f16(frand() * ldexpf(1.0f, (int)(tm_rng(&g_rng) % 12) - 14));
+            memcpy(b + bs * (size_t)s + (dt == TD_DTYPE_Q6_K ? 208 : 2 * (size_t)k), &h, 2);
+        }
+}
+
+static void test_kq_layout(void) {
+    t_begin("kquant_layout_and_sizes");
+    T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q4_K, 512) == 288 && td_dtype_row_bytes(TD_DTYPE_Q5_K, 256) == 176 &&
+                td_dtype_row_bytes(TD_DTYPE_Q6_K, 768) == 630, "row bytes");
+    T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q4_K, 384) == 0 && td_dtype_row_bytes(TD_DTYPE_Q6_K, 32) == 0, "partial super-block");
+    td_err err = {0};
+    T_CHECK(td_dtype_check_row(TD_DTYPE_Q5_K, 384, "blk.0.ffn_down.weight", &err) == TD_EFORMAT &&
+                strstr(err.msg, "multiple of 256") && strstr(err.msg, "blk.0.ffn_down.weight"), "K=384: %s", err.msg);
+    T_CHECK(!strcmp(td_dtype_name(TD_DTYPE_Q4_K), "q4_k") && td_dtype_parse("q6_k") == TD_DTYPE_Q6_K &&
+                td_dtype_parse("q6_K") == -1, "names");
+    /* hand-made blocks, values from quant.h's definition */
+    unsigned char b[210];
+    float y[256];
+    int bad = 0;
+    memset(b, 0, sizeof b);
+    uint16_t one = td_f32_to_f16(1.0f), half = td_f32_to_f16(0.5f);
+    memcpy(b, &one, 2);
+    memcpy(b + 2, &half, 2);
+    /* sub-block j: sc = j + 1 (j = 7: 40, past 4 bits), m = 2 j (j = 6: 33) */
+    int sc[8] = {1, 2, 3, 4, 5, 6, 7, 40}, mm[8] = {0, 2, 4, 6, 8, 10, 33, 14};
+    for (int j = 0; j < 4; j++) {
+        b[4 + j] = (unsigned char)(sc[j] | (sc[j + 4] >> 4) << 6);
+        b[8 + j] = (unsigned char)(mm[j] | (mm[j + 4] >> 4) << 6);
+        b[12 + j] = (unsigned char)((sc[j + 4] & 15) | (mm[j + 4] & 15) << 4);
+    }
+    for (int i = 0; i < 128; i++) b[16 + i] = (unsigned char)((i % 16) | (15 - i % 16) << 4);
+    td_dequantize_row(TD_DTYPE_Q4_K, b, y, 256);
+    for (int v = 0; v < 256; v++) {
+        int j = v / 32, l = v % 32, q = j % 2 ? 15 - l % 16 : l % 16;
+        bad += y[v] != (float)(sc[j] * q) - 0.5f * (float)mm[j];
+    }
+    T_CHECK(bad == 0, "q4_k: %d of 256 values", bad);
+    /* Q5_K: the same scales; qh bit j of byte l set when l is odd */
+    unsigned char b5[176];
+    memcpy(b5, b, 16);
+    for (int l = 0; l < 32; l++) b5[16 + l] = l & 1 ? 0xff : 0;
+    memcpy(b5 + 48, b + 16, 128);
+    td_dequantize_row(TD_DTYPE_Q5_K, b5, y, 256);
+    bad = 0;
+    for (int v = 0; v < 256; v++) {
+        int j = v / 32, l = v % 32, q = (j % 2 ? 15 - l % 16 : l % 16) + (l & 1 ? 16 : 0);
+        bad += y[v] != (float)(sc[j] * q) - 0.5f * (float)mm[j];
+    }
+    T_CHECK(bad == 0, "q5_k: %d of 256 values", bad);
+    /* Q6_K: q = v % 64, scale of 16 values i = i - 8, d = 0.25 */
+    memset(b, 0, sizeof b);
+    for (int v = 0; v < 256; v++) {
+        int q = (v * 5) % 64, h = v / 128, g = (v % 128) / 32, l = v % 32;
+        b[64 * h + 32 * (g & 1) + l] |= (unsigned char)((q & 15) << (g < 2 ? 0 : 4));
+        b[128 + 32 * h + l] |= (unsigned char)((q >> 4) << (2 * g));
+    }
+    for (int i = 0; i < 16; i++) b[192 + i] = (unsigned char)(int8_t)(i - 8);
+    uint16_t qd = td_f32_to_f16(0.25f);
+    memcpy(b + 208, &qd, 2);
+    td_dequantize_row(TD_DTYPE_Q6_K, b, y, 256);
+    bad = 0;
+    for (int v = 0; v < 256; v++) bad += y[v] != 0.25f * (float)(v / 16 - 8) * (float)((v * 5) % 64 - 32);
+    T_CHECK(bad == 0, "q6_k: %d of 256 values", bad);
+    t_end();
+}
+
+/* llama.cpp's own dequantizers (libggml-base.so) on random blocks and on
+ * tandem's quantizer output: the same f32 bits; and tandem's quantizers' error
+ * against ggml's reference quantizers' on the same rows */
+static void test_kq_ggml(void) {
+    t_begin("kquant_ggml_dequantizers_agree");
+    enum { K = 256 * 24 };
+    int missing;
+    float *x = malloc(sizeof(float) * K), *y = malloc(sizeof(float) * K), *z = malloc(sizeof(float) * K);
+    unsigned char *a = malloc(210 * K / 256), *b = malloc(210 * K / 256);
+    void *h = ggml_open("libggml-base.so", RTLD_LOCAL, &missing);
+    T_REQUIRE(x && y && z && a && b, "memory");
+    if (missing) goto done;
+    T_REQUIRE(h != NULL, "libggml-base.so does not load");
+    typedef void (*qfn)(const float *, void *, int64_t);
+    typedef void (*dqfn)(const void *, float *, int64_t);
+    static const char *dqn[] = {"dequantize_row_q4_K", "dequantize_row_q5_K", "dequantize_row_q6_K"};
+    static const char *qn[] = {"quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref"};
+    for (int dt = KQ_FIRST; dt <= KQ_LAST; dt++) {
+        dqfn dq = (dqfn)dlsym(h, dqn[dt - KQ_FIRST]);
+        qfn qr = (qfn)dlsym(h, qn[dt - KQ_FIRST]);
+        T_REQUIRE(dq && qr, "%s / %s missing from libggml-base.so", dqn[dt - KQ_FIRST], qn[dt - KQ_FIRST]);
+        int badr = 0, badq = 0;
+        double e_td = 0, e_gg = 0, x2 = 0;
+        for (int rep = 0; rep < 20; rep++) {
+            krand_blocks(dt, a, K / 256);
+            td_dequantize_row(dt, a, y, K);
+            dq(a, z, K);
+            badr += memcmp(y, z, sizeof(float) * K) != 0;
+            float scale = ldexpf(1.0f, rep % 9 - 4);
+            for (int i = 0; i < K; i++) {
+                x[i] = frand() * scale * (i % 97 == 0 ? 6.0f : 1.0f);
+                if (rep % 4 == 1 && i % 3) x[i] = fabsf(x[i]); /* lopsided blocks: the minimums matter */
+            }
+            if (rep % 5 == 0) memset(x + 256, 0, sizeof(float) * 256); /* an all-zero super-block */
+            T_REQUIRE(td_quantize_row(dt, x, a, K) == 0, "quantize");
+            td_dequantize_row(dt, a, y, K);
+            dq(a, z, K);
+            badq += memcmp(y, z, sizeof(float) * K) != 0;
+            qr(x, b, K);
+            dq(b, z, K);
+            for (int i = 0; i < K; i++) {
+                e_td += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+                e_gg += ((double)z[i] - x[i]) * ((double)z[i] - x[i]);
+                x2 += (double)x[i] * x[i];
+            }
+        }
+        T_CHECK(badr == 0 && badq == 0, "%s: %d random rows and %d quantized rows decode differently from ggml",
+                td_dtype_name(dt), badr, badq);
+        double rt = sqrt(e_td / x2), rg = sqrt(e_gg / x2);
+        printf("  %s: 40 rows of %d values decode to ggml's bits; relative rms error of tandem's quantizer %.4f, "
+               "ggml's reference quantizer %.4f\n", td_dtype_name(dt), K, rt, rg);
+        T_CHECK(rt < 1.5 * rg, "%s: tandem's quantizer error %.4f is far above ggml's %.4f", td_dtype_name(dt), rt, rg);
+    }
+done:
+    if (h) dlclose(h);
+    free(x); free(y); free(z); free(a); free(b);
+    t_end();
+}
+
+/* quant.h's k-quant product order, scalar by scalar (with kref_decode); also the
+ * product over the dequantized weights in double (*exact) */
+static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, double *exact) {
+    int nb = K / 32, v[256];
+    size_t bs = td_dtype_row_bytes(dt, 256);
+    int8_t q[32 * 128];
+    float d[128], acc[16] = {0}, macc[8] = {0}, ws[16], wm[8];
+    td_quant_act_row(x, K, q, d);
+    double ex = 0;
+    for (int b = 0; b < nb; b++) {
+        int j = b % 8, S = 0;
+        if (j == 0) kref_decode(dt, wrow + (size_t)(b / 8) * bs, v, ws, wm);
+        for (int l = 0; l < 8; l++) {
+            int32_t p = 0;
+            for (int i = 0; i < 4; i++) p += v[32 * j + 4 * l + i] * q[32 * b + 4 * l + i];
+            acc[8 * (b & 1) + l] = fmaf(ws[2 * j + l / 4] * d[b], (float)p, acc[8 * (b & 1) + l]);
+        }
+        for (int i = 0; i < 32; i++) {
+            S += q[32 * b + i];
+            ex += ((double)ws[2 * j + i / 16] * v[32 * j + i] - wm[j]) * x[32 * b + i];
+        }
+        if (dt != TD_DTYPE_Q6_K) macc[j] = fmaf(wm[j] * d[b], (float)S, macc[j]);
+    }
+    *exact = ex;
+    float s8[8], s4[4], s2[2], m4[4], m2[2];
+    for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) { s4[i] = s8[i] + s8[i + 4]; m4[i] = macc[i] + macc[i + 4]; }
+    for (int i = 0; i < 2; i++) { s2[i] = s4[i] + s4[i + 2]; m2[i] = m4[i] + m4[i + 2]; }
+    return dt == TD_DTYPE_Q6_K ? s2[0] + s2[1] : (s2[0] + s2[1]) - (m2[0] + m2[1]);
+}
+
+static void test_kq_matmul(void) {
+    t_begin("kquant_matmul_order_all_paths");
+    static const int Ms[] = {1, 2, 3, 5, 8, 17};
+    static const int Ns[] = {1, 2, 3, 7, 12};
+    static const int Ks[] = {256, 512, 1280};
+    int paths[TD_KPATH_COUNT], npaths = 0, deflt = td_kernels_path(), fails = 0, checked = 0;
+    for (int p = 0; p < TD_KPATH_COUNT; p++)
+        if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
+    double e2[3] = {0}, y2[3] = {0}, r2[3] = {0};
+    for (int dt = KQ_FIRST; dt <= KQ_LAST; dt++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                int K = Ks[ki], N = Ns[ni], Mmax = 17, ldx = K + 3, ldy = N + 2;
+                size_t rb = td_dtype_row_bytes(dt, K);
+                float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * Mmax * ldx);
+                unsigned char *Wq = malloc(rb * N);
+                float *ref = malloc(sizeof(float) * Mmax * ldy), *got = malloc(sizeof(float) * Mmax * ldy);
+                double *ex = malloc(sizeof(double) * Mmax * N);
+                for (int i = 0; i < N * K; i++) W[i] = frand() + (i % 3 == 0 ? 0.5f : 0.0f); /* off-centre: minimums */
+                for (int i = 0; i < Mmax * ldx; i++) x[i] = frand() * (i % 5 == 0 ? 4.0f : 1.0f);
+                memset(x + 32, 0, sizeof(float) * 32); /* a zero block */
+                for (int n = 0; n < N; n++) {
+                    if (n % 3 == 2) krand_blocks(dt, Wq + n * rb, K / 256); /* any bytes a file may hold */
+                    else td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
+                }
+                for (int m = 0; m < Mmax; m++)
+                    for (int n = 0; n < N; n++)
+                        ref[m * ldy + n] = kq_ref(x + (size_t)m * ldx, Wq + n * rb, dt, K, &ex[m * N + n]);
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+                    checked += paths_vs_ref(x, ldx, Ms[mi], (const char *)Wq, dt, K, N, ref, got, ldy, Mmax, paths, npaths, &fails);
+                /* against the dequantized weights (activation rounding only) and the unquantized matrix */
+                for (int m = 0; m < Mmax; m++)
+                    for (int n = 0; n < N; n++) {
+                        if (n % 3 == 2) continue; /* random blocks: no unquantized matrix */
+                        double e = ref[m * ldy + n] - ex[m * N + n];
+                        r2[dt - KQ_FIRST] += e * e;
+                        double exact = 0;
+                        for (int k = 0; k < K; k++) exact += (double)x[m * ldx + k] * W[(size_t)n * K + k];
+                        e2[dt - KQ_FIRST] += (ref[m * ldy + n] - exact) * (ref[m * ldy + n] - exact);
+                        y2[dt - KQ_FIRST] += exact * exact;
+                    }
+                free(W); free(x); free(Wq); free(ref); free(got); free(ex);
+            }
+    td_kernels_set_path(deflt);
+    double r[3], rd[3];
+    for (int i = 0; i < 3; i++) { r[i] = sqrt(e2[i] / y2[i]); rd[i] = sqrt(r2[i] / y2[i]); }
+    printf("  %d products x %d paths equal the scalar k-quant order (memcmp); rms error / rms output: vs the "
+           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e, vs the unquantized matrix q4_k %.2e q5_k %.2e q6_k %.2e\n",
+           checked / npaths, npaths, rd[0], rd[1], rd[2], r[0], r[1], r[2]);
+    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02, "activation rounding error implausibly large");
+    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1], "quantization errors implausible (q4_k > q5_k > q6_k expected)");
+    t_end();
+}
+
 /* ---- models ----------------------------------------------------------------- */
 
 static td_model *open_q(const char *name, const tm_shape *s, int dt) {
@@ -523,13 +820,16 @@ static td_model *open_q(const char *name, const tm_shape *s, int dt) {
 
 static const tm_shape QSHAPE = {.vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 32,
                                 .ffn = 160, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 5};
+/* for the k-quants: every matrix input width a multiple of 256 (ffn 768 = 3 super-blocks) */
+static const tm_shape KSHAPE = {.vocab = 301, .hidden = 256, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                                .ffn = 768, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 5};
 
 /* logits at T=1 steps == inside one T=7 block == inside a ragged B=5 batch on 2 threads */
 static void test_invariance(int dt, int tied) {
     char name[96];
     snprintf(name, sizeof name, "invariance_%s_%s_%s", td_dtype_name(dt), tied ? "tied" : "untied", td_kernels_path_name());
     t_begin(name);
-    tm_shape s = QSHAPE;
+    tm_shape s = td_dtype_is_kquant(dt) ? KSHAPE : QSHAPE;
     s.tied = tied;
     s.seed = 5 + (uint64_t)dt * 2 + (uint64_t)tied;
     td_model *m = open_q(name, &s, dt);
@@ -538,6 +838,9 @@ static void test_invariance(int dt, int tied) {
     td_model_info in;
     td_model_get_info(m, &in);
     T_CHECK(in.dtype == dt, "main dtype %d", in.dtype);
+    if (td_dtype_is_kquant(dt)) /* the output matrix: q6_k for q4_k / q5_k */
+        T_CHECK(m->w.lm_head.dtype == TD_DTYPE_Q6_K && m->w.layers[0].wq.dtype == dt, "lm_head %s",
+                td_dtype_name(m->w.lm_head.dtype));
     int V = s.vocab;
     int32_t seq[12];
     uint64_t st = s.seed + 7;
@@ -579,7 +882,7 @@ static void test_spec(int dt) {
     char name[64];
     snprintf(name, sizeof name, "spec_equals_plain_%s", td_dtype_name(dt));
     t_begin(name);
-    tm_shape s = QSHAPE;
+    tm_shape s = td_dtype_is_kquant(dt) ? KSHAPE : QSHAPE;
     s.seed = 11;
     td_model *m = open_q(name, &s, dt);
     td_drafter *d = NULL;
@@ -721,18 +1024,26 @@ int main(void) {
     test_nonfinite();
     test_ggml_dot();
     test_bad_sizes();
+    test_kq_layout();
+    test_kq_ggml();
+    test_kq_matmul();
     int deflt = td_kernels_path();
     for (int path = 0; path < TD_KPATH_COUNT; path++) {
         if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
         td_kernels_set_path(path);
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q4_0, 0);
+        test_invariance(TD_DTYPE_Q4_K, 0);
+        test_invariance(TD_DTYPE_Q5_K, 1);
+        test_invariance(TD_DTYPE_Q6_K, 0);
     }
     td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
     test_spec(TD_DTYPE_Q4_0);
+    test_spec(TD_DTYPE_Q4_K);
+    test_spec(TD_DTYPE_Q6_K);
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -33,7 +33,7 @@
 #endif
 
 static void bf_help(void) {
-    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant q8_0|q4_0] [--kv-type T] [--act-type T] [--no-mmap] [--json]\n"
+    printf("usage: tandem bench forward [-m DIR] [-t N] [--quant TYPE] [--kv-type T] [--act-type T] [--no-mmap] [--json]\n"
            "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
            "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
            "  -m, --model DIR        model directory (default: the bundled target)\n"
@@ -41,7 +41,7 @@ static void bf_help(void) {
            "      --bw-mib N         bandwidth buffer size in MiB (default 1024)\n"
            "      --reps N           repeat every measurement N times and keep each one's best\n"
            "                         (for a machine shared with other work; default 1)\n"
-           "      --quant TYPE       quantize the matmul weights to q8_0 or q4_0 at load\n"
+           "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_k, q5_k, q6_k\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16\n"
            CLI_MMAP_HELP
@@ -214,8 +214,11 @@ int cmd_bench_forward(int argc, char **argv) {
         else if (!strcmp(a, "--quant")) {
             if (!cli_need_arg(i, argc, a)) return 2;
             const char *q = argv[++i];
-            quant = !strcmp(q, "q8_0") ? TD_DTYPE_Q8_0 : !strcmp(q, "q4_0") ? TD_DTYPE_Q4_0 : -2;
-            if (quant == -2) { fprintf(stderr, "tandem bench forward: --quant: '%s' is not q8_0 or q4_0\n", q); return 2; }
+            quant = td_dtype_parse(q);
+            if (quant < TD_DTYPE_Q8_0) {
+                fprintf(stderr, "tandem bench forward: --quant: '%s' is not q8_0, q4_0, q4_k, q5_k or q6_k\n", q);
+                return 2;
+            }
         }
         else { fprintf(stderr, "tandem bench forward: unknown option '%s' (see --help)\n", a); return 2; }
     }
@@ -344,14 +347,13 @@ int cmd_bench_forward(int argc, char **argv) {
     memcpy(bw_reps, pair_bw, sizeof(double) * (size_t)reps);
     double ff_paired = median(pair_ff, (int)reps), vr_paired = median(pair_vr, (int)reps * VREPS);
     if (json) {
-        static const char *dtn[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
         printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"kv_type\": \"%s\", \"act_type\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
                "\"bandwidth_gbs\": %.3f, \"floor_ms\": %.4f, \"prefill_tokens\": %d, \"prefill_tps\": %.2f, "
                "\"decode_tokens\": %d, \"decode_tps\": %.2f, \"decode_ms\": %.4f, \"decode_median_ms\": %.4f, \"floor_fraction\": %.4f, "
                "\"loadavg_before\": %.2f, \"loadavg_after\": %.2f, \"load_s\": %.3f, \"weights_copied\": %d, "
                "\"anon_huge_mib\": %.1f, \"file_pmd_mib\": %.1f, "
                "\"verify_ctx\": %d, \"verify_ms\": {",
-               model_dir, info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? dtn[info.dtype] : "?", td_kv_type_name(kv_type), td_act_type_name(act_type), threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
+               model_dir, td_dtype_name(info.dtype), td_kv_type_name(kv_type), td_act_type_name(act_type), threads, reps, info.weight_bytes, info.n_params, bw, floor_s * 1e3, PREFILL, prefill_tps,
                DEC_N, decode_tps, decode_s / DEC_N * 1e3, decode_med_ms, floor_fraction, load0, load, load_s, info.copied,
                anon_huge, file_pmd, CTX);
         for (int i = 0; i < NT; i++) printf("%s\"%d\": %.4f", i ? ", " : "", TS[i], verify_ms[i]);

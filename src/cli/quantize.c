@@ -7,11 +7,14 @@
 #include <string.h>
 
 static void quantize_help(void) {
-    printf("usage: tandem quantize IN OUT.gguf [--type f32|f16|bf16|q8_0|q4_0]\n"
+    printf("usage: tandem quantize IN OUT.gguf [--type T]\n"
            "Write the model IN (a Hugging Face model directory, or a GGUF file) as the GGUF\n"
            "file OUT.gguf, with llama.cpp's tensor names, metadata and tokenizer keys.\n\n"
-           "  -t, --type T    type of the matrices (default: the input's); 1-D tensors are f32;\n"
-           "                  q4_0 stores the output matrix as q8_0\n"
+           "  -t, --type T    type of the matrices (default: the input's): f32, f16, bf16, q8_0,\n"
+           "                  q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m; 1-D tensors are f32.\n"
+           "                  The output matrix is q8_0 for q4_0 and q6_k for the k-quants;\n"
+           "                  q4_k_m / q5_k_m also store attn_v and ffn_down as q6_k; k-quant\n"
+           "                  matrices whose rows are not a multiple of 256 are stored as q8_0\n"
            "  -h, --help      this help\n");
 }
 
@@ -37,8 +40,7 @@ int cmd_quantize(int argc, char **argv) {
     if (!type) {
         td_model_info info;
         td_model_get_info(m, &info);
-        static const char *names[TD_DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-        type = info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? names[info.dtype] : "bf16";
+        type = info.dtype >= 0 && info.dtype < TD_DTYPE_COUNT ? td_dtype_name(info.dtype) : "bf16";
     }
     double t0 = cli_now();
     int rc = td_model_quantize(m, out, type, &err);

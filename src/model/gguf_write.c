@@ -2,10 +2,10 @@
  *
  * Design: the output types are one table (qz_types: name, TD_DTYPE_*, GGUF
  * general.file_type). Matrices (embeddings and projections) are stored in the
- * chosen type (for q4_0 the output matrix in q8_0, td_model_quant_type, as the
- * in-memory quantizer does); 1-D tensors (norms, biases) in F32, as llama.cpp's
+ * chosen type (the output matrix, attn_v and ffn_down as td_model_quant_type chooses,
+ * as the in-memory quantizer does); 1-D tensors (norms, biases) in F32, as llama.cpp's
  * converter does. Each tensor is converted row by row through an f32 scratch
- * row (f16/bf16 round to nearest even; q8_0/q4_0 by td_quantize_row) and
+ * row (f16/bf16 round to nearest even; block formats by td_quantize_row) and
  * streamed to the writer, so memory stays at one row; a row already in the
  * output type is copied unchanged. Metadata follows llama.cpp's names (general.*,
  * <arch>.*, tokenizer.ggml.*); the llama architecture's q/k rows are permuted
@@ -29,7 +29,7 @@
 
 static const struct qz_type {
     const char *name;
-    int dtype;       /* TD_DTYPE_* of the matrices */
+    int dtype;       /* TD_DTYPE_* of the matrices, or a TD_QSCHEME_* mix (td_model_quant_type) */
     uint32_t ftype;  /* GGUF general.file_type (llama_ftype) */
 } qz_types[] = {
     {"f32", TD_DTYPE_F32, 0},
@@ -37,6 +37,11 @@ static const struct qz_type {
     {"bf16", TD_DTYPE_BF16, 32},
     {"q8_0", TD_DTYPE_Q8_0, 7},
     {"q4_0", TD_DTYPE_Q4_0, 2},
+    {"q4_k", TD_DTYPE_Q4_K, 14},     /* llama.cpp calls a file of mostly Q4_K "Q4_K_S" */
+    {"q4_k_m", TD_QSCHEME_Q4_K_M, 15},
+    {"q5_k", TD_DTYPE_Q5_K, 16},
+    {"q5_k_m", TD_QSCHEME_Q5_K_M, 17},
+    {"q6_k", TD_DTYPE_Q6_K, 18},
 };
 #define QZ_N_TYPES (sizeof qz_types / sizeof qz_types[0])
 
@@ -135,8 +140,11 @@ static int qz_write(td_gguf_writer *w, const td_model *m, const struct qz_type *
             q->nd = s[j].nd;
             q->d0 = s[j].nd == 2 ? s[j].d0 : 1;
             q->d1 = s[j].nd == 2 ? s[j].d1 : s[j].d0;
-            int is_out = s[j].t == &m->w.lm_head || (c->tied && s[j].t == &m->w.tok_embd);
-            q->dtype = s[j].nd == 2 ? td_model_quant_type(qt->dtype, is_out) : TD_DTYPE_F32;
+            int role = s[j].t == &m->w.lm_head || (c->tied && s[j].t == &m->w.tok_embd) ? TD_QROLE_OUTPUT
+                       : l >= 0 && s[j].t == &m->w.layers[l].wv                             ? TD_QROLE_ATTN_V
+                       : l >= 0 && s[j].t == &m->w.layers[l].w_down                         ? TD_QROLE_FFN_DOWN
+                                                                                            : TD_QROLE_MATRIX;
+            q->dtype = s[j].nd == 2 ? td_model_quant_type(qt->dtype, role, q->d1) : TD_DTYPE_F32;
             if (td_dtype_check_row(q->dtype, q->d1, q->name, err)) {
                 free(it);
                 return err ? err->code : TD_EFORMAT;
@@ -197,7 +205,7 @@ static int qz_write(td_gguf_writer *w, const td_model *m, const struct qz_type *
 int td_model_quantize(const td_model *m, const char *path, const char *type, td_err *err) {
     if (!m || !path || !type) return td_seterr(err, TD_EINVAL, "td_model_quantize: NULL argument");
     const struct qz_type *qt = NULL;
-    char names[128] = "";
+    char names[160] = "";
     for (size_t i = 0; i < QZ_N_TYPES; i++) {
         if (!strcmp(qz_types[i].name, type)) qt = &qz_types[i];
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", qz_types[i].name);

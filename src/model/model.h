@@ -101,9 +101,18 @@ void *td_model_alloc_huge(size_t n);
 int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **arena_out, size_t *bytes_out, td_err *err);
 /* Set m->dtype to the dtype holding the most weight bytes. */
 void td_model_main_dtype(td_model *m);
-/* The dtype a quantizer gives a matmul weight when asked for dtype: the output
- * matrix (is_output: lm_head, or the embedding when tied) of q4_0 gets q8_0. */
-int td_model_quant_type(int dtype, int is_output);
+/* Quantization schemes beyond one dtype for all matrices: llama.cpp's "_M" mixes. */
+enum { TD_QSCHEME_Q4_K_M = 100, TD_QSCHEME_Q5_K_M = 101 };
+/* What a matrix is, for the choice of its type. */
+enum { TD_QROLE_MATRIX = 0, TD_QROLE_OUTPUT = 1 /* lm_head, or the embedding when tied */, TD_QROLE_ATTN_V = 2,
+       TD_QROLE_FFN_DOWN = 3 };
+/* The dtype a quantizer gives a matrix of role with rows of k values, asked for
+ * scheme (a TD_DTYPE_* block format, or TD_QSCHEME_*), as llama.cpp's quantizer
+ * chooses: the output matrix gets q8_0 for q4_0 and q6_k for the 4- and 5-bit
+ * k-quants; the _M mixes give attn_v and ffn_down q6_k; a k-quant whose rows are
+ * not a whole number of 256-value super-blocks falls back to q8_0 (llama.cpp:
+ * q5_0 / q8_0, the nearest formats it has). -1 for an unknown scheme. */
+int td_model_quant_type(int scheme, int role, int64_t k);
 
 /* One weight tensor the forward binds: where it goes, its names, its shape
  * (row-major [d0][d1], as Hugging Face stores it; GGUF lists [d1, d0]). */

@@ -1,4 +1,4 @@
-/* model_quant — turn a loaded model's matmul weights into Q8_0 / Q4_0 in memory.
+/* model_quant — turn a loaded model's matmul weights into Q8_0 / Q4_0 / k-quants in memory.
  *
  * Design: td_model_quantize_weights walks the 2-D matmul weights (q/k/v/o, gate/up/down,
  * the embedding and an untied lm_head), quantizes each row from its exact f32
@@ -6,9 +6,9 @@
  * model, freed with it) and rebinds the tensor to it. Norm weights and biases
  * stay as loaded. Tensor choice follows llama.cpp's quantizer: the embedding
  * gets the requested type; the output matrix (lm_head, or the embedding when
- * tied) gets Q8_0 for --type q4_0 — llama.cpp uses Q6_K there, which tandem
- * does not implement (llama.cpp itself falls back to Q8_0 when rows are not a
- * multiple of 256). Tensors already quantized are kept. Every matmul input
+ * tied) gets Q8_0 for q4_0 and Q6_K for q4_k / q5_k (llama.cpp uses Q6_K for
+ * q4_0 too where rows are a multiple of 256); rows that do not fill whole k-quant
+ * super-blocks get Q8_0 (td_model_quant_type). Tensors already quantized are kept. Every matmul input
  * width must be a multiple of 32; otherwise nothing is changed and the error
  * names the dimension. The same per-tensor choice (td_model_quant_type) serves
  * the GGUF writer, so files and in-memory quantization agree. The arena is
@@ -41,8 +41,15 @@ void td_model_main_dtype(td_model *m) {
     m->dtype = best;
 }
 
-int td_model_quant_type(int dtype, int is_output) {
-    return is_output && dtype == TD_DTYPE_Q4_0 ? TD_DTYPE_Q8_0 : dtype;
+int td_model_quant_type(int scheme, int role, int64_t k) {
+    int mixed = scheme == TD_QSCHEME_Q4_K_M || scheme == TD_QSCHEME_Q5_K_M;
+    int t = scheme == TD_QSCHEME_Q4_K_M ? TD_DTYPE_Q4_K : scheme == TD_QSCHEME_Q5_K_M ? TD_DTYPE_Q5_K : scheme;
+    if (!td_dtype_is_quant(t)) return t >= 0 && t < TD_DTYPE_COUNT ? t : -1;
+    if (role == TD_QROLE_OUTPUT && t == TD_DTYPE_Q4_0) t = TD_DTYPE_Q8_0;
+    else if (role == TD_QROLE_OUTPUT && (t == TD_DTYPE_Q4_K || t == TD_DTYPE_Q5_K)) t = TD_DTYPE_Q6_K;
+    else if (mixed && (role == TD_QROLE_ATTN_V || role == TD_QROLE_FFN_DOWN)) t = TD_DTYPE_Q6_K;
+    if (td_dtype_is_kquant(t) && k % TD_QKK) t = TD_DTYPE_Q8_0;
+    return t;
 }
 
 int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **arena_out, size_t *bytes_out, td_err *err) {
@@ -52,9 +59,10 @@ int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **aren
     for (int i = 0; i < n; i++) {
         const td_tensor *t = ts[i];
         if (!t->data || td_dtype_is_quant(t->dtype)) continue; /* kept as loaded */
-        if (t->n_dims != 2 || t->shape[1] % TD_QK || !td_dtype_is_quant(dts[i]))
+        if (t->n_dims != 2 || !td_dtype_is_quant(dts[i]) || t->shape[1] % td_dtype_block(dts[i]))
             return td_seterr(err, TD_EUNSUPPORTED, "cannot quantize a [%lld, %lld] tensor to %s: rows must be a multiple of %d values",
-                             (long long)t->shape[0], (long long)(t->n_dims == 2 ? t->shape[1] : 0), td_dtype_name(dts[i]), TD_QK);
+                             (long long)t->shape[0], (long long)(t->n_dims == 2 ? t->shape[1] : 0), td_dtype_name(dts[i]),
+                             td_dtype_block(dts[i]));
         total += (td_dtype_row_bytes(dts[i], t->shape[1]) * (size_t)t->shape[0] + 63) & ~(size_t)63;
     }
     if (!total) return 0;
@@ -87,7 +95,9 @@ int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **aren
 }
 
 int td_model_quantize_weights(td_model *m, int dtype, td_err *err) {
-    if (!m || !td_dtype_is_quant(dtype)) return td_seterr(err, TD_EINVAL, "td_model_quantize_weights: no model or not a quantized dtype");
+    int base = td_model_quant_type(dtype, TD_QROLE_MATRIX, TD_QKK);
+    if (!m || base < 0 || !td_dtype_is_quant(base))
+        return td_seterr(err, TD_EINVAL, "td_model_quantize_weights: no model or not a quantized dtype");
     const td_config *c = &m->cfg;
     struct { const char *name; int v; } dims[] = {
         {"hidden_size", c->n_embd}, {"num_attention_heads*head_dim", c->n_head * c->head_dim},
@@ -95,7 +105,7 @@ int td_model_quantize_weights(td_model *m, int dtype, td_err *err) {
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i].v % TD_QK)
             return td_seterr(err, TD_EUNSUPPORTED, "cannot quantize to %s: %s = %d is not a multiple of %d",
-                             td_dtype_name(dtype), dims[i].name, dims[i].v, TD_QK);
+                             td_dtype_name(base), dims[i].name, dims[i].v, TD_QK);
     /* the tensors (with their dtypes before and after), then one arena for all of them */
     int tied = m->w.lm_head.data == m->w.tok_embd.data, n = 0;
     int nmax = 2 + 7 * c->n_layer;
@@ -107,12 +117,16 @@ int td_model_quantize_weights(td_model *m, int dtype, td_err *err) {
         free(ts); free(dts); free(old);
         return td_seterr(err, TD_ENOMEM, "out of memory quantizing the model");
     }
-    ts[n] = &m->w.tok_embd; dts[n++] = td_model_quant_type(dtype, tied);
-    if (!tied) { ts[n] = &m->w.lm_head; dts[n++] = td_model_quant_type(dtype, 1); }
+    ts[n] = &m->w.tok_embd; dts[n++] = td_model_quant_type(dtype, tied ? TD_QROLE_OUTPUT : TD_QROLE_MATRIX, c->n_embd);
+    if (!tied) { ts[n] = &m->w.lm_head; dts[n++] = td_model_quant_type(dtype, TD_QROLE_OUTPUT, c->n_embd); }
     for (int l = 0; l < c->n_layer; l++) {
         td_layer_w *L = &m->w.layers[l];
         td_tensor *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) { ts[n] = lt[i]; dts[n++] = dtype; }
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) {
+            int role = lt[i] == &L->wv ? TD_QROLE_ATTN_V : lt[i] == &L->w_down ? TD_QROLE_FFN_DOWN : TD_QROLE_MATRIX;
+            ts[n] = lt[i];
+            dts[n++] = td_model_quant_type(dtype, role, lt[i]->n_dims == 2 ? lt[i]->shape[1] : 0);
+        }
     }
     for (int i = 0; i < n; i++) old[i] = ts[i]->data && !td_dtype_is_quant(ts[i]->dtype) ? ts[i]->dtype : -1;
     void *arena = NULL;

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "nn/quant.h"
 #include "nn/kernels.h"
+#include "nn/kquant.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -39,7 +40,11 @@ _Static_assert(sizeof(td_block_q4_0) == 18, "Q4_0 block is 18 bytes");
 
 /* ---- dtype facts ---------------------------------------------------------- */
 
-int td_dtype_is_quant(int dtype) { return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0; }
+int td_dtype_is_kquant(int dtype) { return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K; }
+
+int td_dtype_is_quant(int dtype) { return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0 || td_dtype_is_kquant(dtype); }
+
+int td_dtype_block(int dtype) { return td_dtype_is_kquant(dtype) ? TD_QKK : td_dtype_is_quant(dtype) ? TD_QK : 1; }
 
 const char *td_dtype_name(int dtype) {
     switch (dtype) {
@@ -48,12 +53,23 @@ const char *td_dtype_name(int dtype) {
     case TD_DTYPE_BF16: return "bf16";
     case TD_DTYPE_Q8_0: return "q8_0";
     case TD_DTYPE_Q4_0: return "q4_0";
+    case TD_DTYPE_Q4_K: return "q4_k";
+    case TD_DTYPE_Q5_K: return "q5_k";
+    case TD_DTYPE_Q6_K: return "q6_k";
     default: return "?";
     }
 }
 
+int td_dtype_parse(const char *name) {
+    for (int d = 0; name && d < TD_DTYPE_COUNT; d++)
+        if (!strcmp(name, td_dtype_name(d))) return d;
+    return -1;
+}
+
+/* bytes of one block (td_dtype_block values) of a block format; 0 otherwise */
 static size_t block_bytes(int dtype) {
-    return dtype == TD_DTYPE_Q8_0 ? sizeof(td_block_q8_0) : dtype == TD_DTYPE_Q4_0 ? sizeof(td_block_q4_0) : 0;
+    return dtype == TD_DTYPE_Q8_0 ? sizeof(td_block_q8_0) : dtype == TD_DTYPE_Q4_0 ? sizeof(td_block_q4_0)
+                                                                                   : td_kq_block_bytes(dtype);
 }
 
 size_t td_dtype_row_bytes(int dtype, int64_t n) {
@@ -63,7 +79,13 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
     case TD_DTYPE_F16:
     case TD_DTYPE_BF16: return (size_t)n * 2;
     case TD_DTYPE_Q8_0:
-    case TD_DTYPE_Q4_0: return n % TD_QK ? 0 : (size_t)(n / TD_QK) * block_bytes(dtype);
+    case TD_DTYPE_Q4_0:
+    case TD_DTYPE_Q4_K:
+    case TD_DTYPE_Q5_K:
+    case TD_DTYPE_Q6_K: {
+        int qk = td_dtype_block(dtype);
+        return n % qk ? 0 : (size_t)(n / qk) * block_bytes(dtype);
+    }
     default: return 0;
     }
 }
@@ -71,10 +93,10 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
 int td_dtype_check_row(int dtype, int64_t n, const char *tensor, td_err *err) {
     if (dtype < 0 || dtype >= TD_DTYPE_COUNT)
         return td_seterr(err, TD_EFORMAT, "tensor %s: unknown dtype %d", tensor ? tensor : "?", dtype);
-    if (td_dtype_is_quant(dtype) && (n <= 0 || n % TD_QK))
+    if (td_dtype_is_quant(dtype) && (n <= 0 || n % td_dtype_block(dtype)))
         return td_seterr(err, TD_EFORMAT,
                          "tensor %s: rows of %lld values cannot be stored as %s (needs a multiple of %d)",
-                         tensor ? tensor : "?", (long long)n, td_dtype_name(dtype), TD_QK);
+                         tensor ? tensor : "?", (long long)n, td_dtype_name(dtype), td_dtype_block(dtype));
     return 0;
 }
 
@@ -139,7 +161,8 @@ static void quant_q4_0(const float *x, td_block_q4_0 *y) {
 }
 
 int td_quantize_row(int dtype, const float *x, void *dst, int64_t n) {
-    if (!td_dtype_is_quant(dtype) || n < 0 || n % TD_QK) return TD_EINVAL;
+    if (!td_dtype_is_quant(dtype) || n < 0 || n % td_dtype_block(dtype)) return TD_EINVAL;
+    if (td_dtype_is_kquant(dtype)) { td_kq_quantize_row(dtype, x, dst, n); return 0; }
     for (int64_t b = 0; b < n / TD_QK; b++) {
         if (dtype == TD_DTYPE_Q8_0) quant_q8_0(x + b * TD_QK, (td_block_q8_0 *)dst + b);
         else quant_q4_0(x + b * TD_QK, (td_block_q4_0 *)dst + b);
@@ -170,6 +193,7 @@ static void deq_block_p(const char *row, int64_t b, int dt, float *out) {
 
 void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n) {
     if (!td_dtype_is_quant(dtype)) return;
+    if (td_dtype_is_kquant(dtype)) { td_kq_dequantize_row(dtype, src, dst, n); return; }
     for (int64_t b = 0; b < n / TD_QK; b++) deq_block_p(src, b, dtype, dst + b * TD_QK);
 }
 
@@ -230,13 +254,21 @@ static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
     }
 }
 
-/* plain layout: row m at a + m * lda: q[K] then d[K/32] */
-static size_t plain_ld(int K) { return ((size_t)K + 4 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
+/* plain layout: row m at a + m * lda: q[K], d[K/32], then (for the k-quants'
+ * minimums) s[K/32], the exact sums of each block's q as f32 */
+static size_t plain_ld(int K) { return ((size_t)K + 8 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
 
-static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K) {
+static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K, int sums) {
+    int nb = K / TD_QK;
     for (int m = 0; m < M; m++) {
         char *r = a + (size_t)m * lda;
         td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
+        float *s = (float *)(r + K) + nb;
+        for (int b = 0; sums && b < nb; b++) {
+            int t = 0;
+            for (int i = 0; i < TD_QK; i++) t += ((const int8_t *)r)[TD_QK * b + i];
+            s[b] = (float)t;
+        }
     }
 }
 
@@ -656,10 +688,10 @@ static void set_nan(float *y, int ldy, int M, int n0, int n1) {
 void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dtype, int K, int n0,
                      int n1, int add) {
     if (M <= 0 || n0 >= n1) return;
-    if (!td_dtype_is_quant(dtype) || K <= 0 || K % TD_QK) { set_nan(y, ldy, M, n0, n1); return; } /* callers validate */
-    int path = td_kernels_path(), mb = M < QMB ? M : QMB;
+    if (!td_dtype_is_quant(dtype) || K <= 0 || K % td_dtype_block(dtype)) { set_nan(y, ldy, M, n0, n1); return; } /* callers validate */
+    int path = td_kernels_path(), mb = M < QMB ? M : QMB, kq = td_dtype_is_kquant(dtype);
 #ifdef TQ_VNNI
-    if (path == TD_KPATH_AVX512 && vnni_ok()) {
+    if (path == TD_KPATH_AVX512 && vnni_ok() && !kq) { /* k-quants: the AVX2 tiles below */
         size_t lda = (size_t)(K / TD_QK + 1) / 2 * PAIR;
         if (M >= (dtype == TD_DTYPE_Q8_0 ? QXM_Q8 : QXM_Q4)) {
             size_t sb = (size_t)(K / TD_QK + 1) / 2 * XPAIR;
@@ -688,13 +720,14 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
     if (!a) { set_nan(y, ldy, M, n0, n1); return; }
     for (int m = 0; m < M; m += QMB) {
         int me = m + QMB < M ? m + QMB : M;
-        pack_plain(a, lda, x + (size_t)m * ldx, ldx, me - m, K);
+        pack_plain(a, lda, x + (size_t)m * ldx, ldx, me - m, K, kq);
 #ifdef TD_HAVE_QUANT_AVX2
         if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { /* AVX-512 without VNNI: the AVX2 kernels */
             td_avx2_qmatmul(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
             continue;
         }
 #endif
-        matmul_p(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
+        if (kq) td_kq_matmul_p(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
+        else matmul_p(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
     }
 }

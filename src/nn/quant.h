@@ -46,7 +46,40 @@
  * once per call so that one vector holds lane (h, l) of 8 outputs, tiles of 3
  * tokens x 8 outputs (quant.c); AVX2 (quant_avx2.c: vpmaddubsw of |w|
  * with sign(q, w), then vpmaddwd); portable C. CPUs with AVX-512 but without
- * VNNI run the AVX2 kernels for quantized weights (same bits). */
+ * VNNI run the AVX2 kernels for quantized weights (same bits).
+ *
+ * K-quants (GGUF's Q4_K, Q5_K, Q6_K; super-blocks of TD_QKK = 256 values, so K
+ * must be a multiple of 256; values exactly as llama.cpp's dequantize_row_q*_K
+ * compute them, which tests/kquant_oracle.sh checks bit for bit against ggml's
+ * own prebuilt library when node-llama-cpp is installed):
+ *   Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit (sc, m) for 8 sub-blocks of 32, then
+ *         128 bytes: byte l of 32-byte group g holds value l of sub-block 2g (low
+ *         nibble) and of sub-block 2g+1 (high nibble). value = (d*sc) * q - dmin*m.
+ *         Sub-block j < 4: sc = s[j] & 63, m = s[j+4] & 63; j >= 4: sc = (s[j+4] & 15)
+ *         | (s[j-4] >> 6) << 4, m = (s[j+4] >> 4) | (s[j] >> 6) << 4.   (144 bytes)
+ *   Q5_K: as Q4_K with 32 bytes qh after the scales (bit j of qh[l] is bit 4 of
+ *         value l of sub-block j), then the 128 nibble bytes.            (176 bytes)
+ *   Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales (one per 16 values), f16 d.
+ *         Value v: h = v / 128, g = (v % 128) / 32, l = v % 32: low 4 bits from
+ *         ql[64h + 32(g & 1) + l] (low nibble for g < 2, high for g >= 2), bits 4-5
+ *         from qh[32h + l] >> 2g; value = (d * sc[v / 16]) * (q - 32).     (210 bytes)
+ * Their products use the activation blocks of 32 above and the Q16 lanes, with
+ * the weights as integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32) and exact f32
+ * weight scales per lane: for block b (sub-block j = b % 8 of super-block s)
+ *   P_b[l] as above; ws_l = d*sc_j for Q4_K/Q5_K (all 8 lanes), for Q6_K
+ *   d*sc[2j] in lanes 0-3 and d*sc[2j+1] in lanes 4-7 (every such product is exact);
+ *   acc[8 (b & 1) + l] = fma(ws_l * d_b, (float)P_b[l], acc[8 (b & 1) + l]);
+ *   Q4_K/Q5_K also: S_b = sum of block b's 32 q (exact), wm = dmin*m_j (exact),
+ *   macc[j] = fma(wm * d_b, (float)S_b, macc[j])   (8 lanes, super-blocks ascending)
+ *   s = D16 fold of acc, minus (Q4_K/Q5_K) the D8 fold of macc (s4[i] = v[i] + v[i+4],
+ *   s2[i] = s4[i] + s4[i+2], s2[0] + s2[1]); y = s, or y + s when add.
+ * Kernels: AVX2 (quant_avx2.c; AVX-512 CPUs run it too) and portable C. The
+ * quantizers (td_quantize_row) are tandem's own, simpler than llama.cpp's
+ * iterative ones (files differ in bytes, not in format): per sub-block the
+ * range (Q4_K/Q5_K: min(0, min x) .. max x; Q6_K: the largest |x|) sets its
+ * scale, the sub-block scales and mins are rounded to 6 (Q6_K: 8) bits against
+ * the super-block's d / dmin, and every value is then rounded against the
+ * stored scales it will be decoded with. */
 #ifndef TD_QUANT_H
 #define TD_QUANT_H
 
@@ -54,7 +87,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TD_QK 32 /* values per block */
+#define TD_QK 32   /* values per block */
+#define TD_QKK 256 /* values per k-quant super-block */
 
 typedef struct td_block_q8_0 {
     uint16_t d;      /* f16 scale */
@@ -66,12 +100,35 @@ typedef struct td_block_q4_0 {
     uint8_t qs[16];  /* low nibbles: values 0..15, high nibbles: values 16..31 */
 } td_block_q4_0;     /* 18 bytes */
 
-/* 1 for TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0. */
+typedef struct td_block_q4_k {
+    uint16_t d, dmin;     /* f16 super-block scales of the sub-block scales and mins */
+    uint8_t scales[12];   /* 8 x (6-bit sc, 6-bit m), packed as described above */
+    uint8_t qs[128];      /* nibbles: group g byte l = sub-block 2g (low), 2g+1 (high) */
+} td_block_q4_k;          /* 144 bytes per 256 values */
+
+typedef struct td_block_q5_k {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];       /* bit j of qh[l]: bit 4 of value l of sub-block j */
+    uint8_t qs[128];
+} td_block_q5_k;          /* 176 bytes */
+
+typedef struct td_block_q6_k {
+    uint8_t ql[128];      /* low 4 bits */
+    uint8_t qh[64];       /* high 2 bits */
+    int8_t scales[16];    /* one per 16 values */
+    uint16_t d;           /* f16 super-block scale */
+} td_block_q6_k;          /* 210 bytes */
+
+/* 1 for TD_DTYPE_Q4_K / Q5_K / Q6_K (super-blocks of 256). */
+int td_dtype_is_kquant(int dtype);
+/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0, 1 otherwise. */
+int td_dtype_block(int dtype);
+
+/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
 int td_dtype_is_quant(int dtype);
-/* "f32", "f16", "bf16", "q8_0", "q4_0", or "?". */
-const char *td_dtype_name(int dtype);
-/* Bytes of n consecutive values of one row of dtype (n a multiple of 32 for the
- * block formats; 0 when dtype is unknown or n does not fit its blocks). */
+/* Bytes of n consecutive values of one row of dtype (n a multiple of
+ * td_dtype_block(dtype); 0 when dtype is unknown or n does not fit its blocks). */
 size_t td_dtype_row_bytes(int dtype, int64_t n);
 /* 0 when a row of n values can be stored as dtype; else TD_EFORMAT with a
  * message naming what (tensor names the tensor in the message). */
@@ -85,10 +142,11 @@ int td_dtype_check_tensor(int dtype, int64_t rows, int64_t k, uint64_t nbytes, c
 /* f32 -> f16, round to nearest even (overflow to inf, NaN stays NaN). */
 uint16_t td_f32_to_f16(float f);
 
-/* Quantize n values (n % 32 == 0) of x into dst (td_dtype_row_bytes(dtype, n)
- * bytes). Returns 0, or TD_EINVAL for another dtype or a bad n. */
+/* Quantize n values (n a multiple of td_dtype_block(dtype)) of x into dst
+ * (td_dtype_row_bytes(dtype, n) bytes). Returns 0, or TD_EINVAL for another
+ * dtype or a bad n. */
 int td_quantize_row(int dtype, const float *x, void *dst, int64_t n);
-/* Dequantize n values (n % 32 == 0) starting at a block boundary of src. */
+/* Dequantize n values (a multiple of the block) starting at a block boundary of src. */
 void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
 
 /* Quantize one activation row of K values (K % 32 == 0) as above: q[K] int8,
@@ -96,7 +154,7 @@ void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
 void td_quant_act_row(const float *x, int K, int8_t *q, float *d);
 
 /* td_matmul for a quantized W ([N] rows of K values, row-major blocks; K must
- * be a multiple of 32 — callers validate at load; with another K, or if this
+ * be a multiple of td_dtype_block(dtype) — callers validate at load; with another K, or if this
  * thread's activation scratch cannot be allocated, the outputs [n0, n1) are set
  * to NaN). Each activation row is quantized (td_quant_act_row) and the outputs
  * are computed in the Q16 order above: the same bits on every kernel path and

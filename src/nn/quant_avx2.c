@@ -15,6 +15,7 @@
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "quant_avx2.c needs -mavx2 -mfma -mf16c (the Makefile adds them on x86-64)"
 #endif
+#include "nn/kquant.h"
 #include "nn/quant.h"
 #include "tandem.h"
 
@@ -106,22 +107,174 @@ AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 }
 
 typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K, int add);
-#define QT_INST(MR, NR, DT, SUF)                                                                         \
+#define QTX_INST(TILE, MR, NR, DT, SUF)                                                                  \
     static void qt_##MR##x##NR##_##SUF(float *y, int ldy, const char *a, size_t lda, const char *w,      \
                                        size_t wrow, int K, int add) {                                    \
-        qtile(MR, NR, DT, y, ldy, a, lda, w, wrow, K, add);                                              \
+        TILE(MR, NR, DT, y, ldy, a, lda, w, wrow, K, add);                                               \
     }
-#define QT_SET(DT, SUF) QT_INST(1, 1, DT, SUF) QT_INST(2, 1, DT, SUF) QT_INST(2, 2, DT, SUF)
+#define QT_SET(DT, SUF) QTX_INST(qtile, 1, 1, DT, SUF) QTX_INST(qtile, 2, 1, DT, SUF) QTX_INST(qtile, 2, 2, DT, SUF)
 QT_SET(TD_DTYPE_Q8_0, q8)
 QT_SET(TD_DTYPE_Q4_0, q4)
+
+/* ---- k-quants (Q4_K, Q5_K, Q6_K): the same lanes, scales per super-block ------
+ * A super-block's scales are decoded once per tile row into f32 (ws: d * sc,
+ * wm: dmin * m, exact), then its 8 blocks run like Q8_0's, the block index known
+ * at compile time (the loop is unrolled), so every nibble / bit extraction uses
+ * immediate shifts. Q4_K/Q5_K weights are unsigned (<= 31), so vpmaddubsw takes
+ * them as they are; Q6_K's q - 32 goes through the sign trick. After each
+ * super-block the minimums' terms of its 8 blocks take one fma per (token,
+ * output) into the 8-lane macc (quant.h). */
+#ifndef KPF1
+#define KPF1 2048 /* decode tile: prefetch distance in bytes */
+#endif
+
+/* 8 f32 of a super-block's decoded scales: Q4_K/Q5_K ws[0..7] and wm[0..7];
+ * Q6_K ws[0..15] (one per 16 values), no wm */
+typedef struct { float ws[16], wm[8]; } kscales;
+
+AI void kdecode(int dt, const char *blk, kscales *k) {
+    if (dt == TD_DTYPE_Q6_K) {
+        uint16_t dh;
+        memcpy(&dh, blk + 208, 2);
+        __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        __m128i s = _mm_loadu_si128((const __m128i *)(blk + 192));
+        _mm256_storeu_ps(k->ws, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s))));
+        _mm256_storeu_ps(k->ws + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)))));
+        return;
+    }
+    uint8_t sc[8], m[8];
+    td_kq_unpack_scales((const uint8_t *)blk + 4, sc, m);
+    uint32_t dd;
+    memcpy(&dd, blk, 4);
+    __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)(dd & 0xffff))), dm = _mm256_cvtph_ps(_mm_set1_epi16((short)(dd >> 16)));
+    int64_t sv, mv;
+    memcpy(&sv, sc, 8);
+    memcpy(&mv, m, 8);
+    _mm256_storeu_ps(k->ws, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sv)))));
+    _mm256_storeu_ps(k->wm, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mv)))));
+}
+
+/* block j (0..7, a constant after unrolling) of super-block blk: the 32 weight
+ * integers (Q4_K/Q5_K: unsigned q; Q6_K: q - 32) */
+AI __m256i kvals(int dt, const char *blk, int j) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (dt == TD_DTYPE_Q6_K) {
+        int h = j / 4, g = j % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (g & 1)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        __m256i lo = g < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+        __m256i hb = g == 0 ? _mm256_slli_epi16(qh, 4) : g == 1 ? _mm256_slli_epi16(qh, 2) : g == 2 ? qh : _mm256_srli_epi16(qh, 2);
+        __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+        return _mm256_sub_epi8(u, _mm256_set1_epi8(32));
+    }
+    const char *qs = blk + (dt == TD_DTYPE_Q5_K ? 48 : 16);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+    __m256i u = j & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+    if (dt == TD_DTYPE_Q5_K) { /* bit j of qh[l] -> bit 4 */
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+        __m256i b = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+        u = _mm256_or_si256(u, _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
+    }
+    return u;
+}
+
+/* block j of super-block s (global block 8 s + j) of an MR x NR tile into acc */
+AI void kstep(int MR, int NR, int dt, __m256 (*acc)[2], const char *a, size_t lda, const char *const *sb,
+              const kscales *ks, int K, int s, int j) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int b = 8 * s + j;
+#pragma GCC unroll 2
+    for (int o = 0; o < NR; o++) {
+        __m256i wv = kvals(dt, sb[o], j), wa = dt == TD_DTYPE_Q6_K ? _mm256_abs_epi8(wv) : wv;
+        __m256 wsv = dt == TD_DTYPE_Q6_K ? _mm256_set_m128(_mm_set1_ps(ks[o].ws[2 * j + 1]), _mm_set1_ps(ks[o].ws[2 * j]))
+                                         : _mm256_broadcast_ss(&ks[o].ws[j]);
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; i++) {
+            const char *ar = a + (size_t)i * lda;
+            __m256i q = _mm256_loadu_si256((const __m256i *)(ar + 32 * b));
+            __m256 dx = _mm256_broadcast_ss((const float *)(ar + K) + b);
+            __m256i p16 = _mm256_maddubs_epi16(wa, dt == TD_DTYPE_Q6_K ? _mm256_sign_epi8(q, wv) : q);
+            __m256 pv = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+            acc[i][o] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, dx), pv, acc[i][o]);
+        }
+    }
+}
+
+AI float fold8(__m256 a) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* s4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
+AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
+              int add) {
+    __m256 lo[2][2], hi[2][2], mac[2][2];
+    const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210;
+    const int nsb = K / 256, nb = K / 32;
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++) lo[i][o] = hi[i][o] = mac[i][o] = _mm256_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const char *sb[2];
+        kscales ks[2];
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++) {
+            sb[o] = w + o * wrow + (size_t)s * bs;
+            if (MR == 1 && NR == 1) { /* decode: one stream, through row ends */
+                _mm_prefetch(sb[o] + KPF1, _MM_HINT_T0);
+                _mm_prefetch(sb[o] + KPF1 + 64, _MM_HINT_T0);
+                _mm_prefetch(sb[o] + KPF1 + 128, _MM_HINT_T0);
+                if (bs > 192) _mm_prefetch(sb[o] + KPF1 + 192, _MM_HINT_T0);
+            } else if (s + 2 < nsb) {
+                for (size_t c = 0; c < bs; c += 64) _mm_prefetch(sb[o] + 2 * bs + c, _MM_HINT_T0);
+            }
+            kdecode(dt, sb[o], &ks[o]);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+            kstep(MR, NR, dt, lo, a, lda, sb, ks, K, s, j);
+            kstep(MR, NR, dt, hi, a, lda, sb, ks, K, s, j + 1);
+        }
+        if (dt != TD_DTYPE_Q6_K)
+#pragma GCC unroll 2
+            for (int i = 0; i < MR; i++) {
+                const float *dx = (const float *)(a + (size_t)i * lda + K) + 8 * s;
+                __m256 d8 = _mm256_loadu_ps(dx), s8 = _mm256_loadu_ps(dx + nb);
+#pragma GCC unroll 2
+                for (int o = 0; o < NR; o++)
+                    mac[i][o] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(ks[o].wm), d8), s8, mac[i][o]);
+            }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++) {
+            float v = fold16(lo[i][o], hi[i][o]);
+            if (dt != TD_DTYPE_Q6_K) v -= fold8(mac[i][o]);
+            td_avx2_put(y, ldy, i, o, v, add);
+        }
+}
+
+#define KT_SET(DT, SUF) QTX_INST(ktile, 1, 1, DT, SUF) QTX_INST(ktile, 2, 1, DT, SUF) QTX_INST(ktile, 2, 2, DT, SUF)
+KT_SET(TD_DTYPE_Q4_K, k4)
+KT_SET(TD_DTYPE_Q5_K, k5)
+KT_SET(TD_DTYPE_Q6_K, k6)
+
 typedef struct { qtile_fn t1, t2, t22; } qtile_set; /* 1x1, 2x1, 2x2 */
-static const qtile_set QTILES[2] = {{qt_1x1_q8, qt_2x1_q8, qt_2x2_q8}, {qt_1x1_q4, qt_2x1_q4, qt_2x2_q4}};
+#define QTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S}
+static const qtile_set QTILES[5] = {QTS(q8), QTS(q4), QTS(k4), QTS(k5), QTS(k6)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
     size_t wrow = td_dtype_row_bytes(dt, K);
     const char *wb = W;
-    const qtile_set *ts = &QTILES[dt == TD_DTYPE_Q8_0 ? 0 : 1];
+    const qtile_set *ts = &QTILES[dt == TD_DTYPE_Q8_0   ? 0
+                                  : dt == TD_DTYPE_Q4_0 ? 1
+                                  : dt == TD_DTYPE_Q4_K ? 2
+                                  : dt == TD_DTYPE_Q5_K ? 3
+                                                        : 4];
     if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
         for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;

@@ -13,8 +13,10 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TD_HAVE_QUANT_AVX2 1
 /* y[m][n] (+)= the Q16 product of activation row m, packed in quant.c's plain
- * layout at a + m * lda (q[K] int8, then d[K/32] f32), with weight row n of W
- * (dt = TD_DTYPE_Q8_0 / TD_DTYPE_Q4_0, K % 32 == 0), for m < M, n in [n0, n1). */
+ * layout at a + m * lda (q[K] int8, d[K/32] f32, then for the k-quants s[K/32]
+ * f32, the blocks' sums of q), with weight row n of W (dt = TD_DTYPE_Q8_0 /
+ * Q4_0 with K % 32 == 0, or Q4_K / Q5_K / Q6_K with K % 256 == 0), for m < M,
+ * n in [n0, n1). */
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add);
 #endif

@@ -1,0 +1,228 @@
+/* kquant — Q4_K, Q5_K and Q6_K: quantizers, dequantizers, the portable product.
+ *
+ * Formats and the product's order: quant.h. Decoding follows the format's
+ * definition literally (one value at a time), so it is the reference the AVX2
+ * tiles (quant_avx2.c) and the ggml oracle (tests/kquant_oracle.sh) are held to.
+ * The quantizers are tandem's own (quant.h says how they choose scales); every
+ * float-to-integer conversion goes through qround, which clamps first, so NaN
+ * and infinite inputs give defined bytes, never undefined behaviour. */
+#include "nn/kquant.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <string.h>
+
+size_t td_kq_block_bytes(int dt) {
+    switch (dt) {
+    case TD_DTYPE_Q4_K: return sizeof(td_block_q4_k);
+    case TD_DTYPE_Q5_K: return sizeof(td_block_q5_k);
+    case TD_DTYPE_Q6_K: return sizeof(td_block_q6_k);
+    default: return 0;
+    }
+}
+
+_Static_assert(sizeof(td_block_q4_k) == 144, "Q4_K block is 144 bytes");
+_Static_assert(sizeof(td_block_q5_k) == 176, "Q5_K block is 176 bytes");
+_Static_assert(sizeof(td_block_q6_k) == 210, "Q6_K block is 210 bytes");
+
+/* round(v) clamped to [lo, hi]; NaN gives 0 clamped into the range */
+static int qround(float v, int lo, int hi) {
+    if (!(v == v)) v = 0.0f;
+    if (v <= (float)lo) return lo;
+    if (v >= (float)hi) return hi;
+    return (int)lrintf(v);
+}
+
+static float f16r(float v, uint16_t *out) { /* v rounded to f16 (stored in *out), as f32 */
+    *out = td_f32_to_f16(v);
+    return td_f16_to_f32(*out);
+}
+
+/* ---- Q4_K / Q5_K ------------------------------------------------------------ */
+
+static void pack_scales(uint8_t s[12], const uint8_t sc[8], const uint8_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        s[j + 4] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+        s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+}
+
+/* one super-block of 256 values: d, dmin, scales and the quants q[256] in 0..nmax */
+static void quant_k45(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uint8_t s[12], uint8_t q[256]) {
+    float scale[8], mins[8], smax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            lo = fminf(lo, x[32 * j + i]);
+            hi = fmaxf(hi, x[32 * j + i]);
+        }
+        scale[j] = (hi - lo) / (float)nmax;
+        mins[j] = -lo;
+        if (!(scale[j] < INFINITY)) scale[j] = 0.0f; /* an infinite range: the block decodes to 0 */
+        if (!(mins[j] < INFINITY)) mins[j] = 0.0f;
+        smax = fmaxf(smax, scale[j]);
+        mmax = fmaxf(mmax, mins[j]);
+    }
+    float d = f16r(smax / 63.0f, d16), dmin = f16r(mmax / 63.0f, dmin16);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (uint8_t)(d > 0.0f ? qround(scale[j] / d, 0, 63) : 0);
+        m[j] = (uint8_t)(dmin > 0.0f ? qround(mins[j] / dmin, 0, 63) : 0);
+        float ws = d * (float)sc[j], wm = dmin * (float)m[j];
+        for (int i = 0; i < 32; i++)
+            q[32 * j + i] = (uint8_t)(ws > 0.0f ? qround((x[32 * j + i] + wm) / ws, 0, nmax) : 0);
+    }
+    pack_scales(s, sc, m);
+}
+
+static void quant_q4_k(const float *x, td_block_q4_k *y) {
+    uint8_t q[256];
+    quant_k45(x, 15, &y->d, &y->dmin, y->scales, q);
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++) y->qs[32 * g + l] = (uint8_t)(q[64 * g + l] | q[64 * g + 32 + l] << 4);
+}
+
+static void quant_q5_k(const float *x, td_block_q5_k *y) {
+    uint8_t q[256];
+    quant_k45(x, 31, &y->d, &y->dmin, y->scales, q);
+    memset(y->qh, 0, sizeof y->qh);
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 32; l++) y->qh[l] |= (uint8_t)((q[32 * j + l] >> 4) << j);
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++)
+            y->qs[32 * g + l] = (uint8_t)((q[64 * g + l] & 15) | (q[64 * g + 32 + l] & 15) << 4);
+}
+
+/* ---- Q6_K ------------------------------------------------------------------- */
+
+/* position of value v's low nibble (ql index, shift) and high bits (qh index, shift) */
+static void q6_pos(int v, int *qli, int *qls, int *qhi, int *qhs) {
+    int h = v / 128, g = (v % 128) / 32, l = v % 32;
+    *qli = 64 * h + 32 * (g & 1) + l;
+    *qls = g < 2 ? 0 : 4;
+    *qhi = 32 * h + l;
+    *qhs = 2 * g;
+}
+
+static void quant_q6_k(const float *x, td_block_q6_k *y) {
+    float scale[16], smax = 0.0f;
+    for (int g = 0; g < 16; g++) { /* the value of largest magnitude decodes exactly as q - 32 = -32 */
+        float big = 0.0f;
+        for (int i = 0; i < 16; i++)
+            if (fabsf(x[16 * g + i]) > fabsf(big)) big = x[16 * g + i];
+        scale[g] = big / -32.0f;
+        if (!(fabsf(scale[g]) < INFINITY)) scale[g] = 0.0f;
+        smax = fmaxf(smax, fabsf(scale[g]));
+    }
+    float d = f16r(smax / 127.0f, &y->d);
+    memset(y->ql, 0, sizeof y->ql);
+    memset(y->qh, 0, sizeof y->qh);
+    for (int g = 0; g < 16; g++) {
+        int sc = d > 0.0f ? qround(scale[g] / d, -127, 127) : 0;
+        y->scales[g] = (int8_t)sc;
+        float ws = d * (float)sc;
+        for (int i = 0; i < 16; i++) {
+            int v = 16 * g + i, q = ws != 0.0f ? qround(x[v] / ws, -32, 31) + 32 : 32;
+            int qli, qls, qhi, qhs;
+            q6_pos(v, &qli, &qls, &qhi, &qhs);
+            y->ql[qli] |= (uint8_t)((q & 15) << qls);
+            y->qh[qhi] |= (uint8_t)((q >> 4) << qhs);
+        }
+    }
+}
+
+void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
+    for (int64_t b = 0; b < n / TD_QKK; b++) {
+        const float *xb = x + b * TD_QKK;
+        if (dt == TD_DTYPE_Q4_K) quant_q4_k(xb, (td_block_q4_k *)dst + b);
+        else if (dt == TD_DTYPE_Q5_K) quant_q5_k(xb, (td_block_q5_k *)dst + b);
+        else quant_q6_k(xb, (td_block_q6_k *)dst + b);
+    }
+}
+
+/* ---- decoding: one 32-value block as integers and exact scales ---------------- */
+
+/* Block j (0..7) of super-block blk: w[32] the integers of the product (Q4_K/Q5_K:
+ * q; Q6_K: q - 32), ws[2] the weight scales of lanes 0-3 and 4-7, *wm the minimum's
+ * scale (0 for Q6_K). value i = ws[i / 16] * w[i] - *wm, exactly. */
+static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], float ws[2], float *wm) {
+    if (dt == TD_DTYPE_Q6_K) {
+        const td_block_q6_k *b = (const void *)blk;
+        uint16_t dh;
+        memcpy(&dh, &b->d, 2);
+        float d = td_f16_to_f32(dh);
+        for (int i = 0; i < 32; i++) {
+            int qli, qls, qhi, qhs;
+            q6_pos(32 * j + i, &qli, &qls, &qhi, &qhs);
+            w[i] = (int8_t)((((b->ql[qli] >> qls) & 15) | ((b->qh[qhi] >> qhs) & 3) << 4) - 32);
+        }
+        ws[0] = d * (float)b->scales[2 * j];
+        ws[1] = d * (float)b->scales[2 * j + 1];
+        *wm = 0.0f;
+        return;
+    }
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    uint8_t sc[8], m[8];
+    td_kq_unpack_scales(blk + 4, sc, m);
+    const unsigned char *qs = blk + (dt == TD_DTYPE_Q5_K ? 48 : 16), *qh = blk + 16;
+    for (int i = 0; i < 32; i++) {
+        int v = (qs[32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
+        if (dt == TD_DTYPE_Q5_K) v |= ((qh[i] >> j) & 1) << 4;
+        w[i] = (int8_t)v;
+    }
+    ws[0] = ws[1] = td_f16_to_f32(dh) * (float)sc[j];
+    *wm = td_f16_to_f32(mh) * (float)m[j];
+}
+
+void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n) {
+    size_t bs = td_kq_block_bytes(dt);
+    int8_t w[32];
+    float ws[2], wm;
+    for (int64_t b = 0; b < n / TD_QKK; b++)
+        for (int j = 0; j < 8; j++) {
+            kblock(dt, (const unsigned char *)src + (size_t)b * bs, j, w, ws, &wm);
+            for (int i = 0; i < 32; i++) dst[b * TD_QKK + 32 * j + i] = ws[i / 16] * (float)w[i] - wm;
+        }
+}
+
+/* ---- the portable product ------------------------------------------------------ */
+
+static float fold8_p(const float *v) {
+    float s4[4], s2[2];
+    for (int i = 0; i < 4; i++) s4[i] = v[i] + v[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
+                    int n1, int add) {
+    size_t bs = td_kq_block_bytes(dt), wrow = (size_t)(K / TD_QKK) * bs;
+    int nb = K / TD_QK;
+    int8_t w[32];
+    float ws[2], wm;
+    for (int n = n0; n < n1; n++)
+        for (int m = 0; m < M; m++) {
+            const int8_t *q = (const int8_t *)(a + (size_t)m * lda);
+            const float *d = (const float *)(a + (size_t)m * lda + K), *sum = d + nb;
+            float acc[16] = {0}, macc[8] = {0};
+            for (int b = 0; b < nb; b++) {
+                kblock(dt, (const unsigned char *)W + (size_t)n * wrow + (size_t)(b / 8) * bs, b % 8, w, ws, &wm);
+                float c[2] = {ws[0] * d[b], ws[1] * d[b]};
+                for (int l = 0; l < 8; l++) {
+                    int32_t p = 0;
+                    for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * q[32 * b + 4 * l + i];
+                    acc[8 * (b & 1) + l] = fmaf(c[l / 4], (float)p, acc[8 * (b & 1) + l]);
+                }
+                if (dt != TD_DTYPE_Q6_K) macc[b % 8] = fmaf(wm * d[b], sum[b], macc[b % 8]);
+            }
+            float s[8], s16;
+            for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
+            s16 = fold8_p(s);
+            if (dt != TD_DTYPE_Q6_K) s16 -= fold8_p(macc);
+            float *yp = y + (size_t)m * ldy + n;
+            *yp = add ? *yp + s16 : s16;
+        }
+}

@@ -1,0 +1,42 @@
+/* kquant — GGUF's k-quant formats Q4_K, Q5_K, Q6_K (internal to src/nn).
+ *
+ * quant.h defines the byte layouts, the decoded values and the order of their
+ * products (the Q16 lanes with per-lane weight scales and, for Q4_K/Q5_K, a
+ * separate 8-lane accumulator of the sub-block minimums). This module holds the
+ * format code shared by every kernel path: the scale unpacking (inline, for the
+ * AVX2 tiles too), the quantizers, the dequantizers and the portable product. */
+#ifndef TD_KQUANT_H
+#define TD_KQUANT_H
+
+#include "nn/quant.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes of one super-block of dt (144, 176, 210), 0 for another dtype. */
+size_t td_kq_block_bytes(int dt);
+
+/* The 8 sub-block scales and minimums of a Q4_K / Q5_K super-block from its 12
+ * packed bytes (6 bits each, layout in quant.h). */
+static inline void td_kq_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
+        m[j + 4] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+    }
+}
+
+/* n values (n % 256 == 0) of x into dst as dt; non-finite inputs give defined
+ * (clamped) blocks. */
+void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n);
+/* n values (n % 256 == 0) of src, exactly as quant.h (and llama.cpp) define them. */
+void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n);
+
+/* Portable product in the order of quant.h: activation row m packed at a + m * lda
+ * as q[K] int8, d[K/32] f32, s[K/32] f32 (the exact block sums of q); weight rows
+ * [n0, n1) of W (dt a k-quant, K % 256 == 0). */
+void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
+                    int n1, int add);
+
+#endif
