@@ -142,16 +142,18 @@ AI void kdecode(int dt, const char *blk, kscales *k) {
         _mm256_storeu_ps(k->ws + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)))));
         return;
     }
-    uint8_t sc[8], m[8];
-    td_kq_unpack_scales((const uint8_t *)blk + 4, sc, m);
-    uint32_t dd;
+    /* the 6-bit scales and minimums of kquant.h's td_kq_unpack_scales, four bytes
+     * per word in registers (bytes stored one by one and reloaded as a word
+     * stalled every super-block on store forwarding) */
+    uint32_t dd, w[3];
     memcpy(&dd, blk, 4);
+    memcpy(w, blk + 4, 12);
+    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    uint64_t sv = (uint64_t)(w[0] & k6) | (uint64_t)((w[2] & k4) | ((w[0] >> 6) & k2) << 4) << 32;
+    uint64_t mv = (uint64_t)(w[1] & k6) | (uint64_t)(((w[2] >> 4) & k4) | ((w[1] >> 6) & k2) << 4) << 32;
     __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)(dd & 0xffff))), dm = _mm256_cvtph_ps(_mm_set1_epi16((short)(dd >> 16)));
-    int64_t sv, mv;
-    memcpy(&sv, sc, 8);
-    memcpy(&mv, m, 8);
-    _mm256_storeu_ps(k->ws, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sv)))));
-    _mm256_storeu_ps(k->wm, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mv)))));
+    _mm256_storeu_ps(k->ws, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sv)))));
+    _mm256_storeu_ps(k->wm, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mv)))));
 }
 
 /* block j (0..7, a constant after unrolling) of super-block blk: the 32 weight
