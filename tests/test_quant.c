@@ -546,7 +546,7 @@ static void test_bad_sizes(void) {
  * (a transcription independent of src/nn/kquant.c): v[256] the integers of the
  * product (Q4_K/Q5_K: q; Q6_K: q - 32), ws[16] the scale of each 16 values
  * (d * sc), wm[8] each 32-value sub-block's minimum scale (dmin * m; Q6_K 0). */
-static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[8]) {
+static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[8], int isc[16], int im[8]) {
     uint16_t h;
     if (dt == TD_DTYPE_Q6_K) {
         memcpy(&h, blk + 208, 2);
@@ -561,8 +561,8 @@ static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[1
                 v[128 * n + l + 96] = ((ql[64 * n + l + 32] >> 4) | ((qh[32 * n + l] >> 6) & 3) << 4) - 32;
             }
         }
-        for (int i = 0; i < 16; i++) ws[i] = d * (float)sc[i];
-        for (int j = 0; j < 8; j++) wm[j] = 0.0f;
+        for (int i = 0; i < 16; i++) ws[i] = d * (float)(isc[i] = sc[i]);
+        for (int j = 0; j < 8; j++) wm[j] = (float)(im[j] = 0);
         return;
     }
     uint16_t hm;
@@ -575,7 +575,9 @@ static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[1
         if (j < 4) { sc = s[j] & 63; m = s[j + 4] & 63; }
         else { sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
         ws[2 * j] = ws[2 * j + 1] = d * (float)sc;
+        isc[2 * j] = isc[2 * j + 1] = sc;
         wm[j] = dmin * (float)m;
+        im[j] = m;
     }
     for (int g = 0; g < 4; g++)
         for (int l = 0; l < 32; l++) {
@@ -720,28 +722,46 @@ done:
     t_end();
 }
 
-/* quant.h's k-quant product order, scalar by scalar (with kref_decode); also the
- * product over the dequantized weights in double (*exact) */
+/* quant.h's k-quant product order, scalar by scalar (with kref_decode): the
+ * activations quantized per 256 by the rule of td_quant_act_row (written out
+ * again here), integer super-block sums, one fmaf per lane and super-block; also
+ * the product over the dequantized weights in double (*exact) */
 static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, double *exact) {
-    int nb = K / 32, v[256];
+    int nsb = K / 256, v[256];
     size_t bs = td_dtype_row_bytes(dt, 256);
-    int8_t q[32 * 128];
-    float d[128], acc[16] = {0}, macc[8] = {0}, ws[16], wm[8];
-    td_quant_act_row(x, K, q, d);
+    int8_t q[256 * 8];
+    float d[8], acc[16] = {0}, macc[8] = {0}, ws[16], wm[8];
+    int isc[16], im[8];
+    for (int s = 0; s < nsb; s++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(x[256 * s + i]));
+        d[s] = amax / 127.0f;
+        float id = d[s] != 0.0f ? 1.0f / d[s] : 0.0f;
+        for (int i = 0; i < 256; i++) q[256 * s + i] = (int8_t)rintf(x[256 * s + i] * id);
+    }
     double ex = 0;
-    for (int b = 0; b < nb; b++) {
-        int j = b % 8, S = 0;
-        if (j == 0) kref_decode(dt, wrow + (size_t)(b / 8) * bs, v, ws, wm);
-        for (int l = 0; l < 8; l++) {
-            int32_t p = 0;
-            for (int i = 0; i < 4; i++) p += v[32 * j + 4 * l + i] * q[32 * b + 4 * l + i];
-            acc[8 * (b & 1) + l] = fmaf(ws[2 * j + l / 4] * d[b], (float)p, acc[8 * (b & 1) + l]);
+    for (int s = 0; s < nsb; s++) {
+        const unsigned char *blk = wrow + (size_t)s * bs;
+        kref_decode(dt, blk, v, ws, wm, isc, im);
+        uint16_t h;
+        memcpy(&h, dt == TD_DTYPE_Q6_K ? blk + 208 : blk, 2);
+        float dw = td_f16_to_f32(h), dmin = 0.0f;
+        if (dt != TD_DTYPE_Q6_K) { memcpy(&h, blk + 2, 2); dmin = td_f16_to_f32(h); }
+        int32_t P[8] = {0};
+        for (int j = 0; j < 8; j++) {
+            int S = 0;
+            for (int l = 0; l < 8; l++) {
+                int32_t p = 0;
+                for (int i = 0; i < 4; i++) p += v[32 * j + 4 * l + i] * q[256 * s + 32 * j + 4 * l + i];
+                P[l] += isc[2 * j + l / 4] * p;
+            }
+            for (int i = 0; i < 32; i++) {
+                S += q[256 * s + 32 * j + i];
+                ex += ((double)ws[2 * j + i / 16] * v[32 * j + i] - wm[j]) * x[256 * s + 32 * j + i];
+            }
+            if (dt != TD_DTYPE_Q6_K) macc[j] = fmaf(dmin * d[s], (float)(im[j] * S), macc[j]);
         }
-        for (int i = 0; i < 32; i++) {
-            S += q[32 * b + i];
-            ex += ((double)ws[2 * j + i / 16] * v[32 * j + i] - wm[j]) * x[32 * b + i];
-        }
-        if (dt != TD_DTYPE_Q6_K) macc[j] = fmaf(wm[j] * d[b], (float)S, macc[j]);
+        for (int l = 0; l < 8; l++) acc[8 * (s & 1) + l] = fmaf(dw * d[s], (float)P[l], acc[8 * (s & 1) + l]);
     }
     *exact = ex;
     float s8[8], s4[4], s2[2], m4[4], m2[2];

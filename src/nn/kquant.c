@@ -141,51 +141,65 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
     }
 }
 
-/* ---- decoding: one 32-value block as integers and exact scales ---------------- */
+/* ---- decoding: one 32-value block as integers and integer scales ------------- */
+
+/* The super-block's f16 scales as f32: *d, and *dmin (0 for Q6_K). */
+static void ksuper(int dt, const unsigned char *blk, float *d, float *dmin) {
+    uint16_t h;
+    if (dt == TD_DTYPE_Q6_K) {
+        memcpy(&h, blk + 208, 2);
+        *d = td_f16_to_f32(h);
+        *dmin = 0.0f;
+        return;
+    }
+    memcpy(&h, blk, 2);
+    *d = td_f16_to_f32(h);
+    memcpy(&h, blk + 2, 2);
+    *dmin = td_f16_to_f32(h);
+}
 
 /* Block j (0..7) of super-block blk: w[32] the integers of the product (Q4_K/Q5_K:
- * q; Q6_K: q - 32), ws[2] the weight scales of lanes 0-3 and 4-7, *wm the minimum's
- * scale (0 for Q6_K). value i = ws[i / 16] * w[i] - *wm, exactly. */
-static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], float ws[2], float *wm) {
+ * q; Q6_K: q - 32), sc[2] the integer scales of values 0-15 and 16-31, *m the
+ * minimum's integer (0 for Q6_K). value i = (d * sc[i / 16]) * w[i] - dmin * m. */
+static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc[2], int *m) {
     if (dt == TD_DTYPE_Q6_K) {
         const td_block_q6_k *b = (const void *)blk;
-        uint16_t dh;
-        memcpy(&dh, &b->d, 2);
-        float d = td_f16_to_f32(dh);
         for (int i = 0; i < 32; i++) {
             int qli, qls, qhi, qhs;
             q6_pos(32 * j + i, &qli, &qls, &qhi, &qhs);
             w[i] = (int8_t)((((b->ql[qli] >> qls) & 15) | ((b->qh[qhi] >> qhs) & 3) << 4) - 32);
         }
-        ws[0] = d * (float)b->scales[2 * j];
-        ws[1] = d * (float)b->scales[2 * j + 1];
-        *wm = 0.0f;
+        sc[0] = b->scales[2 * j];
+        sc[1] = b->scales[2 * j + 1];
+        *m = 0;
         return;
     }
-    uint16_t dh, mh;
-    memcpy(&dh, blk, 2);
-    memcpy(&mh, blk + 2, 2);
-    uint8_t sc[8], m[8];
-    td_kq_unpack_scales(blk + 4, sc, m);
+    uint8_t s8[8], m8[8];
+    td_kq_unpack_scales(blk + 4, s8, m8);
     const unsigned char *qs = blk + (dt == TD_DTYPE_Q5_K ? 48 : 16), *qh = blk + 16;
     for (int i = 0; i < 32; i++) {
         int v = (qs[32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
         if (dt == TD_DTYPE_Q5_K) v |= ((qh[i] >> j) & 1) << 4;
         w[i] = (int8_t)v;
     }
-    ws[0] = ws[1] = td_f16_to_f32(dh) * (float)sc[j];
-    *wm = td_f16_to_f32(mh) * (float)m[j];
+    sc[0] = sc[1] = s8[j];
+    *m = m8[j];
 }
 
 void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n) {
     size_t bs = td_kq_block_bytes(dt);
     int8_t w[32];
-    float ws[2], wm;
-    for (int64_t b = 0; b < n / TD_QKK; b++)
+    int sc[2], m;
+    float d, dmin;
+    for (int64_t b = 0; b < n / TD_QKK; b++) {
+        const unsigned char *blk = (const unsigned char *)src + (size_t)b * bs;
+        ksuper(dt, blk, &d, &dmin);
         for (int j = 0; j < 8; j++) {
-            kblock(dt, (const unsigned char *)src + (size_t)b * bs, j, w, ws, &wm);
+            kblock(dt, blk, j, w, sc, &m);
+            float ws[2] = {d * (float)sc[0], d * (float)sc[1]}, wm = dmin * (float)m;
             for (int i = 0; i < 32; i++) dst[b * TD_QKK + 32 * j + i] = ws[i / 16] * (float)w[i] - wm;
         }
+    }
 }
 
 /* ---- the portable product ------------------------------------------------------ */
@@ -200,29 +214,37 @@ static float fold8_p(const float *v) {
 void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
                     int n1, int add) {
     size_t bs = td_kq_block_bytes(dt), wrow = (size_t)(K / TD_QKK) * bs;
-    int nb = K / TD_QK;
+    int nsb = K / TD_QKK;
     int8_t w[32];
-    float ws[2], wm;
+    int sc[2], mj;
+    float dw, dmin;
     for (int n = n0; n < n1; n++)
         for (int m = 0; m < M; m++) {
             const int8_t *q = (const int8_t *)(a + (size_t)m * lda);
-            const float *d = (const float *)(a + (size_t)m * lda + K), *sum = d + nb;
+            const float *d = (const float *)(a + (size_t)m * lda + K);
+            const int32_t *S = (const int32_t *)(d + nsb);
             float acc[16] = {0}, macc[8] = {0};
-            for (int b = 0; b < nb; b++) {
-                kblock(dt, (const unsigned char *)W + (size_t)n * wrow + (size_t)(b / 8) * bs, b % 8, w, ws, &wm);
-                float c[2] = {ws[0] * d[b], ws[1] * d[b]};
-                for (int l = 0; l < 8; l++) {
-                    int32_t p = 0;
-                    for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * q[32 * b + 4 * l + i];
-                    acc[8 * (b & 1) + l] = fmaf(c[l / 4], (float)p, acc[8 * (b & 1) + l]);
+            for (int s = 0; s < nsb; s++) {
+                const unsigned char *blk = (const unsigned char *)W + (size_t)n * wrow + (size_t)s * bs;
+                int32_t P[8] = {0};
+                ksuper(dt, blk, &dw, &dmin);
+                for (int j = 0; j < 8; j++) {
+                    kblock(dt, blk, j, w, sc, &mj);
+                    const int8_t *qj = q + TD_QKK * s + 32 * j;
+                    for (int l = 0; l < 8; l++) {
+                        int32_t p = 0;
+                        for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * qj[4 * l + i];
+                        P[l] += sc[l / 4] * p;
+                    }
+                    if (dt != TD_DTYPE_Q6_K) macc[j] = fmaf(dmin * d[s], (float)(mj * S[8 * s + j]), macc[j]);
                 }
-                if (dt != TD_DTYPE_Q6_K) macc[b % 8] = fmaf(wm * d[b], sum[b], macc[b % 8]);
+                for (int l = 0; l < 8; l++) acc[8 * (s & 1) + l] = fmaf(dw * d[s], (float)P[l], acc[8 * (s & 1) + l]);
             }
-            float s[8], s16;
-            for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
-            s16 = fold8_p(s);
-            if (dt != TD_DTYPE_Q6_K) s16 -= fold8_p(macc);
+            float s8[8], sum;
+            for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
+            sum = fold8_p(s8);
+            if (dt != TD_DTYPE_Q6_K) sum -= fold8_p(macc);
             float *yp = y + (size_t)m * ldy + n;
-            *yp = add ? *yp + s16 : s16;
+            *yp = add ? *yp + sum : sum;
         }
 }

@@ -213,21 +213,31 @@ static int act_scale(uint32_t ab, float *d, float *id) {
     return 1;
 }
 
-static void act_block_p(const float *x, int8_t *q, float *d) {
+/* n activations (32, or 256 for the k-quants) -> n int8 q and their scale */
+static void act_block_p(const float *x, int n, int8_t *q, float *d) {
     uint32_t ab = 0;
-    for (int j = 0; j < TD_QK; j++) {
+    for (int j = 0; j < n; j++) {
         uint32_t u;
         memcpy(&u, x + j, 4);
         u &= 0x7fffffffu;
         ab = u > ab ? u : ab;
     }
     float id;
-    if (!act_scale(ab, d, &id)) { memset(q, 0, TD_QK); return; }
-    for (int j = 0; j < TD_QK; j++) q[j] = (int8_t)(int)rintf(x[j] * id); /* |x * id| <= 127.0001 */
+    if (!act_scale(ab, d, &id)) { memset(q, 0, (size_t)n); return; }
+    for (int j = 0; j < n; j++) q[j] = (int8_t)(int)rintf(x[j] * id); /* |x * id| <= 127.0001 */
 }
 
 void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
-    for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, q + b * TD_QK, d + b);
+    for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, TD_QK, q + b * TD_QK, d + b);
+}
+
+void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums) {
+    for (int b = 0; b < K / TD_QKK; b++) act_block_p(x + b * TD_QKK, TD_QKK, q + b * TD_QKK, d + b);
+    for (int b = 0; b < K / TD_QK; b++) {
+        int32_t t = 0;
+        for (int i = 0; i < TD_QK; i++) t += q[TD_QK * b + i];
+        sums[b] = t;
+    }
 }
 
 #define QMB 64 /* rows quantized per pass: their packed activations stay in cache while a weight panel streams */
@@ -254,21 +264,15 @@ static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
     }
 }
 
-/* plain layout: row m at a + m * lda: q[K], d[K/32], then (for the k-quants'
- * minimums) s[K/32], the exact sums of each block's q as f32 */
+/* plain layout: row m at a + m * lda: q[K], then d[K/32] f32; for the k-quants
+ * (kq) q[K], d[K/256] f32, S[K/32] int32 (td_quant_act_row_k) */
 static size_t plain_ld(int K) { return ((size_t)K + 8 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
 
-static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K, int sums) {
-    int nb = K / TD_QK;
+static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K, int kq) {
     for (int m = 0; m < M; m++) {
         char *r = a + (size_t)m * lda;
-        td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
-        float *s = (float *)(r + K) + nb;
-        for (int b = 0; sums && b < nb; b++) {
-            int t = 0;
-            for (int i = 0; i < TD_QK; i++) t += ((const int8_t *)r)[TD_QK * b + i];
-            s[b] = (float)t;
-        }
+        if (kq) td_quant_act_row_k(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K), (int32_t *)(r + K) + K / TD_QKK);
+        else td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
     }
 }
 

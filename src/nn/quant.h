@@ -63,14 +63,18 @@
  *         Value v: h = v / 128, g = (v % 128) / 32, l = v % 32: low 4 bits from
  *         ql[64h + 32(g & 1) + l] (low nibble for g < 2, high for g >= 2), bits 4-5
  *         from qh[32h + l] >> 2g; value = (d * sc[v / 16]) * (q - 32).     (210 bytes)
- * Their products use the activation blocks of 32 above and the Q16 lanes, with
- * the weights as integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32) and exact f32
- * weight scales per lane: for block b (sub-block j = b % 8 of super-block s)
- *   P_b[l] as above; ws_l = d*sc_j for Q4_K/Q5_K (all 8 lanes), for Q6_K
- *   d*sc[2j] in lanes 0-3 and d*sc[2j+1] in lanes 4-7 (every such product is exact);
- *   acc[8 (b & 1) + l] = fma(ws_l * d_b, (float)P_b[l], acc[8 (b & 1) + l]);
- *   Q4_K/Q5_K also: S_b = sum of block b's 32 q (exact), wm = dmin*m_j (exact),
- *   macc[j] = fma(wm * d_b, (float)S_b, macc[j])   (8 lanes, super-blocks ascending)
+ * Their products quantize each activation row in super-blocks of 256 as llama.cpp
+ * does for these formats (its Q8_K): td_quant_act_row's rule over 256 values
+ * instead of 32 (amax, d = amax / 127, q = rint(x / d); non-finite: d = NaN, q = 0;
+ * tiny: d = 0, q = 0), plus the exact sums S_j of each 32 q. The weights are
+ * integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32) with integer sub-block
+ * scales sc (Q6_K: one per 16 values), so a whole super-block s sums exactly:
+ *   P_s[l] = sum_{j<8} sc_{j,l} * sum_{i<4} w[32j+4l+i] * q[256s+32j+4l+i]   (l = 0..7;
+ *            sc_{j,l} = sc_j for Q4_K/Q5_K, sc[2j] for l < 4 and sc[2j+1] for l >= 4
+ *            for Q6_K; |P| < 2^24, so (float)P is exact)
+ *   acc[8 (s & 1) + l] = fma(d_w * d_s, (float)P_s[l], acc[8 (s & 1) + l])
+ *                      (d_w the super-block's f16 d as f32, d_s the activation scale)
+ *   Q4_K/Q5_K also: macc[j] = fma(dmin_w * d_s, (float)(m_j * S_j), macc[j])   (8 lanes)
  *   s = D16 fold of acc, minus (Q4_K/Q5_K) the D8 fold of macc (s4[i] = v[i] + v[i+4],
  *   s2[i] = s4[i] + s4[i+2], s2[0] + s2[1]); y = s, or y + s when add.
  * Kernels: AVX2 (quant_avx2.c; AVX-512 CPUs run it too) and portable C. The
@@ -152,6 +156,9 @@ void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
 /* Quantize one activation row of K values (K % 32 == 0) as above: q[K] int8,
  * d[K/32] f32 scales. */
 void td_quant_act_row(const float *x, int K, int8_t *q, float *d);
+/* The same over super-blocks of 256 values (K % 256 == 0; the k-quants' products):
+ * q[K], d[K/256], and sums[K/32] the exact sum of each 32 q. */
+void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums);
 
 /* td_matmul for a quantized W ([N] rows of K values, row-major blocks; K must
  * be a multiple of td_dtype_block(dtype) — callers validate at load; with another K, or if this

@@ -116,45 +116,18 @@ typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const cha
 QT_SET(TD_DTYPE_Q8_0, q8)
 QT_SET(TD_DTYPE_Q4_0, q4)
 
-/* ---- k-quants (Q4_K, Q5_K, Q6_K): the same lanes, scales per super-block ------
- * A super-block's scales are decoded once per tile row into f32 (ws: d * sc,
- * wm: dmin * m, exact), then its 8 blocks run like Q8_0's, the block index known
- * at compile time (the loop is unrolled), so every nibble / bit extraction uses
- * immediate shifts. Q4_K/Q5_K weights are unsigned (<= 31), so vpmaddubsw takes
- * them as they are; Q6_K's q - 32 goes through the sign trick. After each
- * super-block the minimums' terms of its 8 blocks take one fma per (token,
- * output) into the 8-lane macc (quant.h). */
+/* ---- k-quants (Q4_K, Q5_K, Q6_K): super-blocks summed in int32 ----------------
+ * The activations come in super-blocks of 256 with one scale (quant.h), so the 8
+ * sub-blocks of a super-block add up exactly: per sub-block one vpmaddubsw
+ * (Q4_K/Q5_K weights are unsigned <= 31 and go in as they are; Q6_K's q - 32
+ * through the sign trick), one vpmaddwd against the sub-block's integer scale
+ * (replacing Q8_0's vpmaddwd with ones) and one vpaddd; then one conversion and
+ * one fma per super-block, and for Q4_K/Q5_K one for the minimums. The block
+ * index is a constant after unrolling, so every nibble / bit extraction uses
+ * immediate shifts and every scale broadcast a constant vpshufb. */
 #ifndef KPF1
 #define KPF1 2048 /* decode tile: prefetch distance in bytes */
 #endif
-
-/* 8 f32 of a super-block's decoded scales: Q4_K/Q5_K ws[0..7] and wm[0..7];
- * Q6_K ws[0..15] (one per 16 values), no wm */
-typedef struct { float ws[16], wm[8]; } kscales;
-
-AI void kdecode(int dt, const char *blk, kscales *k) {
-    if (dt == TD_DTYPE_Q6_K) {
-        uint16_t dh;
-        memcpy(&dh, blk + 208, 2);
-        __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
-        __m128i s = _mm_loadu_si128((const __m128i *)(blk + 192));
-        _mm256_storeu_ps(k->ws, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s))));
-        _mm256_storeu_ps(k->ws + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)))));
-        return;
-    }
-    /* the 6-bit scales and minimums of kquant.h's td_kq_unpack_scales, four bytes
-     * per word in registers (bytes stored one by one and reloaded as a word
-     * stalled every super-block on store forwarding) */
-    uint32_t dd, w[3];
-    memcpy(&dd, blk, 4);
-    memcpy(w, blk + 4, 12);
-    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    uint64_t sv = (uint64_t)(w[0] & k6) | (uint64_t)((w[2] & k4) | ((w[0] >> 6) & k2) << 4) << 32;
-    uint64_t mv = (uint64_t)(w[1] & k6) | (uint64_t)(((w[2] >> 4) & k4) | ((w[1] >> 6) & k2) << 4) << 32;
-    __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)(dd & 0xffff))), dm = _mm256_cvtph_ps(_mm_set1_epi16((short)(dd >> 16)));
-    _mm256_storeu_ps(k->ws, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sv)))));
-    _mm256_storeu_ps(k->wm, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mv)))));
-}
 
 /* block j (0..7, a constant after unrolling) of super-block blk: the 32 weight
  * integers (Q4_K/Q5_K: unsigned q; Q6_K: q - 32) */
@@ -180,26 +153,49 @@ AI __m256i kvals(int dt, const char *blk, int j) {
     return u;
 }
 
-/* block j of super-block s (global block 8 s + j) of an MR x NR tile into acc */
-AI void kstep(int MR, int NR, int dt, __m256 (*acc)[2], const char *a, size_t lda, const char *const *sb,
-              const kscales *ks, int K, int s, int j) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int b = 8 * s + j;
-#pragma GCC unroll 2
-    for (int o = 0; o < NR; o++) {
-        __m256i wv = kvals(dt, sb[o], j), wa = dt == TD_DTYPE_Q6_K ? _mm256_abs_epi8(wv) : wv;
-        __m256 wsv = dt == TD_DTYPE_Q6_K ? _mm256_set_m128(_mm_set1_ps(ks[o].ws[2 * j + 1]), _mm_set1_ps(ks[o].ws[2 * j]))
-                                         : _mm256_broadcast_ss(&ks[o].ws[j]);
-#pragma GCC unroll 2
-        for (int i = 0; i < MR; i++) {
-            const char *ar = a + (size_t)i * lda;
-            __m256i q = _mm256_loadu_si256((const __m256i *)(ar + 32 * b));
-            __m256 dx = _mm256_broadcast_ss((const float *)(ar + K) + b);
-            __m256i p16 = _mm256_maddubs_epi16(wa, dt == TD_DTYPE_Q6_K ? _mm256_sign_epi8(q, wv) : q);
-            __m256 pv = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-            acc[i][o] = _mm256_fmadd_ps(_mm256_mul_ps(wsv, dx), pv, acc[i][o]);
-        }
+/* A super-block's header: the int16 scales (Q4_K/Q5_K: sc0..7 in both 128-bit
+ * halves; Q6_K: lo = sc0..7 and hi = sc8..15, each in both halves), the 8 minimums
+ * as bytes, and d / dmin as f32. */
+typedef struct { __m256i lo, hi; __m128i m; float d, dmin; } khead;
+
+AI void khead_get(int dt, const char *blk, khead *k) {
+    if (dt == TD_DTYPE_Q6_K) {
+        uint16_t dh;
+        memcpy(&dh, blk + 208, 2);
+        k->d = _cvtsh_ss(dh);
+        k->dmin = 0.0f;
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        k->lo = _mm256_permute2x128_si256(s16, s16, 0x00);
+        k->hi = _mm256_permute2x128_si256(s16, s16, 0x11);
+        k->m = _mm_setzero_si128();
+        return;
     }
+    /* the 6-bit scales and minimums (kquant.h's td_kq_unpack_scales), four bytes a
+     * word in registers (bytes stored one by one and reloaded as a word stalled on
+     * store forwarding) */
+    uint16_t dh[2];
+    uint32_t w[3];
+    memcpy(dh, blk, 4);
+    memcpy(w, blk + 4, 12);
+    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    uint64_t sv = (uint64_t)(w[0] & k6) | (uint64_t)((w[2] & k4) | ((w[0] >> 6) & k2) << 4) << 32;
+    uint64_t mv = (uint64_t)(w[1] & k6) | (uint64_t)(((w[2] >> 4) & k4) | ((w[1] >> 6) & k2) << 4) << 32;
+    k->d = _cvtsh_ss(dh[0]);
+    k->dmin = _cvtsh_ss(dh[1]);
+    k->lo = k->hi = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sv)));
+    k->m = _mm_cvtsi64_si128((long long)mv);
+}
+
+/* the int16 scale vector of sub-block j: every lane sc_j (Q6_K: sc[2j] in the
+ * low 128 bits, sc[2j+1] in the high) */
+AI __m256i kscale(int dt, const khead *k, int j) {
+    if (dt == TD_DTYPE_Q6_K) {
+        int w = 2 * (j % 4);
+        __m256i c = _mm256_set_m128i(_mm_set1_epi16((short)((2 * w + 3) << 8 | (2 * w + 2))),
+                                     _mm_set1_epi16((short)((2 * w + 1) << 8 | (2 * w))));
+        return _mm256_shuffle_epi8(j < 4 ? k->lo : k->hi, c);
+    }
+    return _mm256_shuffle_epi8(k->lo, _mm256_set1_epi16((short)((2 * j + 1) << 8 | (2 * j))));
 }
 
 AI float fold8(__m256 a) {
@@ -209,18 +205,21 @@ AI float fold8(__m256 a) {
     return _mm_cvtss_f32(d);
 }
 
+/* MR tokens (rows of the k-quant plain layout: q[K], d[K/256], S[K/32]) x NR
+ * outputs, super-block by super-block */
 AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
               int add) {
-    __m256 lo[2][2], hi[2][2], mac[2][2];
+    __m256 acc[2][2][2], mac[2][2]; /* [token][output][super-block parity] */
     const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210;
-    const int nsb = K / 256, nb = K / 32;
+    const int nsb = K / 256;
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
-        for (int o = 0; o < NR; o++) lo[i][o] = hi[i][o] = mac[i][o] = _mm256_setzero_ps();
+        for (int o = 0; o < NR; o++) acc[i][o][0] = acc[i][o][1] = mac[i][o] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const char *sb[2];
-        kscales ks[2];
+        khead kh[2];
+        __m256i P[2][2];
 #pragma GCC unroll 2
         for (int o = 0; o < NR; o++) {
             sb[o] = w + o * wrow + (size_t)s * bs;
@@ -232,28 +231,43 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
             } else if (s + 2 < nsb) {
                 for (size_t c = 0; c < bs; c += 64) _mm_prefetch(sb[o] + 2 * bs + c, _MM_HINT_T0);
             }
-            kdecode(dt, sb[o], &ks[o]);
-        }
-#pragma GCC unroll 4
-        for (int j = 0; j < 8; j += 2) {
-            kstep(MR, NR, dt, lo, a, lda, sb, ks, K, s, j);
-            kstep(MR, NR, dt, hi, a, lda, sb, ks, K, s, j + 1);
-        }
-        if (dt != TD_DTYPE_Q6_K)
+            khead_get(dt, sb[o], &kh[o]);
 #pragma GCC unroll 2
-            for (int i = 0; i < MR; i++) {
-                const float *dx = (const float *)(a + (size_t)i * lda + K) + 8 * s;
-                __m256 d8 = _mm256_loadu_ps(dx), s8 = _mm256_loadu_ps(dx + nb);
+            for (int i = 0; i < MR; i++) P[i][o] = _mm256_setzero_si256();
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
 #pragma GCC unroll 2
-                for (int o = 0; o < NR; o++)
-                    mac[i][o] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(ks[o].wm), d8), s8, mac[i][o]);
+            for (int o = 0; o < NR; o++) {
+                __m256i wv = kvals(dt, sb[o], j), wa = dt == TD_DTYPE_Q6_K ? _mm256_abs_epi8(wv) : wv;
+                __m256i s16 = kscale(dt, &kh[o], j);
+#pragma GCC unroll 2
+                for (int i = 0; i < MR; i++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * lda + 256 * (size_t)s + 32 * j));
+                    __m256i p16 = _mm256_maddubs_epi16(wa, dt == TD_DTYPE_Q6_K ? _mm256_sign_epi8(q, wv) : q);
+                    P[i][o] = _mm256_add_epi32(P[i][o], _mm256_madd_epi16(p16, s16));
+                }
             }
+#pragma GCC unroll 2
+        for (int i = 0; i < MR; i++) {
+            const float *dx = (const float *)(a + (size_t)i * lda + K);
+            float ds = dx[s];
+#pragma GCC unroll 2
+            for (int o = 0; o < NR; o++) {
+                acc[i][o][s & 1] = _mm256_fmadd_ps(_mm256_set1_ps(kh[o].d * ds), _mm256_cvtepi32_ps(P[i][o]), acc[i][o][s & 1]);
+                if (dt != TD_DTYPE_Q6_K) {
+                    __m256i S = _mm256_loadu_si256((const __m256i *)(dx + nsb + 8 * s));
+                    __m256i mS = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(kh[o].m), S);
+                    mac[i][o] = _mm256_fmadd_ps(_mm256_set1_ps(kh[o].dmin * ds), _mm256_cvtepi32_ps(mS), mac[i][o]);
+                }
+            }
+        }
     }
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
         for (int o = 0; o < NR; o++) {
-            float v = fold16(lo[i][o], hi[i][o]);
+            float v = fold16(acc[i][o][0], acc[i][o][1]);
             if (dt != TD_DTYPE_Q6_K) v -= fold8(mac[i][o]);
             td_avx2_put(y, ldy, i, o, v, add);
         }
