@@ -209,17 +209,17 @@ AI float fold8(__m256 a) {
  * outputs, super-block by super-block */
 AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
               int add) {
-    __m256 acc[2][2][2], mac[2][2]; /* [token][output][super-block parity] */
+    __m256 acc[4][2][2], mac[4][2]; /* [token][output][super-block parity] */
     const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210;
     const int nsb = K / 256;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
         for (int o = 0; o < NR; o++) acc[i][o][0] = acc[i][o][1] = mac[i][o] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const char *sb[2];
         khead kh[2];
-        __m256i P[2][2];
+        __m256i P[4][2];
 #pragma GCC unroll 2
         for (int o = 0; o < NR; o++) {
             sb[o] = w + o * wrow + (size_t)s * bs;
@@ -232,7 +232,7 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
                 for (size_t c = 0; c < bs; c += 64) _mm_prefetch(sb[o] + 2 * bs + c, _MM_HINT_T0);
             }
             khead_get(dt, sb[o], &kh[o]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int i = 0; i < MR; i++) P[i][o] = _mm256_setzero_si256();
         }
 #pragma GCC unroll 8
@@ -241,14 +241,14 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
             for (int o = 0; o < NR; o++) {
                 __m256i wv = kvals(dt, sb[o], j), wa = dt == TD_DTYPE_Q6_K ? _mm256_abs_epi8(wv) : wv;
                 __m256i s16 = kscale(dt, &kh[o], j);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int i = 0; i < MR; i++) {
                     __m256i q = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * lda + 256 * (size_t)s + 32 * j));
                     __m256i p16 = _mm256_maddubs_epi16(wa, dt == TD_DTYPE_Q6_K ? _mm256_sign_epi8(q, wv) : q);
                     P[i][o] = _mm256_add_epi32(P[i][o], _mm256_madd_epi16(p16, s16));
                 }
             }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < MR; i++) {
             const float *dx = (const float *)(a + (size_t)i * lda + K);
             float ds = dx[s];
@@ -263,7 +263,7 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
             }
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
         for (int o = 0; o < NR; o++) {
@@ -273,14 +273,20 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
         }
 }
 
-#define KT_SET(DT, SUF) QTX_INST(ktile, 1, 1, DT, SUF) QTX_INST(ktile, 2, 1, DT, SUF) QTX_INST(ktile, 2, 2, DT, SUF)
+#define KT_SET(DT, SUF)                                                                                \
+    QTX_INST(ktile, 1, 1, DT, SUF) QTX_INST(ktile, 2, 1, DT, SUF) QTX_INST(ktile, 2, 2, DT, SUF)       \
+    QTX_INST(ktile, 4, 2, DT, SUF)
 KT_SET(TD_DTYPE_Q4_K, k4)
 KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
 
-typedef struct { qtile_fn t1, t2, t22; } qtile_set; /* 1x1, 2x1, 2x2 */
-#define QTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S}
-static const qtile_set QTILES[5] = {QTS(q8), QTS(q4), QTS(k4), QTS(k5), QTS(k6)};
+typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (k-quants; else NULL) */
+#define QTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, NULL}
+#ifndef KT42
+#define KT42 1
+#endif
+#define KTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, KT42 ? qt_4x2_##S : NULL}
+static const qtile_set QTILES[5] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
@@ -298,7 +304,10 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
     int n = n0;
     for (; n + 2 <= n1; n += 2)
         for (int m = 0; m < M; m += 2) {
-            if (M - m >= 2) ts->t22(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
+            if (ts->t42 && M - m >= 4) {
+                ts->t42(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
+                m += 2;
+            } else if (M - m >= 2) ts->t22(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
             else {
                 ts->t1(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
                 ts->t1(y + (size_t)m * ldy + n + 1, ldy, a + (size_t)m * lda, lda, wb + (n + 1) * wrow, wrow, K, add);
