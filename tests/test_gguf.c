@@ -191,7 +191,9 @@ static void case_kquant(void) {
         {"kshape", "q5_k_m", "blk.0.ffn_up.weight", "Q5_K"},  {"kshape", "q5_k_m", "blk.0.attn_v.weight", "Q6_K"},
         {"kshape", "q4_k", "blk.0.attn_v.weight", "Q4_K"},    {"kshape", "q4_k", "token_embd.weight", "Q6_K"},
         {"target", "q4_k", "blk.0.ffn_down.weight", "Q4_K"},  /* 1280 = 5 super-blocks */
-        {"target", "q4_k", "blk.0.attn_q.weight", "Q8_0"},    /* 384: not whole super-blocks */
+        {"target", "q4_k", "blk.0.attn_q.weight", "Q5_0"},    /* 384: not whole super-blocks */
+        {"target", "q5_k", "blk.0.attn_q.weight", "Q8_0"},    {"target", "q5_0", "token_embd.weight", "Q8_0"},
+        {"kshape", "q5_0", "token_embd.weight", "Q6_K"},      {"kshape", "q5_0", "blk.0.attn_k.weight", "Q5_0"},
         {"target", "q4_k_m", "blk.3.ffn_down.weight", "Q6_K"}, {"target", "q6_k", "token_embd.weight", "Q8_0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -735,6 +737,7 @@ int main(void) {
     case_roundtrip("models/tiny-code/target", "bf16", "tiny-code.gguf");
     case_quant("models/tiny-code/target", "q8_0", TD_DTYPE_Q8_0);
     case_quant("models/tiny-code/target", "q4_0", TD_DTYPE_Q4_0);
+    case_quant("models/tiny-code/target", "q5_0", TD_DTYPE_Q5_0);
     case_kquant();
     case_rounding("f16", "tests/fixtures/qwen3-rand-f16");
     case_rounding("bf16", "tests/fixtures/qwen3-rand-bf16");

@@ -24,6 +24,8 @@
 #endif
 
 static uint64_t g_rng = 12345;
+/* the formats with blocks of 32 */
+static const int QDT[3] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0};
 static float frand(void) { return (float)((tm_rng(&g_rng) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 static char g_dir[256];
 
@@ -103,6 +105,7 @@ static void test_layout(void) {
     /* sizes */
     T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q8_0, 64) == 68 && td_dtype_row_bytes(TD_DTYPE_Q4_0, 64) == 36, "row bytes");
     T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q8_0, 48) == 0 && td_dtype_row_bytes(TD_DTYPE_Q4_0, 33) == 0, "bad n");
+    T_CHECK(td_dtype_row_bytes(TD_DTYPE_Q5_0, 64) == 44 && td_dtype_row_bytes(TD_DTYPE_Q5_0, 40) == 0, "q5_0 row bytes");
 done:
     t_end();
 }
@@ -112,7 +115,8 @@ static void test_quant_error(void) {
     int K = 32 * 40;
     float *x = malloc(sizeof(float) * K), *y = malloc(sizeof(float) * K);
     unsigned char *q = malloc(td_dtype_row_bytes(TD_DTYPE_Q8_0, K));
-    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++) {
+    for (int qi = 0; qi < 3; qi++) {
+        int dt = QDT[qi];
         double worst = 0;
         for (int rep = 0; rep < 20; rep++) {
             float scale = ldexpf(1.0f, rep % 9 - 4);
@@ -124,8 +128,10 @@ static void test_quant_error(void) {
                 for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
                 /* q8_0: error <= d/2 of rounding + |q| * (f16 rounding of d); q4_0: values
                  * of the sign opposite to the largest one clip at 7 d, so up to d */
-                float d = amax / (dt == TD_DTYPE_Q8_0 ? 127.0f : 8.0f);
-                float bound = d * (dt == TD_DTYPE_Q8_0 ? 0.5f + 127.0f / 2048 : 1.0f + 8.0f / 2048) * 1.0001f;
+                float d = amax / (dt == TD_DTYPE_Q8_0 ? 127.0f : dt == TD_DTYPE_Q5_0 ? 16.0f : 8.0f);
+                float bound = d * (dt == TD_DTYPE_Q8_0   ? 0.5f + 127.0f / 2048
+                                   : dt == TD_DTYPE_Q5_0 ? 1.0f + 16.0f / 2048
+                                                         : 1.0f + 8.0f / 2048) * 1.0001f;
                 for (int j = 0; j < 32; j++) {
                     float e = fabsf(y[b * 32 + j] - x[b * 32 + j]);
                     if (e > bound) { T_CHECK(e <= bound, "dt %d block %d value %d err %g bound %g", dt, b, j, e, bound); rep = 99; break; }
@@ -196,14 +202,16 @@ static void test_ggml_oracle(void) {
     typedef void (*qfn)(const float *, void *, int64_t);
     typedef void (*dqfn)(const void *, float *, int64_t);
     typedef uint16_t (*hfn)(float);
-    qfn q8 = (qfn)dlsym(h, "quantize_row_q8_0_ref"), q4 = (qfn)dlsym(h, "quantize_row_q4_0_ref");
-    dqfn d8 = (dqfn)dlsym(h, "dequantize_row_q8_0"), d4 = (dqfn)dlsym(h, "dequantize_row_q4_0");
+    qfn qf[3] = {(qfn)dlsym(h, "quantize_row_q8_0_ref"), (qfn)dlsym(h, "quantize_row_q4_0_ref"),
+                 (qfn)dlsym(h, "quantize_row_q5_0_ref")};
+    dqfn df[3] = {(dqfn)dlsym(h, "dequantize_row_q8_0"), (dqfn)dlsym(h, "dequantize_row_q4_0"),
+                  (dqfn)dlsym(h, "dequantize_row_q5_0")};
     hfn f16 = (hfn)dlsym(h, "ggml_fp32_to_fp16");
-    T_REQUIRE(q8 && q4 && d8 && d4 && f16, "symbols missing from libggml-base.so");
+    T_REQUIRE(qf[0] && qf[1] && qf[2] && df[0] && df[1] && df[2] && f16, "symbols missing from libggml-base.so");
     enum { K = 32 * 256 };
     x = malloc(sizeof(float) * K); y = malloc(sizeof(float) * K); z = malloc(sizeof(float) * K);
     a = malloc(34 * K / 32); b = malloc(34 * K / 32);
-    int bad[2] = {0, 0}, badv[2] = {0, 0}, badh = 0;
+    int bad[3] = {0, 0, 0}, badv[3] = {0, 0, 0}, badh = 0;
     for (int rep = 0; rep < 40; rep++) {
         float scale = ldexpf(1.0f, rep % 13 - 6);
         for (int i = 0; i < K; i++) {
@@ -214,22 +222,25 @@ static void test_ggml_oracle(void) {
             else if (kind == 2) x[i] = -x[(i + 7) % K];      /* equal magnitudes, both signs */
         }
         if (rep % 5 == 0) memset(x + 64, 0, sizeof(float) * 32); /* an all-zero block */
-        for (int t = 0; t < 2; t++) {
-            int dt = t ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0;
+        for (int t = 0; t < 3; t++) {
+            int dt = QDT[t];
             size_t nb = td_dtype_row_bytes(dt, K);
             td_quantize_row(dt, x, a, K);
-            (t ? q4 : q8)(x, b, K);
+            qf[t](x, b, K);
             bad[t] += memcmp(a, b, nb) != 0;
             td_dequantize_row(dt, a, y, K);
-            (t ? d4 : d8)(a, z, K);
+            df[t](a, z, K);
             badv[t] += memcmp(y, z, sizeof(float) * K) != 0;
         }
         for (int i = 0; i < K; i++) badh += td_f32_to_f16(x[i] * 1000) != f16(x[i] * 1000);
     }
-    T_CHECK(bad[0] == 0 && bad[1] == 0, "quantized bytes differ from ggml's (q8_0 %d, q4_0 %d of 40 rows)", bad[0], bad[1]);
-    T_CHECK(badv[0] == 0 && badv[1] == 0, "dequantized values differ from ggml's (q8_0 %d, q4_0 %d)", badv[0], badv[1]);
+    T_CHECK(bad[0] == 0 && bad[1] == 0 && bad[2] == 0, "quantized bytes differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d of 40 rows)",
+            bad[0], bad[1], bad[2]);
+    T_CHECK(badv[0] == 0 && badv[1] == 0 && badv[2] == 0, "dequantized values differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d)",
+            badv[0], badv[1], badv[2]);
     T_CHECK(badh == 0, "%d f16 conversions differ from ggml_fp32_to_fp16", badh);
-    if (!bad[0] && !bad[1]) printf("  40 rows of %d values: q8_0 and q4_0 bytes identical to libggml-base.so's\n", K);
+    if (!bad[0] && !bad[1] && !bad[2])
+        printf("  40 rows of %d values: q8_0, q4_0 and q5_0 bytes identical to libggml-base.so's\n", K);
 done:
     if (h) dlclose(h);
     free(x); free(y); free(z); free(a); free(b);
@@ -245,7 +256,7 @@ done:
  * (*exact) and quant.h's stated error bound for it (*bound). */
 static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, double *exact, double *bound) {
     int nb = K / 32;
-    size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    size_t bs = td_dtype_row_bytes(dt, 32);
     int8_t q[32 * 64];
     float d[64], wd[32], acc[16] = {0};
     td_quant_act_row(x, K, q, d);
@@ -261,7 +272,10 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
             int32_t p = 0;
             for (int i = 0; i < 4; i++) {
                 int k = 4 * l + i;
-                int w = dt == TD_DTYPE_Q8_0 ? (int8_t)blk[2 + k] : k < 16 ? (blk[2 + k] & 15) - 8 : (blk[2 + k - 16] >> 4) - 8;
+                int w;
+                if (dt == TD_DTYPE_Q8_0) w = (int8_t)blk[2 + k];
+                else if (dt == TD_DTYPE_Q4_0) w = k < 16 ? (blk[2 + k] & 15) - 8 : (blk[2 + k - 16] >> 4) - 8;
+                else w = (k < 16 ? blk[6 + k] & 15 : blk[6 + k - 16] >> 4) + 16 * ((blk[2 + k / 8] >> (k % 8)) & 1) - 16;
                 p += w * q[32 * b + k];
             }
             acc[8 * (b & 1) + l] = fmaf(c, (float)p, acc[8 * (b & 1) + l]);
@@ -330,11 +344,11 @@ static void test_matmul(void) {
     for (int p = 0; p < TD_KPATH_COUNT; p++)
         if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
     int fails = 0, checked = 0;
-    double e2[2] = {0, 0}, y2[2] = {0, 0}, worst[2] = {0, 0};
-    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q4_0; dt++)
+    double e2[3] = {0}, y2[3] = {0}, worst[3] = {0};
+    for (int qi = 0; qi < 3; qi++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
-                int K = Ks[ki], N = Ns[ni], Mmax = 70, ldx = K + 3, ldy = N + 2;
+                int K = Ks[ki], N = Ns[ni], Mmax = 70, ldx = K + 3, ldy = N + 2, dt = QDT[qi];
                 size_t rb = td_dtype_row_bytes(dt, K);
                 float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * Mmax * ldx);
                 char *Wq = malloc(rb * N);
@@ -361,21 +375,21 @@ static void test_matmul(void) {
                     for (int n = 0; n < N; n++) {
                         double e = fabs(ref[m * ldy + n] - ex[m * N + n]), b = bd[m * N + n];
                         if (e > b && fails++ < 5) T_CHECK(0, "%s K %d: error %g vs dequantized over the bound %g", td_dtype_name(dt), K, e, b);
-                        if (b > 0 && e / b > worst[dt - TD_DTYPE_Q8_0]) worst[dt - TD_DTYPE_Q8_0] = e / b;
+                        if (b > 0 && e / b > worst[qi]) worst[qi] = e / b;
                         if (dt == TD_DTYPE_Q8_0 && n % 2 == 0) continue; /* the rows given -128 bytes */
                         double exact = 0;
                         for (int k = 0; k < K; k++) exact += (double)x[m * ldx + k] * W[(size_t)n * K + k];
-                        e2[dt - TD_DTYPE_Q8_0] += (ref[m * ldy + n] - exact) * (ref[m * ldy + n] - exact);
-                        y2[dt - TD_DTYPE_Q8_0] += exact * exact;
+                        e2[qi] += (ref[m * ldy + n] - exact) * (ref[m * ldy + n] - exact);
+                        y2[qi] += exact * exact;
                     }
                 free(W); free(x); free(Wq); free(ref); free(got); free(ex); free(bd);
             }
     td_kernels_set_path(deflt);
-    double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]);
+    double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]), r5 = sqrt(e2[2] / y2[2]);
     printf("  %d products x %d paths compared with the scalar Q16 order (memcmp); error vs dequantized weights: "
-           "worst %.2f (q8_0), %.2f (q4_0) of the stated bound; rms error / rms output vs the unquantized matrix: "
-           "q8_0 %.2e, q4_0 %.2e\n", checked / npaths, npaths, worst[0], worst[1], r8, r4);
-    T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r4, "quantization error implausibly large");
+           "worst %.2f (q8_0), %.2f (q4_0), %.2f (q5_0) of the stated bound; rms error / rms output vs the unquantized "
+           "matrix: q8_0 %.2e, q4_0 %.2e, q5_0 %.2e\n", checked / npaths, npaths, worst[0], worst[1], worst[2], r8, r4, r5);
+    T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r5 && r5 < r4, "quantization error implausibly large (q8_0 < q5_0 < q4_0 expected)");
     t_end();
 }
 
@@ -392,7 +406,7 @@ static void test_nonfinite(void) {
     x[K + 300] = NAN;
     x[2 * K + 3] = -INFINITY;
     int deflt = td_kernels_path();
-    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q6_K; dt++) {
+    for (int dt = TD_DTYPE_Q8_0; dt < TD_DTYPE_COUNT; dt++) {
         size_t rb = td_dtype_row_bytes(dt, K);
         for (int n = 0; n < N; n++) td_quantize_row(dt, W + n * K, Wq + n * rb, K);
         for (int p = 0; p < TD_KPATH_COUNT; p++) {
@@ -408,7 +422,7 @@ static void test_nonfinite(void) {
     /* the quantizers on non-finite weights: defined bytes (the sanitizer build traps
      * an undefined float-to-int conversion), decoded without a trap */
     for (int i = 0; i < K; i++) W[i] = i % 50 == 0 ? INFINITY : i % 77 == 0 ? NAN : frand();
-    for (int dt = TD_DTYPE_Q8_0; dt <= TD_DTYPE_Q6_K; dt++) {
+    for (int dt = TD_DTYPE_Q8_0; dt < TD_DTYPE_COUNT; dt++) {
         T_CHECK(td_quantize_row(dt, W, Wq, K) == 0, "%s quantize", td_dtype_name(dt));
         td_dequantize_row(dt, Wq, x, K);
     }
@@ -444,9 +458,10 @@ static void test_ggml_dot(void) {
     typedef void (*vdfn)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
     typedef void (*qfn)(const float *, void *, int64_t);
     void (*init)(void) = (void (*)(void))dlsym(hc, "ggml_cpu_init");
-    vdfn vd8 = (vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), vd4 = (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0");
+    vdfn vdf[3] = {(vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0"),
+                   (vdfn)dlsym(hc, "ggml_vec_dot_q5_0_q8_0")};
     qfn qref = (qfn)dlsym(hb, "quantize_row_q8_0_ref");
-    T_REQUIRE(init && vd8 && vd4 && qref, "symbols missing from %s", cpu);
+    T_REQUIRE(init && vdf[0] && vdf[1] && vdf[2] && qref, "symbols missing from %s", cpu);
     init();
     enum { KMAX = 32 * 96 };
     x = malloc(sizeof(float) * KMAX); W = malloc(sizeof(float) * KMAX);
@@ -455,7 +470,7 @@ static void test_ggml_dot(void) {
     int deflt = td_kernels_path(), bad = 0, n = 0, badq = 0, ties = 0;
     double worst = 0;
     for (int rep = 0; rep < 200; rep++) {
-        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = rep & 1 ? TD_DTYPE_Q4_0 : TD_DTYPE_Q8_0;
+        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = QDT[rep % 3];
         for (int k = 0; k < K; k++) W[k] = frand() * (k % 11 == 0 ? 3.0f : 1.0f);
         td_quantize_row(dt, W, wq, K);
         if (dt == TD_DTYPE_Q8_0) wq[2 + (rep * 5) % 32] = 0x80; /* a weight byte of -128 */
@@ -472,11 +487,11 @@ static void test_ggml_dot(void) {
                 yb[2 + j] = (unsigned char)(int8_t)v;
             }
             float wd[32];
-            td_dequantize_row(dt, dt == TD_DTYPE_Q8_0 ? (const void *)(wq + 34 * b) : (const void *)(wq + 18 * b), wd, 32);
+            td_dequantize_row(dt, wq + td_dtype_row_bytes(dt, 32) * (size_t)b, wd, 32);
             for (int j = 0; j < 32; j++) tolsum += fabs((double)wd[j] * x[32 * b + j]);
         }
         float ref;
-        (dt == TD_DTYPE_Q8_0 ? vd8 : vd4)(K, &ref, 0, wq, 0, yq, 0, 1);
+        vdf[rep % 3](K, &ref, 0, wq, 0, yq, 0, 1);
         double tol = (nb + 6) * ldexp(1.0, -22) * tolsum;
         for (int p = 0; p < TD_KPATH_COUNT; p++) {
             if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
@@ -1056,6 +1071,7 @@ int main(void) {
         test_invariance(TD_DTYPE_Q4_K, 0);
         test_invariance(TD_DTYPE_Q5_K, 1);
         test_invariance(TD_DTYPE_Q6_K, 0);
+        test_invariance(TD_DTYPE_Q5_0, 1);
     }
     td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
@@ -1064,6 +1080,7 @@ int main(void) {
     test_spec(TD_DTYPE_Q4_0);
     test_spec(TD_DTYPE_Q4_K);
     test_spec(TD_DTYPE_Q6_K);
+    test_spec(TD_DTYPE_Q5_0);
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

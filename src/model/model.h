@@ -108,10 +108,10 @@ enum { TD_QROLE_MATRIX = 0, TD_QROLE_OUTPUT = 1 /* lm_head, or the embedding whe
        TD_QROLE_FFN_DOWN = 3 };
 /* The dtype a quantizer gives a matrix of role with rows of k values, asked for
  * scheme (a TD_DTYPE_* block format, or TD_QSCHEME_*), as llama.cpp's quantizer
- * chooses: the output matrix gets q8_0 for q4_0 and q6_k for the 4- and 5-bit
- * k-quants; the _M mixes give attn_v and ffn_down q6_k; a k-quant whose rows are
- * not a whole number of 256-value super-blocks falls back to q8_0 (llama.cpp:
- * q5_0 / q8_0, the nearest formats it has). -1 for an unknown scheme. */
+ * chooses: the output matrix gets q8_0 for q4_0 and q6_k for q5_0 and the 4- and
+ * 5-bit k-quants; the _M mixes give attn_v and ffn_down q6_k; a k-quant whose rows are
+ * not a whole number of 256-value super-blocks falls back as in llama.cpp: q4_k to
+ * q5_0, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which tandem lacks). -1 for an unknown scheme. */
 int td_model_quant_type(int scheme, int role, int64_t k);
 
 /* One weight tensor the forward binds: where it goes, its names, its shape

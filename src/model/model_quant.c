@@ -6,7 +6,7 @@
  * model, freed with it) and rebinds the tensor to it. Norm weights and biases
  * stay as loaded. Tensor choice follows llama.cpp's quantizer: the embedding
  * gets the requested type; the output matrix (lm_head, or the embedding when
- * tied) gets Q8_0 for q4_0 and Q6_K for q4_k / q5_k (llama.cpp uses Q6_K for
+ * tied) gets Q8_0 for q4_0 and Q6_K for q5_0 / q4_k / q5_k (llama.cpp uses Q6_K for
  * q4_0 too where rows are a multiple of 256); rows that do not fill whole k-quant
  * super-blocks get Q8_0 (td_model_quant_type). Tensors already quantized are kept. Every matmul input
  * width must be a multiple of 32; otherwise nothing is changed and the error
@@ -46,9 +46,10 @@ int td_model_quant_type(int scheme, int role, int64_t k) {
     int t = scheme == TD_QSCHEME_Q4_K_M ? TD_DTYPE_Q4_K : scheme == TD_QSCHEME_Q5_K_M ? TD_DTYPE_Q5_K : scheme;
     if (!td_dtype_is_quant(t)) return t >= 0 && t < TD_DTYPE_COUNT ? t : -1;
     if (role == TD_QROLE_OUTPUT && t == TD_DTYPE_Q4_0) t = TD_DTYPE_Q8_0;
+    else if (role == TD_QROLE_OUTPUT && t == TD_DTYPE_Q5_0) t = TD_DTYPE_Q6_K;
     else if (role == TD_QROLE_OUTPUT && (t == TD_DTYPE_Q4_K || t == TD_DTYPE_Q5_K)) t = TD_DTYPE_Q6_K;
     else if (mixed && (role == TD_QROLE_ATTN_V || role == TD_QROLE_FFN_DOWN)) t = TD_DTYPE_Q6_K;
-    if (td_dtype_is_kquant(t) && k % TD_QKK) t = TD_DTYPE_Q8_0;
+    if (td_dtype_is_kquant(t) && k % TD_QKK) t = t == TD_DTYPE_Q4_K ? TD_DTYPE_Q5_0 : TD_DTYPE_Q8_0;
     return t;
 }
 

@@ -42,7 +42,9 @@ _Static_assert(sizeof(td_block_q4_0) == 18, "Q4_0 block is 18 bytes");
 
 int td_dtype_is_kquant(int dtype) { return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K; }
 
-int td_dtype_is_quant(int dtype) { return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0 || td_dtype_is_kquant(dtype); }
+int td_dtype_is_quant(int dtype) {
+    return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0 || dtype == TD_DTYPE_Q5_0 || td_dtype_is_kquant(dtype);
+}
 
 int td_dtype_block(int dtype) { return td_dtype_is_kquant(dtype) ? TD_QKK : td_dtype_is_quant(dtype) ? TD_QK : 1; }
 
@@ -53,6 +55,7 @@ const char *td_dtype_name(int dtype) {
     case TD_DTYPE_BF16: return "bf16";
     case TD_DTYPE_Q8_0: return "q8_0";
     case TD_DTYPE_Q4_0: return "q4_0";
+    case TD_DTYPE_Q5_0: return "q5_0";
     case TD_DTYPE_Q4_K: return "q4_k";
     case TD_DTYPE_Q5_K: return "q5_k";
     case TD_DTYPE_Q6_K: return "q6_k";
@@ -68,8 +71,10 @@ int td_dtype_parse(const char *name) {
 
 /* bytes of one block (td_dtype_block values) of a block format; 0 otherwise */
 static size_t block_bytes(int dtype) {
-    return dtype == TD_DTYPE_Q8_0 ? sizeof(td_block_q8_0) : dtype == TD_DTYPE_Q4_0 ? sizeof(td_block_q4_0)
-                                                                                   : td_kq_block_bytes(dtype);
+    return dtype == TD_DTYPE_Q8_0   ? sizeof(td_block_q8_0)
+           : dtype == TD_DTYPE_Q4_0 ? sizeof(td_block_q4_0)
+           : dtype == TD_DTYPE_Q5_0 ? sizeof(td_block_q5_0)
+                                    : td_kq_block_bytes(dtype);
 }
 
 size_t td_dtype_row_bytes(int dtype, int64_t n) {
@@ -80,6 +85,7 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
     case TD_DTYPE_BF16: return (size_t)n * 2;
     case TD_DTYPE_Q8_0:
     case TD_DTYPE_Q4_0:
+    case TD_DTYPE_Q5_0:
     case TD_DTYPE_Q4_K:
     case TD_DTYPE_Q5_K:
     case TD_DTYPE_Q6_K: {
@@ -160,11 +166,31 @@ static void quant_q4_0(const float *x, td_block_q4_0 *y) {
     }
 }
 
+/* as llama.cpp's quantize_row_q5_0_ref */
+static void quant_q5_0(const float *x, td_block_q5_0 *y) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < TD_QK; j++)
+        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+    float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    y->d = td_f32_to_f16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < TD_QK / 2; j++) {
+        float v0 = x[j] * id + 16.5f, v1 = x[TD_QK / 2 + j] * id + 16.5f;
+        v0 = v0 >= 0.0f ? (v0 < 31.0f ? v0 : 31.0f) : 0.0f; /* trunc(v) <= 31, as min(31, (int8_t)v) */
+        v1 = v1 >= 0.0f ? (v1 < 31.0f ? v1 : 31.0f) : 0.0f;
+        int q0 = (int)v0, q1 = (int)v1;
+        y->qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+        qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + TD_QK / 2);
+    }
+    for (int k = 0; k < 4; k++) y->qh[k] = (uint8_t)(qh >> (8 * k));
+}
+
 int td_quantize_row(int dtype, const float *x, void *dst, int64_t n) {
     if (!td_dtype_is_quant(dtype) || n < 0 || n % td_dtype_block(dtype)) return TD_EINVAL;
     if (td_dtype_is_kquant(dtype)) { td_kq_quantize_row(dtype, x, dst, n); return 0; }
     for (int64_t b = 0; b < n / TD_QK; b++) {
         if (dtype == TD_DTYPE_Q8_0) quant_q8_0(x + b * TD_QK, (td_block_q8_0 *)dst + b);
+        else if (dtype == TD_DTYPE_Q5_0) quant_q5_0(x + b * TD_QK, (td_block_q5_0 *)dst + b);
         else quant_q4_0(x + b * TD_QK, (td_block_q4_0 *)dst + b);
     }
     return 0;
@@ -176,6 +202,8 @@ static float blk_scale(const void *blk) {
     return td_f16_to_f32(d);
 }
 
+static void wvals_p(const unsigned char *blk, int dt, int8_t *w);
+
 /* The 32 values of block b of a row, exact. */
 static void deq_block_p(const char *row, int64_t b, int dt, float *out) {
     const char *blk = row + (size_t)b * block_bytes(dt);
@@ -183,6 +211,10 @@ static void deq_block_p(const char *row, int64_t b, int dt, float *out) {
     const unsigned char *q = (const unsigned char *)blk + 2;
     if (dt == TD_DTYPE_Q8_0) {
         for (int j = 0; j < TD_QK; j++) out[j] = (float)(int8_t)q[j] * d;
+    } else if (dt == TD_DTYPE_Q5_0) {
+        int8_t w[TD_QK];
+        wvals_p((const unsigned char *)blk, dt, w);
+        for (int j = 0; j < TD_QK; j++) out[j] = (float)w[j] * d;
     } else {
         for (int j = 0; j < TD_QK / 2; j++) {
             out[j] = (float)((q[j] & 15) - 8) * d;
@@ -252,10 +284,18 @@ static float fold16_p(const float *v) {
     return s2[0] + s2[1];
 }
 
-/* the 32 int8 values of a weight block (Q4_0: nibble - 8) */
+/* the 32 int8 values of a weight block (Q4_0: nibble - 8; Q5_0: 5 bits - 16) */
 static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
     if (dt == TD_DTYPE_Q8_0) {
         memcpy(w, blk + 2, TD_QK);
+        return;
+    }
+    if (dt == TD_DTYPE_Q5_0) {
+        uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+        for (int j = 0; j < TD_QK / 2; j++) {
+            w[j] = (int8_t)(((blk[6 + j] & 15) | ((qh >> j) & 1) << 4) - 16);
+            w[j + TD_QK / 2] = (int8_t)(((blk[6 + j] >> 4) | ((qh >> (j + TD_QK / 2)) & 1) << 4) - 16);
+        }
         return;
     }
     for (int j = 0; j < TD_QK / 2; j++) {
@@ -695,7 +735,7 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
     if (!td_dtype_is_quant(dtype) || K <= 0 || K % td_dtype_block(dtype)) { set_nan(y, ldy, M, n0, n1); return; } /* callers validate */
     int path = td_kernels_path(), mb = M < QMB ? M : QMB, kq = td_dtype_is_kquant(dtype);
 #ifdef TQ_VNNI
-    if (path == TD_KPATH_AVX512 && vnni_ok() && !kq) { /* k-quants: the AVX2 tiles below */
+    if (path == TD_KPATH_AVX512 && vnni_ok() && (dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0)) { /* others: the AVX2 tiles below */
         size_t lda = (size_t)(K / TD_QK + 1) / 2 * PAIR;
         if (M >= (dtype == TD_DTYPE_Q8_0 ? QXM_Q8 : QXM_Q4)) {
             size_t sb = (size_t)(K / TD_QK + 1) / 2 * XPAIR;

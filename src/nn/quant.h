@@ -5,9 +5,11 @@
  *   Q8_0: f16 scale d, then 32 int8 q[i]        (34 bytes);  value i = q[i] * d
  *   Q4_0: f16 scale d, then 16 bytes qs[j]      (18 bytes);  value j      = ((qs[j] & 15) - 8) * d,
  *                                                             value j + 16 = ((qs[j] >> 4) - 8) * d
+ *   Q5_0: f16 scale d, 4 bytes qh (little-endian bit i = bit 4 of value i), then qs as
+ *         Q4_0's                                (22 bytes);  value i = (q_i - 16) * d
  * Quantization (td_quantize_row) follows llama.cpp's reference quantizers:
  * Q8_0 d = amax/127, q = roundf(x/d); Q4_0 d = (the value of largest magnitude)/-8,
- * nibble = min(15, trunc(x/d + 8.5)). Non-finite or NaN inputs give a defined
+ * nibble = min(15, trunc(x/d + 8.5)); Q5_0 likewise with -16, 31 and 16.5. Non-finite or NaN inputs give a defined
  * (clamped) result instead of undefined behaviour.
  *
  * Matrix products (td_quant_matmul, reached through td_matmul) follow llama.cpp:
@@ -104,6 +106,12 @@ typedef struct td_block_q4_0 {
     uint8_t qs[16];  /* low nibbles: values 0..15, high nibbles: values 16..31 */
 } td_block_q4_0;     /* 18 bytes */
 
+typedef struct td_block_q5_0 {
+    uint16_t d;      /* f16 scale */
+    uint8_t qh[4];   /* bit i (little-endian): bit 4 of value i */
+    uint8_t qs[16];  /* low 4 bits, as Q4_0 */
+} td_block_q5_0;     /* 22 bytes */
+
 typedef struct td_block_q4_k {
     uint16_t d, dmin;     /* f16 super-block scales of the sub-block scales and mins */
     uint8_t scales[12];   /* 8 x (6-bit sc, 6-bit m), packed as described above */
@@ -126,10 +134,10 @@ typedef struct td_block_q6_k {
 
 /* 1 for TD_DTYPE_Q4_K / Q5_K / Q6_K (super-blocks of 256). */
 int td_dtype_is_kquant(int dtype);
-/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0, 1 otherwise. */
+/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0, 1 otherwise. */
 int td_dtype_block(int dtype);
 
-/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
+/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. */
 int td_dtype_is_quant(int dtype);
 /* Bytes of n consecutive values of one row of dtype (n a multiple of
  * td_dtype_block(dtype); 0 when dtype is unknown or n does not fit its blocks). */

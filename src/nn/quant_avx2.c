@@ -41,12 +41,23 @@ AI float fold16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(d);
 }
 
-/* the 32 int8 weights of the block at blk */
+/* the 32 int8 weights of the block at blk (Q4_0: nibble - 8; Q5_0: 5 bits - 16) */
 AI __m256i wvals(const char *blk, int dt) {
     if (dt == TD_DTYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
+    const int q5 = dt == TD_DTYPE_Q5_0;
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + (q5 ? 6 : 2)));
+    __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
+                                 _mm256_set1_epi8(15));
+    if (!q5) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    /* bit i of the 32-bit qh -> 16 in byte i: byte i takes qh's byte i / 8, keeps bit i % 8 */
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                         3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+    __m256i h = _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(16));
+    return _mm256_sub_epi8(_mm256_or_si256(v, h), _mm256_set1_epi8(16));
 }
 AI __m256 wscale(const char *blk) {
     uint16_t d;
@@ -83,7 +94,7 @@ AI void qstep(int MR, int NR, int dt, __m256 (*acc)[2], const char *a, size_t ld
 AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
               int add) {
     __m256 lo[2][2], hi[2][2]; /* [token][output] */
-    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : dt == TD_DTYPE_Q5_0 ? 22 : 18;
     const int nb = K / 32;
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
@@ -115,6 +126,7 @@ typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const cha
 #define QT_SET(DT, SUF) QTX_INST(qtile, 1, 1, DT, SUF) QTX_INST(qtile, 2, 1, DT, SUF) QTX_INST(qtile, 2, 2, DT, SUF)
 QT_SET(TD_DTYPE_Q8_0, q8)
 QT_SET(TD_DTYPE_Q4_0, q4)
+QT_SET(TD_DTYPE_Q5_0, q5)
 
 /* ---- k-quants (Q4_K, Q5_K, Q6_K): super-blocks summed in int32 ----------------
  * The activations come in super-blocks of 256 with one scale (quant.h), so the 8
@@ -286,7 +298,7 @@ typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (
 #define KT42 1
 #endif
 #define KTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, KT42 ? qt_4x2_##S : NULL}
-static const qtile_set QTILES[5] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6)};
+static const qtile_set QTILES[6] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
@@ -296,7 +308,8 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
                                   : dt == TD_DTYPE_Q4_0 ? 1
                                   : dt == TD_DTYPE_Q4_K ? 2
                                   : dt == TD_DTYPE_Q5_K ? 3
-                                                        : 4];
+                                  : dt == TD_DTYPE_Q6_K ? 4
+                                                        : 5];
     if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
         for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;

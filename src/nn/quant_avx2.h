@@ -15,7 +15,7 @@
 /* y[m][n] (+)= the Q16 product of activation row m, packed in quant.c's plain
  * layout at a + m * lda (q[K] int8, d[K/32] f32, then for the k-quants s[K/32]
  * f32, the blocks' sums of q), with weight row n of W (dt = TD_DTYPE_Q8_0 /
- * Q4_0 with K % 32 == 0, or Q4_K / Q5_K / Q6_K with K % 256 == 0), for m < M,
+ * Q4_0 / Q5_0 with K % 32 == 0, or Q4_K / Q5_K / Q6_K with K % 256 == 0), for m < M,
  * n in [n0, n1). */
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add);
