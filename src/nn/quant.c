@@ -152,36 +152,32 @@ static void quant_q8_0(const float *x, td_block_q8_0 *y) {
     }
 }
 
-static void quant_q4_0(const float *x, td_block_q4_0 *y) {
+/* Q4_0 (half = 8) and Q5_0 (half = 16), as llama.cpp's quantize_row_q{4,5}_0_ref:
+ * d = (the value of largest magnitude) / -half, q = min(2 half - 1, trunc(x/d + half
+ * + 0.5)); the low 4 bits into qs (value j low nibble, value j + 16 high), bit 4
+ * of value i into bit i of *qh (Q5_0) */
+static void quant_q4_q5(const float *x, int half, uint16_t *d16, uint8_t *qs, uint32_t *qh) {
     float amax = 0.0f, max = 0.0f;
     for (int j = 0; j < TD_QK; j++)
         if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-    float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    y->d = td_f32_to_f16(d);
+    float d = max / -(float)half, id = d != 0.0f ? 1.0f / d : 0.0f, top = (float)(2 * half - 1);
+    *d16 = td_f32_to_f16(d);
+    if (qh) *qh = 0;
     for (int j = 0; j < TD_QK / 2; j++) {
-        float v0 = x[j] * id + 8.5f, v1 = x[TD_QK / 2 + j] * id + 8.5f;
-        v0 = v0 >= 0.0f ? (v0 < 15.0f ? v0 : 15.0f) : 0.0f; /* trunc(v) <= 15, as min(15, (int8_t)v) */
-        v1 = v1 >= 0.0f ? (v1 < 15.0f ? v1 : 15.0f) : 0.0f;
-        y->qs[j] = (uint8_t)((int)v0 | (int)v1 << 4);
+        float v0 = x[j] * id + (float)half + 0.5f, v1 = x[TD_QK / 2 + j] * id + (float)half + 0.5f;
+        v0 = v0 >= 0.0f ? (v0 < top ? v0 : top) : 0.0f; /* trunc(v) <= top, as min(top, (int8_t)v) */
+        v1 = v1 >= 0.0f ? (v1 < top ? v1 : top) : 0.0f;
+        int q0 = (int)v0, q1 = (int)v1;
+        qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+        if (qh) *qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + TD_QK / 2);
     }
 }
 
-/* as llama.cpp's quantize_row_q5_0_ref */
+static void quant_q4_0(const float *x, td_block_q4_0 *y) { quant_q4_q5(x, 8, &y->d, y->qs, NULL); }
+
 static void quant_q5_0(const float *x, td_block_q5_0 *y) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < TD_QK; j++)
-        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-    float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    y->d = td_f32_to_f16(d);
-    uint32_t qh = 0;
-    for (int j = 0; j < TD_QK / 2; j++) {
-        float v0 = x[j] * id + 16.5f, v1 = x[TD_QK / 2 + j] * id + 16.5f;
-        v0 = v0 >= 0.0f ? (v0 < 31.0f ? v0 : 31.0f) : 0.0f; /* trunc(v) <= 31, as min(31, (int8_t)v) */
-        v1 = v1 >= 0.0f ? (v1 < 31.0f ? v1 : 31.0f) : 0.0f;
-        int q0 = (int)v0, q1 = (int)v1;
-        y->qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
-        qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + TD_QK / 2);
-    }
+    uint32_t qh;
+    quant_q4_q5(x, 16, &y->d, y->qs, &qh);
     for (int k = 0; k < 4; k++) y->qh[k] = (uint8_t)(qh >> (8 * k));
 }
 
