@@ -181,6 +181,7 @@ static void case_kquant(void) {
     case_quant(dir, "q4_k", TD_DTYPE_Q4_K);
     case_quant(dir, "q5_k", TD_DTYPE_Q5_K);
     case_quant(dir, "q6_k", TD_DTYPE_Q6_K);
+    case_quant(dir, "iq4_xs", TD_DTYPE_IQ4_XS);
     t_begin("gguf_kquant_tensor_types");
     td_err err = {0};
     td_model *a = NULL;
@@ -194,6 +195,8 @@ static void case_kquant(void) {
         {"target", "q4_k", "blk.0.attn_q.weight", "Q5_0"},    /* 384: not whole super-blocks */
         {"target", "q5_k", "blk.0.attn_q.weight", "Q8_0"},    {"target", "q5_0", "token_embd.weight", "Q8_0"},
         {"kshape", "q5_0", "token_embd.weight", "Q6_K"},      {"kshape", "q5_0", "blk.0.attn_k.weight", "Q5_0"},
+        {"kshape", "iq4_xs", "token_embd.weight", "Q6_K"},    {"kshape", "iq4_xs", "blk.0.ffn_gate.weight", "IQ4_XS"},
+        {"target", "iq4_xs", "blk.0.attn_q.weight", "IQ4_NL"}, {"target", "iq4_xs", "blk.0.ffn_down.weight", "IQ4_XS"},
         {"target", "q4_k_m", "blk.3.ffn_down.weight", "Q6_K"}, {"target", "q6_k", "token_embd.weight", "Q8_0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -738,6 +741,7 @@ int main(void) {
     case_quant("models/tiny-code/target", "q8_0", TD_DTYPE_Q8_0);
     case_quant("models/tiny-code/target", "q4_0", TD_DTYPE_Q4_0);
     case_quant("models/tiny-code/target", "q5_0", TD_DTYPE_Q5_0);
+    case_quant("models/tiny-code/target", "iq4_nl", TD_DTYPE_IQ4_NL);
     case_kquant();
     case_rounding("f16", "tests/fixtures/qwen3-rand-f16");
     case_rounding("bf16", "tests/fixtures/qwen3-rand-bf16");

@@ -24,8 +24,13 @@
 #endif
 
 static uint64_t g_rng = 12345;
-/* the formats with blocks of 32 */
-static const int QDT[3] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0};
+/* the formats with blocks of 32; the first NQREF quantize as ggml's reference quantizers do */
+#define NQDT 4
+#define NQREF 3
+static const int QDT[NQDT] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_IQ4_NL};
+/* the formats with super-blocks of 256 */
+#define NKDT 4
+static const int KDT[NKDT] = {TD_DTYPE_Q4_K, TD_DTYPE_Q5_K, TD_DTYPE_Q6_K, TD_DTYPE_IQ4_XS};
 static float frand(void) { return (float)((tm_rng(&g_rng) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 static char g_dir[256];
 
@@ -115,7 +120,7 @@ static void test_quant_error(void) {
     int K = 32 * 40;
     float *x = malloc(sizeof(float) * K), *y = malloc(sizeof(float) * K);
     unsigned char *q = malloc(td_dtype_row_bytes(TD_DTYPE_Q8_0, K));
-    for (int qi = 0; qi < 3; qi++) {
+    for (int qi = 0; qi < NQDT; qi++) {
         int dt = QDT[qi];
         double worst = 0;
         for (int rep = 0; rep < 20; rep++) {
@@ -128,10 +133,11 @@ static void test_quant_error(void) {
                 for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
                 /* q8_0: error <= d/2 of rounding + |q| * (f16 rounding of d); q4_0: values
                  * of the sign opposite to the largest one clip at 7 d, so up to d */
-                float d = amax / (dt == TD_DTYPE_Q8_0 ? 127.0f : dt == TD_DTYPE_Q5_0 ? 16.0f : 8.0f);
-                float bound = d * (dt == TD_DTYPE_Q8_0   ? 0.5f + 127.0f / 2048
-                                   : dt == TD_DTYPE_Q5_0 ? 1.0f + 16.0f / 2048
-                                                         : 1.0f + 8.0f / 2048) * 1.0001f;
+                float d = amax / (dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_IQ4_NL ? 127.0f : dt == TD_DTYPE_Q5_0 ? 16.0f : 8.0f);
+                float bound = d * (dt == TD_DTYPE_Q8_0     ? 0.5f + 127.0f / 2048
+                                   : dt == TD_DTYPE_Q5_0   ? 1.0f + 16.0f / 2048
+                                   : dt == TD_DTYPE_IQ4_NL ? 14.0f + 127.0f / 2048 /* the sign opposite the largest: 113 */
+                                                           : 1.0f + 8.0f / 2048) * 1.0001f;
                 for (int j = 0; j < 32; j++) {
                     float e = fabsf(y[b * 32 + j] - x[b * 32 + j]);
                     if (e > bound) { T_CHECK(e <= bound, "dt %d block %d value %d err %g bound %g", dt, b, j, e, bound); rep = 99; break; }
@@ -202,16 +208,18 @@ static void test_ggml_oracle(void) {
     typedef void (*qfn)(const float *, void *, int64_t);
     typedef void (*dqfn)(const void *, float *, int64_t);
     typedef uint16_t (*hfn)(float);
-    qfn qf[3] = {(qfn)dlsym(h, "quantize_row_q8_0_ref"), (qfn)dlsym(h, "quantize_row_q4_0_ref"),
-                 (qfn)dlsym(h, "quantize_row_q5_0_ref")};
-    dqfn df[3] = {(dqfn)dlsym(h, "dequantize_row_q8_0"), (dqfn)dlsym(h, "dequantize_row_q4_0"),
-                  (dqfn)dlsym(h, "dequantize_row_q5_0")};
+    qfn qf[NQDT] = {(qfn)dlsym(h, "quantize_row_q8_0_ref"), (qfn)dlsym(h, "quantize_row_q4_0_ref"),
+                    (qfn)dlsym(h, "quantize_row_q5_0_ref"), (qfn)dlsym(h, "quantize_row_iq4_nl_ref")};
+    dqfn df[NQDT] = {(dqfn)dlsym(h, "dequantize_row_q8_0"), (dqfn)dlsym(h, "dequantize_row_q4_0"),
+                     (dqfn)dlsym(h, "dequantize_row_q5_0"), (dqfn)dlsym(h, "dequantize_row_iq4_nl")};
     hfn f16 = (hfn)dlsym(h, "ggml_fp32_to_fp16");
-    T_REQUIRE(qf[0] && qf[1] && qf[2] && df[0] && df[1] && df[2] && f16, "symbols missing from libggml-base.so");
+    for (int t = 0; t < NQDT; t++) T_REQUIRE(qf[t] && df[t], "symbols for %s missing from libggml-base.so", td_dtype_name(QDT[t]));
+    T_REQUIRE(f16, "ggml_fp32_to_fp16 missing from libggml-base.so");
     enum { K = 32 * 256 };
     x = malloc(sizeof(float) * K); y = malloc(sizeof(float) * K); z = malloc(sizeof(float) * K);
     a = malloc(34 * K / 32); b = malloc(34 * K / 32);
-    int bad[3] = {0, 0, 0}, badv[3] = {0, 0, 0}, badh = 0;
+    int bad[NQDT] = {0}, badv[NQDT] = {0}, badh = 0;
+    double e_td = 0, e_gg = 0, x2 = 0; /* IQ4_NL: tandem's quantizer against ggml's */
     for (int rep = 0; rep < 40; rep++) {
         float scale = ldexpf(1.0f, rep % 13 - 6);
         for (int i = 0; i < K; i++) {
@@ -222,22 +230,42 @@ static void test_ggml_oracle(void) {
             else if (kind == 2) x[i] = -x[(i + 7) % K];      /* equal magnitudes, both signs */
         }
         if (rep % 5 == 0) memset(x + 64, 0, sizeof(float) * 32); /* an all-zero block */
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < NQDT; t++) {
             int dt = QDT[t];
             size_t nb = td_dtype_row_bytes(dt, K);
             td_quantize_row(dt, x, a, K);
             qf[t](x, b, K);
-            bad[t] += memcmp(a, b, nb) != 0;
+            if (t < NQREF) bad[t] += memcmp(a, b, nb) != 0;
             td_dequantize_row(dt, a, y, K);
             df[t](a, z, K);
             badv[t] += memcmp(y, z, sizeof(float) * K) != 0;
+            if (t >= NQREF) { /* the two quantizers' errors; then random blocks through both dequantizers */
+                df[t](b, z, K);
+                for (int i = 0; i < K; i++) {
+                    e_td += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+                    e_gg += ((double)z[i] - x[i]) * ((double)z[i] - x[i]);
+                    x2 += (double)x[i] * x[i];
+                }
+                for (size_t i = 0; i < nb; i++) a[i] = (unsigned char)tm_rng(&g_rng);
+                for (int blk = 0; blk < K / 32; blk++) {
+                    uint16_t hd = td_f32_to_f16(frand());
+                    memcpy(a + 18 * blk, &hd, 2);
+                }
+                td_dequantize_row(dt, a, y, K);
+                df[t](a, z, K);
+                badv[t] += memcmp(y, z, sizeof(float) * K) != 0;
+            }
         }
         for (int i = 0; i < K; i++) badh += td_f32_to_f16(x[i] * 1000) != f16(x[i] * 1000);
     }
     T_CHECK(bad[0] == 0 && bad[1] == 0 && bad[2] == 0, "quantized bytes differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d of 40 rows)",
             bad[0], bad[1], bad[2]);
-    T_CHECK(badv[0] == 0 && badv[1] == 0 && badv[2] == 0, "dequantized values differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d)",
-            badv[0], badv[1], badv[2]);
+    T_CHECK(badv[0] == 0 && badv[1] == 0 && badv[2] == 0 && badv[3] == 0,
+            "dequantized values differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d, iq4_nl %d)", badv[0], badv[1], badv[2], badv[3]);
+    double rt = sqrt(e_td / x2), rg = sqrt(e_gg / x2);
+    printf("  iq4_nl: random and quantized blocks decode to ggml's bits; relative rms error of tandem's quantizer %.4f, "
+           "ggml's reference quantizer %.4f\n", rt, rg);
+    T_CHECK(rt < 1.5 * rg, "iq4_nl: tandem's quantizer error %.4f is far above ggml's %.4f", rt, rg);
     T_CHECK(badh == 0, "%d f16 conversions differ from ggml_fp32_to_fp16", badh);
     if (!bad[0] && !bad[1] && !bad[2])
         printf("  40 rows of %d values: q8_0, q4_0 and q5_0 bytes identical to libggml-base.so's\n", K);
@@ -275,7 +303,9 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
                 int w;
                 if (dt == TD_DTYPE_Q8_0) w = (int8_t)blk[2 + k];
                 else if (dt == TD_DTYPE_Q4_0) w = k < 16 ? (blk[2 + k] & 15) - 8 : (blk[2 + k - 16] >> 4) - 8;
-                else w = (k < 16 ? blk[6 + k] & 15 : blk[6 + k - 16] >> 4) + 16 * ((blk[2 + k / 8] >> (k % 8)) & 1) - 16;
+                else if (dt == TD_DTYPE_Q5_0)
+                    w = (k < 16 ? blk[6 + k] & 15 : blk[6 + k - 16] >> 4) + 16 * ((blk[2 + k / 8] >> (k % 8)) & 1) - 16;
+                else w = td_iq4_values[k < 16 ? blk[2 + k] & 15 : blk[2 + k - 16] >> 4];
                 p += w * q[32 * b + k];
             }
             acc[8 * (b & 1) + l] = fmaf(c, (float)p, acc[8 * (b & 1) + l]);
@@ -344,8 +374,8 @@ static void test_matmul(void) {
     for (int p = 0; p < TD_KPATH_COUNT; p++)
         if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
     int fails = 0, checked = 0;
-    double e2[3] = {0}, y2[3] = {0}, worst[3] = {0};
-    for (int qi = 0; qi < 3; qi++)
+    double e2[NQDT] = {0}, y2[NQDT] = {0}, worst[NQDT] = {0};
+    for (int qi = 0; qi < NQDT; qi++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                 int K = Ks[ki], N = Ns[ni], Mmax = 70, ldx = K + 3, ldy = N + 2, dt = QDT[qi];
@@ -385,11 +415,13 @@ static void test_matmul(void) {
                 free(W); free(x); free(Wq); free(ref); free(got); free(ex); free(bd);
             }
     td_kernels_set_path(deflt);
-    double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]), r5 = sqrt(e2[2] / y2[2]);
+    double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]), r5 = sqrt(e2[2] / y2[2]), rn = sqrt(e2[3] / y2[3]);
     printf("  %d products x %d paths compared with the scalar Q16 order (memcmp); error vs dequantized weights: "
-           "worst %.2f (q8_0), %.2f (q4_0), %.2f (q5_0) of the stated bound; rms error / rms output vs the unquantized "
-           "matrix: q8_0 %.2e, q4_0 %.2e, q5_0 %.2e\n", checked / npaths, npaths, worst[0], worst[1], worst[2], r8, r4, r5);
-    T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r5 && r5 < r4, "quantization error implausibly large (q8_0 < q5_0 < q4_0 expected)");
+           "worst %.2f (q8_0), %.2f (q4_0), %.2f (q5_0), %.2f (iq4_nl) of the stated bound; rms error / rms output vs the "
+           "unquantized matrix: q8_0 %.2e, q4_0 %.2e, q5_0 %.2e, iq4_nl %.2e\n", checked / npaths, npaths, worst[0], worst[1],
+           worst[2], worst[3], r8, r4, r5, rn);
+    T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r5 && r5 < r4 && rn < 0.2, "quantization error implausibly large "
+            "(q8_0 < q5_0 < q4_0 expected)");
     t_end();
 }
 
@@ -458,10 +490,10 @@ static void test_ggml_dot(void) {
     typedef void (*vdfn)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
     typedef void (*qfn)(const float *, void *, int64_t);
     void (*init)(void) = (void (*)(void))dlsym(hc, "ggml_cpu_init");
-    vdfn vdf[3] = {(vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0"),
-                   (vdfn)dlsym(hc, "ggml_vec_dot_q5_0_q8_0")};
+    vdfn vdf[NQDT] = {(vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0"),
+                      (vdfn)dlsym(hc, "ggml_vec_dot_q5_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_iq4_nl_q8_0")};
     qfn qref = (qfn)dlsym(hb, "quantize_row_q8_0_ref");
-    T_REQUIRE(init && vdf[0] && vdf[1] && vdf[2] && qref, "symbols missing from %s", cpu);
+    T_REQUIRE(init && vdf[0] && vdf[1] && vdf[2] && vdf[3] && qref, "symbols missing from %s", cpu);
     init();
     enum { KMAX = 32 * 96 };
     x = malloc(sizeof(float) * KMAX); W = malloc(sizeof(float) * KMAX);
@@ -470,7 +502,7 @@ static void test_ggml_dot(void) {
     int deflt = td_kernels_path(), bad = 0, n = 0, badq = 0, ties = 0;
     double worst = 0;
     for (int rep = 0; rep < 200; rep++) {
-        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = QDT[rep % 3];
+        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = QDT[rep % NQDT];
         for (int k = 0; k < K; k++) W[k] = frand() * (k % 11 == 0 ? 3.0f : 1.0f);
         td_quantize_row(dt, W, wq, K);
         if (dt == TD_DTYPE_Q8_0) wq[2 + (rep * 5) % 32] = 0x80; /* a weight byte of -128 */
@@ -491,7 +523,7 @@ static void test_ggml_dot(void) {
             for (int j = 0; j < 32; j++) tolsum += fabs((double)wd[j] * x[32 * b + j]);
         }
         float ref;
-        vdf[rep % 3](K, &ref, 0, wq, 0, yq, 0, 1);
+        vdf[rep % NQDT](K, &ref, 0, wq, 0, yq, 0, 1);
         double tol = (nb + 6) * ldexp(1.0, -22) * tolsum;
         for (int p = 0; p < TD_KPATH_COUNT; p++) {
             if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
@@ -554,8 +586,6 @@ static void test_bad_sizes(void) {
 
 /* ---- k-quants (Q4_K, Q5_K, Q6_K) ------------------------------------------------ */
 
-#define KQ_FIRST TD_DTYPE_Q4_K
-#define KQ_LAST TD_DTYPE_Q6_K
 
 /* One super-block decoded the way llama.cpp's dequantize_row_q*_K loops walk it
  * (a transcription independent of src/nn/kquant.c): v[256] the integers of the
@@ -563,6 +593,25 @@ static void test_bad_sizes(void) {
  * (d * sc), wm[8] each 32-value sub-block's minimum scale (dmin * m; Q6_K 0). */
 static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[8], int isc[16], int im[8]) {
     uint16_t h;
+    if (dt == TD_DTYPE_IQ4_XS) { /* dequantize_row_iq4_xs's loop */
+        uint16_t sh;
+        memcpy(&h, blk, 2);
+        memcpy(&sh, blk + 2, 2);
+        float d = td_f16_to_f32(h);
+        const unsigned char *sl = blk + 4, *qs = blk + 8;
+        for (int ib = 0; ib < 8; ib++) {
+            int ls = ((sl[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((sh >> 2 * ib) & 3) << 4);
+            for (int j = 0; j < 16; j++) {
+                v[32 * ib + j] = td_iq4_values[qs[16 * ib + j] & 0xf];
+                v[32 * ib + j + 16] = td_iq4_values[qs[16 * ib + j] >> 4];
+            }
+            isc[2 * ib] = isc[2 * ib + 1] = ls - 32;
+            ws[2 * ib] = ws[2 * ib + 1] = d * (float)(ls - 32);
+            wm[ib] = 0.0f;
+            im[ib] = 0;
+        }
+        return;
+    }
     if (dt == TD_DTYPE_Q6_K) {
         memcpy(&h, blk + 208, 2);
         float d = td_f16_to_f32(h);
@@ -611,7 +660,7 @@ static void krand_blocks(int dt, unsigned char *b, int nsb) {
     size_t bs = td_dtype_row_bytes(dt, 256);
     for (size_t i = 0; i < bs * (size_t)nsb; i++) b[i] = (unsigned char)tm_rng(&g_rng);
     for (int s = 0; s < nsb; s++)
-        for (int k = 0; k < (dt == TD_DTYPE_Q6_K ? 1 : 2); k++) {
+        for (int k = 0; k < (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_IQ4_XS ? 1 : 2); k++) {
             uint16_t h = td_f32_to_f16(frand() * ldexpf(1.0f, (int)(tm_rng(&g_rng) % 12) - 14));
             memcpy(b + bs * (size_t)s + (dt == TD_DTYPE_Q6_K ? 208 : 2 * (size_t)k), &h, 2);
         }
@@ -693,12 +742,14 @@ static void test_kq_ggml(void) {
     T_REQUIRE(h != NULL, "libggml-base.so does not load");
     typedef void (*qfn)(const float *, void *, int64_t);
     typedef void (*dqfn)(const void *, float *, int64_t);
-    static const char *dqn[] = {"dequantize_row_q4_K", "dequantize_row_q5_K", "dequantize_row_q6_K"};
-    static const char *qn[] = {"quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref"};
-    for (int dt = KQ_FIRST; dt <= KQ_LAST; dt++) {
-        dqfn dq = (dqfn)dlsym(h, dqn[dt - KQ_FIRST]);
-        qfn qr = (qfn)dlsym(h, qn[dt - KQ_FIRST]);
-        T_REQUIRE(dq && qr, "%s / %s missing from libggml-base.so", dqn[dt - KQ_FIRST], qn[dt - KQ_FIRST]);
+    static const char *dqn[NKDT] = {"dequantize_row_q4_K", "dequantize_row_q5_K", "dequantize_row_q6_K", "dequantize_row_iq4_xs"};
+    static const char *qn[NKDT] = {"quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref",
+                                   "quantize_row_iq4_xs_ref"};
+    for (int ki = 0; ki < NKDT; ki++) {
+        int dt = KDT[ki];
+        dqfn dq = (dqfn)dlsym(h, dqn[ki]);
+        qfn qr = (qfn)dlsym(h, qn[ki]);
+        T_REQUIRE(dq && qr, "%s / %s missing from libggml-base.so", dqn[ki], qn[ki]);
         int badr = 0, badq = 0;
         double e_td = 0, e_gg = 0, x2 = 0;
         for (int rep = 0; rep < 20; rep++) {
@@ -761,7 +812,8 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
         uint16_t h;
         memcpy(&h, dt == TD_DTYPE_Q6_K ? blk + 208 : blk, 2);
         float dw = td_f16_to_f32(h), dmin = 0.0f;
-        if (dt != TD_DTYPE_Q6_K) { memcpy(&h, blk + 2, 2); dmin = td_f16_to_f32(h); }
+        int mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K;
+        if (mins) { memcpy(&h, blk + 2, 2); dmin = td_f16_to_f32(h); }
         int32_t P[8] = {0};
         for (int j = 0; j < 8; j++) {
             int S = 0;
@@ -774,7 +826,7 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
                 S += q[256 * s + 32 * j + i];
                 ex += ((double)ws[2 * j + i / 16] * v[32 * j + i] - wm[j]) * x[256 * s + 32 * j + i];
             }
-            if (dt != TD_DTYPE_Q6_K) macc[j] = fmaf(dmin * d[s], (float)(im[j] * S), macc[j]);
+            if (mins) macc[j] = fmaf(dmin * d[s], (float)(im[j] * S), macc[j]);
         }
         for (int l = 0; l < 8; l++) acc[8 * (s & 1) + l] = fmaf(dw * d[s], (float)P[l], acc[8 * (s & 1) + l]);
     }
@@ -783,7 +835,7 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
     for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
     for (int i = 0; i < 4; i++) { s4[i] = s8[i] + s8[i + 4]; m4[i] = macc[i] + macc[i + 4]; }
     for (int i = 0; i < 2; i++) { s2[i] = s4[i] + s4[i + 2]; m2[i] = m4[i] + m4[i + 2]; }
-    return dt == TD_DTYPE_Q6_K ? s2[0] + s2[1] : (s2[0] + s2[1]) - (m2[0] + m2[1]);
+    return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K ? (s2[0] + s2[1]) - (m2[0] + m2[1]) : s2[0] + s2[1];
 }
 
 static void test_kq_matmul(void) {
@@ -794,11 +846,11 @@ static void test_kq_matmul(void) {
     int paths[TD_KPATH_COUNT], npaths = 0, deflt = td_kernels_path(), fails = 0, checked = 0;
     for (int p = 0; p < TD_KPATH_COUNT; p++)
         if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
-    double e2[3] = {0}, y2[3] = {0}, r2[3] = {0};
-    for (int dt = KQ_FIRST; dt <= KQ_LAST; dt++)
+    double e2[NKDT] = {0}, y2[NKDT] = {0}, r2[NKDT] = {0};
+    for (int kd = 0; kd < NKDT; kd++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
-                int K = Ks[ki], N = Ns[ni], Mmax = 17, ldx = K + 3, ldy = N + 2;
+                int K = Ks[ki], N = Ns[ni], Mmax = 17, ldx = K + 3, ldy = N + 2, dt = KDT[kd];
                 size_t rb = td_dtype_row_bytes(dt, K);
                 float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * Mmax * ldx);
                 unsigned char *Wq = malloc(rb * N);
@@ -821,22 +873,22 @@ static void test_kq_matmul(void) {
                     for (int n = 0; n < N; n++) {
                         if (n % 3 == 2) continue; /* random blocks: no unquantized matrix */
                         double e = ref[m * ldy + n] - ex[m * N + n];
-                        r2[dt - KQ_FIRST] += e * e;
+                        r2[kd] += e * e;
                         double exact = 0;
                         for (int k = 0; k < K; k++) exact += (double)x[m * ldx + k] * W[(size_t)n * K + k];
-                        e2[dt - KQ_FIRST] += (ref[m * ldy + n] - exact) * (ref[m * ldy + n] - exact);
-                        y2[dt - KQ_FIRST] += exact * exact;
+                        e2[kd] += (ref[m * ldy + n] - exact) * (ref[m * ldy + n] - exact);
+                        y2[kd] += exact * exact;
                     }
                 free(W); free(x); free(Wq); free(ref); free(got); free(ex);
             }
     td_kernels_set_path(deflt);
-    double r[3], rd[3];
-    for (int i = 0; i < 3; i++) { r[i] = sqrt(e2[i] / y2[i]); rd[i] = sqrt(r2[i] / y2[i]); }
+    double r[NKDT], rd[NKDT];
+    for (int i = 0; i < NKDT; i++) { r[i] = sqrt(e2[i] / y2[i]); rd[i] = sqrt(r2[i] / y2[i]); }
     printf("  %d products x %d paths equal the scalar k-quant order (memcmp); rms error / rms output: vs the "
-           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e, vs the unquantized matrix q4_k %.2e q5_k %.2e q6_k %.2e\n",
-           checked / npaths, npaths, rd[0], rd[1], rd[2], r[0], r[1], r[2]);
-    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02, "activation rounding error implausibly large");
-    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1], "quantization errors implausible (q4_k > q5_k > q6_k expected)");
+           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e iq4_xs %.1e, vs the unquantized matrix q4_k %.2e q5_k %.2e "
+           "q6_k %.2e iq4_xs %.2e\n", checked / npaths, npaths, rd[0], rd[1], rd[2], rd[3], r[0], r[1], r[2], r[3]);
+    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02 && rd[3] < 0.02, "activation rounding error implausibly large");
+    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1] && r[3] < 0.15, "quantization errors implausible (q4_k > q5_k > q6_k expected)");
     t_end();
 }
 
@@ -1072,6 +1124,8 @@ int main(void) {
         test_invariance(TD_DTYPE_Q5_K, 1);
         test_invariance(TD_DTYPE_Q6_K, 0);
         test_invariance(TD_DTYPE_Q5_0, 1);
+        test_invariance(TD_DTYPE_IQ4_NL, 0);
+        test_invariance(TD_DTYPE_IQ4_XS, 1);
     }
     td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
@@ -1081,6 +1135,7 @@ int main(void) {
     test_spec(TD_DTYPE_Q4_K);
     test_spec(TD_DTYPE_Q6_K);
     test_spec(TD_DTYPE_Q5_0);
+    test_spec(TD_DTYPE_IQ4_XS);
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -11,11 +11,11 @@ static void quantize_help(void) {
            "Write the model IN (a Hugging Face model directory, or a GGUF file) as the GGUF\n"
            "file OUT.gguf, with llama.cpp's tensor names, metadata and tokenizer keys.\n\n"
            "  -t, --type T    type of the matrices (default: the input's): f32, f16, bf16, q8_0,\n"
-           "                  q4_0, q5_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m; 1-D tensors are f32.\n"
-           "                  The output matrix: q8_0 for q4_0, q6_k for q5_0 and k-quants;\n"
+           "                  q4_0, q5_0, iq4_nl, q4_k, q5_k, q6_k, iq4_xs, q4_k_m, q5_k_m; 1-D\n"
+           "                  tensors are f32. The output matrix: q8_0 for q4_0, else q6_k;\n"
            "                  q4_k_m / q5_k_m also store attn_v and ffn_down as q6_k; k-quant\n"
            "                  matrices whose rows are not a multiple of 256 are stored as q5_0\n"
-           "                  (q4_k) or q8_0\n"
+           "                  (q4_k), iq4_nl (iq4_xs) or q8_0\n"
            "  -h, --help      this help\n");
 }
 

@@ -38,6 +38,8 @@ static const struct qz_type {
     {"q8_0", TD_DTYPE_Q8_0, 7},
     {"q4_0", TD_DTYPE_Q4_0, 2},
     {"q5_0", TD_DTYPE_Q5_0, 8},
+    {"iq4_nl", TD_DTYPE_IQ4_NL, 25},
+    {"iq4_xs", TD_DTYPE_IQ4_XS, 30},
     {"q4_k", TD_DTYPE_Q4_K, 14},     /* llama.cpp calls a file of mostly Q4_K "Q4_K_S" */
     {"q4_k_m", TD_QSCHEME_Q4_K_M, 15},
     {"q5_k", TD_DTYPE_Q5_K, 16},

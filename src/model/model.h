@@ -111,7 +111,8 @@ enum { TD_QROLE_MATRIX = 0, TD_QROLE_OUTPUT = 1 /* lm_head, or the embedding whe
  * chooses: the output matrix gets q8_0 for q4_0 and q6_k for q5_0 and the 4- and
  * 5-bit k-quants; the _M mixes give attn_v and ffn_down q6_k; a k-quant whose rows are
  * not a whole number of 256-value super-blocks falls back as in llama.cpp: q4_k to
- * q5_0, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which tandem lacks). -1 for an unknown scheme. */
+ * q5_0, iq4_xs to iq4_nl, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which
+ * tandem lacks). The output matrix of iq4_nl / iq4_xs is q6_k too. -1 for an unknown scheme. */
 int td_model_quant_type(int scheme, int role, int64_t k);
 
 /* One weight tensor the forward binds: where it goes, its names, its shape

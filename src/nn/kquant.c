@@ -17,6 +17,7 @@ size_t td_kq_block_bytes(int dt) {
     case TD_DTYPE_Q4_K: return sizeof(td_block_q4_k);
     case TD_DTYPE_Q5_K: return sizeof(td_block_q5_k);
     case TD_DTYPE_Q6_K: return sizeof(td_block_q6_k);
+    case TD_DTYPE_IQ4_XS: return sizeof(td_block_iq4_xs);
     default: return 0;
     }
 }
@@ -24,6 +25,10 @@ size_t td_kq_block_bytes(int dt) {
 _Static_assert(sizeof(td_block_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(td_block_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(td_block_q6_k) == 210, "Q6_K block is 210 bytes");
+_Static_assert(sizeof(td_block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
+
+/* 1 when dt's values carry a sub-block minimum (Q4_K, Q5_K) */
+static int has_min(int dt) { return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K; }
 
 /* round(v) clamped to [lo, hi]; NaN gives 0 clamped into the range */
 static int qround(float v, int lo, int hi) {
@@ -132,11 +137,41 @@ static void quant_q6_k(const float *x, td_block_q6_k *y) {
     }
 }
 
+/* ---- IQ4_XS ------------------------------------------------------------------ */
+
+/* tandem's own: each sub-block's scale maps its value of largest magnitude onto
+ * the table's -127; d = the largest |scale| / 32, the 6-bit scales ls - 32 in
+ * [-32, 31] rounded against the stored d, then every value to the nearest table
+ * entry against the stored d * (ls - 32) */
+static void quant_iq4_xs(const float *x, td_block_iq4_xs *y) {
+    float scale[8], smax = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float big = 0.0f;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[32 * j + i]) > fabsf(big)) big = x[32 * j + i];
+        scale[j] = big / -127.0f;
+        if (!(fabsf(scale[j]) < INFINITY)) scale[j] = 0.0f;
+        smax = fmaxf(smax, fabsf(scale[j]));
+    }
+    float d = f16r(smax / 32.0f, &y->d);
+    y->scales_h = 0;
+    memset(y->scales_l, 0, sizeof y->scales_l);
+    for (int j = 0; j < 8; j++) {
+        int sc = d > 0.0f ? qround(scale[j] / d, -32, 31) : 0, ls = sc + 32;
+        y->scales_l[j / 2] |= (uint8_t)((ls & 15) << (4 * (j % 2)));
+        y->scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+        float dl = d * (float)sc, id = dl != 0.0f ? 1.0f / dl : 0.0f;
+        for (int i = 0; i < 16; i++)
+            y->qs[16 * j + i] = (uint8_t)(td_iq4_nearest(x[32 * j + i] * id) | td_iq4_nearest(x[32 * j + 16 + i] * id) << 4);
+    }
+}
+
 void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / TD_QKK; b++) {
         const float *xb = x + b * TD_QKK;
         if (dt == TD_DTYPE_Q4_K) quant_q4_k(xb, (td_block_q4_k *)dst + b);
         else if (dt == TD_DTYPE_Q5_K) quant_q5_k(xb, (td_block_q5_k *)dst + b);
+        else if (dt == TD_DTYPE_IQ4_XS) quant_iq4_xs(xb, (td_block_iq4_xs *)dst + b);
         else quant_q6_k(xb, (td_block_q6_k *)dst + b);
     }
 }
@@ -146,8 +181,8 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
 /* The super-block's f16 scales as f32: *d, and *dmin (0 for Q6_K). */
 static void ksuper(int dt, const unsigned char *blk, float *d, float *dmin) {
     uint16_t h;
-    if (dt == TD_DTYPE_Q6_K) {
-        memcpy(&h, blk + 208, 2);
+    if (!has_min(dt)) { /* Q6_K: d last; IQ4_XS: d first */
+        memcpy(&h, blk + (dt == TD_DTYPE_Q6_K ? 208 : 0), 2);
         *d = td_f16_to_f32(h);
         *dmin = 0.0f;
         return;
@@ -171,6 +206,18 @@ static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc
         }
         sc[0] = b->scales[2 * j];
         sc[1] = b->scales[2 * j + 1];
+        *m = 0;
+        return;
+    }
+    if (dt == TD_DTYPE_IQ4_XS) {
+        const td_block_iq4_xs *b = (const void *)blk;
+        uint16_t sh;
+        memcpy(&sh, &b->scales_h, 2);
+        for (int i = 0; i < 16; i++) {
+            w[i] = td_iq4_values[b->qs[16 * j + i] & 15];
+            w[i + 16] = td_iq4_values[b->qs[16 * j + i] >> 4];
+        }
+        sc[0] = sc[1] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
         *m = 0;
         return;
     }
@@ -236,14 +283,14 @@ void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const c
                         for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * qj[4 * l + i];
                         P[l] += sc[l / 4] * p;
                     }
-                    if (dt != TD_DTYPE_Q6_K) macc[j] = fmaf(dmin * d[s], (float)(mj * S[8 * s + j]), macc[j]);
+                    if (has_min(dt)) macc[j] = fmaf(dmin * d[s], (float)(mj * S[8 * s + j]), macc[j]);
                 }
                 for (int l = 0; l < 8; l++) acc[8 * (s & 1) + l] = fmaf(dw * d[s], (float)P[l], acc[8 * (s & 1) + l]);
             }
             float s8[8], sum;
             for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
             sum = fold8_p(s8);
-            if (dt != TD_DTYPE_Q6_K) sum -= fold8_p(macc);
+            if (has_min(dt)) sum -= fold8_p(macc);
             float *yp = y + (size_t)m * ldy + n;
             *yp = add ? *yp + sum : sum;
         }

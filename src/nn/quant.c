@@ -40,10 +40,15 @@ _Static_assert(sizeof(td_block_q4_0) == 18, "Q4_0 block is 18 bytes");
 
 /* ---- dtype facts ---------------------------------------------------------- */
 
-int td_dtype_is_kquant(int dtype) { return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K; }
+const int8_t td_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+int td_dtype_is_kquant(int dtype) {
+    return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K || dtype == TD_DTYPE_IQ4_XS;
+}
 
 int td_dtype_is_quant(int dtype) {
-    return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0 || dtype == TD_DTYPE_Q5_0 || td_dtype_is_kquant(dtype);
+    return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0 || dtype == TD_DTYPE_Q5_0 || dtype == TD_DTYPE_IQ4_NL ||
+           td_dtype_is_kquant(dtype);
 }
 
 int td_dtype_block(int dtype) { return td_dtype_is_kquant(dtype) ? TD_QKK : td_dtype_is_quant(dtype) ? TD_QK : 1; }
@@ -56,6 +61,8 @@ const char *td_dtype_name(int dtype) {
     case TD_DTYPE_Q8_0: return "q8_0";
     case TD_DTYPE_Q4_0: return "q4_0";
     case TD_DTYPE_Q5_0: return "q5_0";
+    case TD_DTYPE_IQ4_NL: return "iq4_nl";
+    case TD_DTYPE_IQ4_XS: return "iq4_xs";
     case TD_DTYPE_Q4_K: return "q4_k";
     case TD_DTYPE_Q5_K: return "q5_k";
     case TD_DTYPE_Q6_K: return "q6_k";
@@ -72,7 +79,7 @@ int td_dtype_parse(const char *name) {
 /* bytes of one block (td_dtype_block values) of a block format; 0 otherwise */
 static size_t block_bytes(int dtype) {
     return dtype == TD_DTYPE_Q8_0   ? sizeof(td_block_q8_0)
-           : dtype == TD_DTYPE_Q4_0 ? sizeof(td_block_q4_0)
+           : dtype == TD_DTYPE_Q4_0 || dtype == TD_DTYPE_IQ4_NL ? sizeof(td_block_q4_0)
            : dtype == TD_DTYPE_Q5_0 ? sizeof(td_block_q5_0)
                                     : td_kq_block_bytes(dtype);
 }
@@ -86,6 +93,8 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
     case TD_DTYPE_Q8_0:
     case TD_DTYPE_Q4_0:
     case TD_DTYPE_Q5_0:
+    case TD_DTYPE_IQ4_NL:
+    case TD_DTYPE_IQ4_XS:
     case TD_DTYPE_Q4_K:
     case TD_DTYPE_Q5_K:
     case TD_DTYPE_Q6_K: {
@@ -175,6 +184,25 @@ static void quant_q4_q5(const float *x, int half, uint16_t *d16, uint8_t *qs, ui
 
 static void quant_q4_0(const float *x, td_block_q4_0 *y) { quant_q4_q5(x, 8, &y->d, y->qs, NULL); }
 
+int td_iq4_nearest(float v) {
+    if (!(v == v)) return 8; /* NaN: the value nearest 0 */
+    int k = 0;
+    while (k < 15 && (float)td_iq4_values[k + 1] <= v) k++;
+    if (k < 15 && (float)td_iq4_values[k + 1] - v < v - (float)td_iq4_values[k]) k++;
+    return k;
+}
+
+/* IQ4_NL (tandem's own quantizer): d maps the value of largest magnitude onto the
+ * table's -127, every value to the nearest table entry */
+static void quant_iq4_nl(const float *x, td_block_iq4_nl *y) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < TD_QK; j++)
+        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+    float d = td_f16_to_f32(y->d = td_f32_to_f16(max / -127.0f)), id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < TD_QK / 2; j++)
+        y->qs[j] = (uint8_t)(td_iq4_nearest(x[j] * id) | td_iq4_nearest(x[j + TD_QK / 2] * id) << 4);
+}
+
 static void quant_q5_0(const float *x, td_block_q5_0 *y) {
     uint32_t qh;
     quant_q4_q5(x, 16, &y->d, y->qs, &qh);
@@ -187,6 +215,7 @@ int td_quantize_row(int dtype, const float *x, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / TD_QK; b++) {
         if (dtype == TD_DTYPE_Q8_0) quant_q8_0(x + b * TD_QK, (td_block_q8_0 *)dst + b);
         else if (dtype == TD_DTYPE_Q5_0) quant_q5_0(x + b * TD_QK, (td_block_q5_0 *)dst + b);
+        else if (dtype == TD_DTYPE_IQ4_NL) quant_iq4_nl(x + b * TD_QK, (td_block_iq4_nl *)dst + b);
         else quant_q4_0(x + b * TD_QK, (td_block_q4_0 *)dst + b);
     }
     return 0;
@@ -207,7 +236,7 @@ static void deq_block_p(const char *row, int64_t b, int dt, float *out) {
     const unsigned char *q = (const unsigned char *)blk + 2;
     if (dt == TD_DTYPE_Q8_0) {
         for (int j = 0; j < TD_QK; j++) out[j] = (float)(int8_t)q[j] * d;
-    } else if (dt == TD_DTYPE_Q5_0) {
+    } else if (dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_IQ4_NL) {
         int8_t w[TD_QK];
         wvals_p((const unsigned char *)blk, dt, w);
         for (int j = 0; j < TD_QK; j++) out[j] = (float)w[j] * d;
@@ -280,7 +309,8 @@ static float fold16_p(const float *v) {
     return s2[0] + s2[1];
 }
 
-/* the 32 int8 values of a weight block (Q4_0: nibble - 8; Q5_0: 5 bits - 16) */
+/* the 32 int8 values of a weight block (Q4_0: nibble - 8; Q5_0: 5 bits - 16;
+ * IQ4_NL: the table's value of the nibble) */
 static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
     if (dt == TD_DTYPE_Q8_0) {
         memcpy(w, blk + 2, TD_QK);
@@ -291,6 +321,13 @@ static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
         for (int j = 0; j < TD_QK / 2; j++) {
             w[j] = (int8_t)(((blk[6 + j] & 15) | ((qh >> j) & 1) << 4) - 16);
             w[j + TD_QK / 2] = (int8_t)(((blk[6 + j] >> 4) | ((qh >> (j + TD_QK / 2)) & 1) << 4) - 16);
+        }
+        return;
+    }
+    if (dt == TD_DTYPE_IQ4_NL) {
+        for (int j = 0; j < TD_QK / 2; j++) {
+            w[j] = td_iq4_values[blk[2 + j] & 15];
+            w[j + TD_QK / 2] = td_iq4_values[blk[2 + j] >> 4];
         }
         return;
     }

@@ -7,6 +7,7 @@
  *                                                             value j + 16 = ((qs[j] >> 4) - 8) * d
  *   Q5_0: f16 scale d, 4 bytes qh (little-endian bit i = bit 4 of value i), then qs as
  *         Q4_0's                                (22 bytes);  value i = (q_i - 16) * d
+ *   IQ4_NL: as Q4_0, but value = td_iq4_values[nibble] * d (18 bytes; the table below)
  * Quantization (td_quantize_row) follows llama.cpp's reference quantizers:
  * Q8_0 d = amax/127, q = roundf(x/d); Q4_0 d = (the value of largest magnitude)/-8,
  * nibble = min(15, trunc(x/d + 8.5)); Q5_0 likewise with -16, 31 and 16.5. Non-finite or NaN inputs give a defined
@@ -61,6 +62,9 @@
  *         | (s[j-4] >> 6) << 4, m = (s[j+4] >> 4) | (s[j] >> 6) << 4.   (144 bytes)
  *   Q5_K: as Q4_K with 32 bytes qh after the scales (bit j of qh[l] is bit 4 of
  *         value l of sub-block j), then the 128 nibble bytes.            (176 bytes)
+ *   IQ4_XS: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes qs; sub-block j (32 values):
+ *         sc = ((scales_l[j/2] >> 4(j%2)) & 15 | ((scales_h >> 2j) & 3) << 4) - 32, its 16
+ *         bytes qs[16j..] as IQ4_NL's; value = (d * sc) * td_iq4_values[nibble]. (136 bytes)
  *   Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales (one per 16 values), f16 d.
  *         Value v: h = v / 128, g = (v % 128) / 32, l = v % 32: low 4 bits from
  *         ql[64h + 32(g & 1) + l] (low nibble for g < 2, high for g >= 2), bits 4-5
@@ -69,11 +73,12 @@
  * does for these formats (its Q8_K): td_quant_act_row's rule over 256 values
  * instead of 32 (amax, d = amax / 127, q = rint(x / d); non-finite: d = NaN, q = 0;
  * tiny: d = 0, q = 0), plus the exact sums S_j of each 32 q. The weights are
- * integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32) with integer sub-block
- * scales sc (Q6_K: one per 16 values), so a whole super-block s sums exactly:
+ * integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32; IQ4_XS: the table's value)
+ * with integer sub-block scales sc (Q6_K: one per 16 values), so a whole
+ * super-block s sums exactly:
  *   P_s[l] = sum_{j<8} sc_{j,l} * sum_{i<4} w[32j+4l+i] * q[256s+32j+4l+i]   (l = 0..7;
- *            sc_{j,l} = sc_j for Q4_K/Q5_K, sc[2j] for l < 4 and sc[2j+1] for l >= 4
- *            for Q6_K; |P| < 2^24, so (float)P is exact)
+ *            sc_{j,l} = sc_j for Q4_K/Q5_K/IQ4_XS, sc[2j] for l < 4 and sc[2j+1] for
+ *            l >= 4 for Q6_K; |P| < 2^24, so (float)P is exact)
  *   acc[8 (s & 1) + l] = fma(d_w * d_s, (float)P_s[l], acc[8 (s & 1) + l])
  *                      (d_w the super-block's f16 d as f32, d_s the activation scale)
  *   Q4_K/Q5_K also: macc[j] = fma(dmin_w * d_s, (float)(m_j * S_j), macc[j])   (8 lanes)
@@ -96,6 +101,11 @@
 #define TD_QK 32   /* values per block */
 #define TD_QKK 256 /* values per k-quant super-block */
 
+/* IQ4_NL / IQ4_XS: the 16 values a nibble stands for (the format's constants) */
+extern const int8_t td_iq4_values[16];
+/* The index of the table entry nearest v (ties to the smaller; NaN: the entry nearest 0). */
+int td_iq4_nearest(float v);
+
 typedef struct td_block_q8_0 {
     uint16_t d;      /* f16 scale */
     int8_t qs[32];
@@ -111,6 +121,18 @@ typedef struct td_block_q5_0 {
     uint8_t qh[4];   /* bit i (little-endian): bit 4 of value i */
     uint8_t qs[16];  /* low 4 bits, as Q4_0 */
 } td_block_q5_0;     /* 22 bytes */
+
+typedef struct td_block_iq4_nl {
+    uint16_t d;      /* f16 scale */
+    uint8_t qs[16];  /* table indices, as Q4_0's nibbles */
+} td_block_iq4_nl;   /* 18 bytes */
+
+typedef struct td_block_iq4_xs {
+    uint16_t d;          /* f16 super-block scale */
+    uint16_t scales_h;   /* bits 4-5 of the 8 sub-block scales, 2 bits each */
+    uint8_t scales_l[4]; /* bits 0-3, a nibble each */
+    uint8_t qs[128];     /* table indices: sub-block j at 16 j, as IQ4_NL's */
+} td_block_iq4_xs;       /* 136 bytes per 256 values */
 
 typedef struct td_block_q4_k {
     uint16_t d, dmin;     /* f16 super-block scales of the sub-block scales and mins */
@@ -132,12 +154,12 @@ typedef struct td_block_q6_k {
     uint16_t d;           /* f16 super-block scale */
 } td_block_q6_k;          /* 210 bytes */
 
-/* 1 for TD_DTYPE_Q4_K / Q5_K / Q6_K (super-blocks of 256). */
+/* 1 for TD_DTYPE_Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */
 int td_dtype_is_kquant(int dtype);
-/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0, 1 otherwise. */
+/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0 / IQ4_NL, 1 otherwise. */
 int td_dtype_block(int dtype);
 
-/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. */
+/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS. */
 int td_dtype_is_quant(int dtype);
 /* Bytes of n consecutive values of one row of dtype (n a multiple of
  * td_dtype_block(dtype); 0 when dtype is unknown or n does not fit its blocks). */

@@ -41,13 +41,21 @@ AI float fold16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(d);
 }
 
-/* the 32 int8 weights of the block at blk (Q4_0: nibble - 8; Q5_0: 5 bits - 16) */
+/* IQ4_NL / IQ4_XS: 32 nibbles (v, low 4 bits of each byte) to the table's values */
+AI __m256i iq4_lookup(__m256i v) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)td_iq4_values));
+    return _mm256_shuffle_epi8(t, v);
+}
+
+/* the 32 int8 weights of the block at blk (Q4_0: nibble - 8; Q5_0: 5 bits - 16;
+ * IQ4_NL: the table's value of the nibble) */
 AI __m256i wvals(const char *blk, int dt) {
     if (dt == TD_DTYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
     const int q5 = dt == TD_DTYPE_Q5_0;
     __m128i q = _mm_loadu_si128((const __m128i *)(blk + (q5 ? 6 : 2)));
     __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
                                  _mm256_set1_epi8(15));
+    if (dt == TD_DTYPE_IQ4_NL) return iq4_lookup(v);
     if (!q5) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
     /* bit i of the 32-bit qh -> 16 in byte i: byte i takes qh's byte i / 8, keeps bit i % 8 */
     uint32_t qh;
@@ -127,6 +135,7 @@ typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const cha
 QT_SET(TD_DTYPE_Q8_0, q8)
 QT_SET(TD_DTYPE_Q4_0, q4)
 QT_SET(TD_DTYPE_Q5_0, q5)
+QT_SET(TD_DTYPE_IQ4_NL, n4)
 
 /* ---- k-quants (Q4_K, Q5_K, Q6_K): super-blocks summed in int32 ----------------
  * The activations come in super-blocks of 256 with one scale (quant.h), so the 8
@@ -142,9 +151,14 @@ QT_SET(TD_DTYPE_Q5_0, q5)
 #endif
 
 /* block j (0..7, a constant after unrolling) of super-block blk: the 32 weight
- * integers (Q4_K/Q5_K: unsigned q; Q6_K: q - 32) */
+ * integers (Q4_K/Q5_K: unsigned q; Q6_K: q - 32; IQ4_XS: the table's values) */
 AI __m256i kvals(int dt, const char *blk, int j) {
     const __m256i m4 = _mm256_set1_epi8(15);
+    if (dt == TD_DTYPE_IQ4_XS) {
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * j));
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        return iq4_lookup(_mm256_and_si256(v, m4));
+    }
     if (dt == TD_DTYPE_Q6_K) {
         int h = j / 4, g = j % 4;
         __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (g & 1)));
@@ -171,6 +185,21 @@ AI __m256i kvals(int dt, const char *blk, int j) {
 typedef struct { __m256i lo, hi; __m128i m; float d, dmin; } khead;
 
 AI void khead_get(int dt, const char *blk, khead *k) {
+    if (dt == TD_DTYPE_IQ4_XS) { /* ls = nibble j of scales_l | 2 bits j of scales_h << 4; sc = ls - 32 */
+        uint16_t dh, sh;
+        uint32_t sl;
+        memcpy(&dh, blk, 2);
+        memcpy(&sh, blk + 2, 2);
+        memcpy(&sl, blk + 4, 4);
+        uint64_t ls = 0;
+        for (int j = 0; j < 8; j++) ls |= (uint64_t)(((sl >> (4 * j)) & 15) | ((sh >> (2 * j)) & 3) << 4) << (8 * j);
+        k->d = _cvtsh_ss(dh);
+        k->dmin = 0.0f;
+        __m128i s16 = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)ls)), _mm_set1_epi16(32));
+        k->lo = k->hi = _mm256_broadcastsi128_si256(s16);
+        k->m = _mm_setzero_si128();
+        return;
+    }
     if (dt == TD_DTYPE_Q6_K) {
         uint16_t dh;
         memcpy(&dh, blk + 208, 2);
@@ -222,8 +251,8 @@ AI float fold8(__m256 a) {
 AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
               int add) {
     __m256 acc[4][2][2], mac[4][2]; /* [token][output][super-block parity] */
-    const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210;
-    const int nsb = K / 256;
+    const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : dt == TD_DTYPE_IQ4_XS ? 136 : 210;
+    const int nsb = K / 256, sgn = dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_IQ4_XS, mins = !sgn;
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
@@ -251,12 +280,12 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
         for (int j = 0; j < 8; j++)
 #pragma GCC unroll 2
             for (int o = 0; o < NR; o++) {
-                __m256i wv = kvals(dt, sb[o], j), wa = dt == TD_DTYPE_Q6_K ? _mm256_abs_epi8(wv) : wv;
+                __m256i wv = kvals(dt, sb[o], j), wa = sgn ? _mm256_abs_epi8(wv) : wv;
                 __m256i s16 = kscale(dt, &kh[o], j);
 #pragma GCC unroll 4
                 for (int i = 0; i < MR; i++) {
                     __m256i q = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * lda + 256 * (size_t)s + 32 * j));
-                    __m256i p16 = _mm256_maddubs_epi16(wa, dt == TD_DTYPE_Q6_K ? _mm256_sign_epi8(q, wv) : q);
+                    __m256i p16 = _mm256_maddubs_epi16(wa, sgn ? _mm256_sign_epi8(q, wv) : q);
                     P[i][o] = _mm256_add_epi32(P[i][o], _mm256_madd_epi16(p16, s16));
                 }
             }
@@ -267,7 +296,7 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 #pragma GCC unroll 2
             for (int o = 0; o < NR; o++) {
                 acc[i][o][s & 1] = _mm256_fmadd_ps(_mm256_set1_ps(kh[o].d * ds), _mm256_cvtepi32_ps(P[i][o]), acc[i][o][s & 1]);
-                if (dt != TD_DTYPE_Q6_K) {
+                if (mins) {
                     __m256i S = _mm256_loadu_si256((const __m256i *)(dx + nsb + 8 * s));
                     __m256i mS = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(kh[o].m), S);
                     mac[i][o] = _mm256_fmadd_ps(_mm256_set1_ps(kh[o].dmin * ds), _mm256_cvtepi32_ps(mS), mac[i][o]);
@@ -280,7 +309,7 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 #pragma GCC unroll 2
         for (int o = 0; o < NR; o++) {
             float v = fold16(acc[i][o][0], acc[i][o][1]);
-            if (dt != TD_DTYPE_Q6_K) v -= fold8(mac[i][o]);
+            if (mins) v -= fold8(mac[i][o]);
             td_avx2_put(y, ldy, i, o, v, add);
         }
 }
@@ -291,6 +320,7 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 KT_SET(TD_DTYPE_Q4_K, k4)
 KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
+KT_SET(TD_DTYPE_IQ4_XS, x4)
 
 typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (k-quants; else NULL) */
 #define QTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, NULL}
@@ -298,7 +328,7 @@ typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (
 #define KT42 1
 #endif
 #define KTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, KT42 ? qt_4x2_##S : NULL}
-static const qtile_set QTILES[6] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5)};
+static const qtile_set QTILES[8] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5), QTS(n4), KTS(x4)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
@@ -309,7 +339,9 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
                                   : dt == TD_DTYPE_Q4_K ? 2
                                   : dt == TD_DTYPE_Q5_K ? 3
                                   : dt == TD_DTYPE_Q6_K ? 4
-                                                        : 5];
+                                  : dt == TD_DTYPE_Q5_0 ? 5
+                                  : dt == TD_DTYPE_IQ4_NL ? 6
+                                                        : 7];
     if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
         for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;
