@@ -271,6 +271,15 @@ static void test_bad_input(void) {
     expect_err("negative id", buf, strlen(buf), TD_EFORMAT, "model.vocab[\"a\"]");
     snprintf(buf, sizeof buf, "%s\"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", bpe_head);
     expect_err("duplicate id", buf, strlen(buf), TD_EFORMAT, "used twice");
+    /* a lone id near 2^24 would size the per-id tables for 16M tokens */
+    snprintf(buf, sizeof buf, "%s\"vocab\": {\"a\": 0, \"b\": 16000000}, \"merges\": []}}", bpe_head);
+    expect_err("sparse ids", buf, strlen(buf), TD_EFORMAT, "too sparse");
+    {   /* gaps (reserved ranges) stay allowed: ids 0, 1 and 1000 */
+        td_tokenizer *t = NULL;
+        snprintf(buf, sizeof buf, "%s\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 1000}, \"merges\": [\"a b\"]}}", bpe_head);
+        T_CHECK(td_tokenizer_open_mem(&t, buf, strlen(buf), NULL, 0, NULL) == 0 && t, "a gap of 998 ids refused");
+        td_tokenizer_free(t);
+    }
     snprintf(buf, sizeof buf, "%s\"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [{\"content\": \"x\"}]}", bpe_head);
     expect_err("added token without id", buf, strlen(buf), TD_EFORMAT, "added_tokens[0]");
     snprintf(buf, sizeof buf, "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}");

@@ -427,6 +427,11 @@ static int td_load(td_tokenizer *t, const cJSON *root, td_err *err) {
     }
     if (n_v == 0) return td_seterr(err, TD_EFORMAT, "tokenizer.json: model.vocab is empty");
     if (total > (1u << 30)) return td_seterr(err, TD_ERANGE, "tokenizer.json: %zu bytes of token strings is too many", total);
+    /* per-id tables are sized by the largest id: a few ids spread up to 2^24 would
+     * cost hundreds of MB for nothing; gaps (reserved ranges) stay allowed */
+    if ((int64_t)max_id + 1 > 4 * ((int64_t)n_v + n_a) + 1024)
+        return td_seterr(err, TD_EFORMAT, "tokenizer.json: ids reach %d but only %d tokens are defined (too sparse)", max_id,
+                         n_v + n_a);
     t->n_vocab = max_id + 1;
     t->tok_off = calloc((size_t)t->n_vocab + 1, sizeof *t->tok_off);
     t->is_special = calloc((size_t)t->n_vocab, 1);
