@@ -182,6 +182,7 @@ static void case_kquant(void) {
     case_quant(dir, "q5_k", TD_DTYPE_Q5_K);
     case_quant(dir, "q6_k", TD_DTYPE_Q6_K);
     case_quant(dir, "iq4_xs", TD_DTYPE_IQ4_XS);
+    case_quant(dir, "q3_k", TD_DTYPE_Q3_K);
     t_begin("gguf_kquant_tensor_types");
     td_err err = {0};
     td_model *a = NULL;
@@ -197,6 +198,8 @@ static void case_kquant(void) {
         {"kshape", "q5_0", "token_embd.weight", "Q6_K"},      {"kshape", "q5_0", "blk.0.attn_k.weight", "Q5_0"},
         {"kshape", "iq4_xs", "token_embd.weight", "Q6_K"},    {"kshape", "iq4_xs", "blk.0.ffn_gate.weight", "IQ4_XS"},
         {"target", "iq4_xs", "blk.0.attn_q.weight", "IQ4_NL"}, {"target", "iq4_xs", "blk.0.ffn_down.weight", "IQ4_XS"},
+        {"kshape", "q3_k_m", "blk.0.attn_q.weight", "Q3_K"},  {"kshape", "q3_k_m", "blk.1.ffn_down.weight", "Q4_K"},
+        {"kshape", "q3_k_m", "token_embd.weight", "Q6_K"},    {"target", "q3_k", "blk.0.attn_k.weight", "IQ4_NL"},
         {"target", "q4_k_m", "blk.3.ffn_down.weight", "Q6_K"}, {"target", "q6_k", "token_embd.weight", "Q8_0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -29,8 +29,8 @@ static uint64_t g_rng = 12345;
 #define NQREF 3
 static const int QDT[NQDT] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_IQ4_NL};
 /* the formats with super-blocks of 256 */
-#define NKDT 4
-static const int KDT[NKDT] = {TD_DTYPE_Q4_K, TD_DTYPE_Q5_K, TD_DTYPE_Q6_K, TD_DTYPE_IQ4_XS};
+#define NKDT 5
+static const int KDT[NKDT] = {TD_DTYPE_Q4_K, TD_DTYPE_Q5_K, TD_DTYPE_Q6_K, TD_DTYPE_IQ4_XS, TD_DTYPE_Q3_K};
 static float frand(void) { return (float)((tm_rng(&g_rng) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 static char g_dir[256];
 
@@ -593,6 +593,38 @@ static void test_bad_sizes(void) {
  * (d * sc), wm[8] each 32-value sub-block's minimum scale (dmin * m; Q6_K 0). */
 static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[8], int isc[16], int im[8]) {
     uint16_t h;
+    if (dt == TD_DTYPE_Q3_K) { /* dequantize_row_q3_K's loops: the scales unpacked word by word */
+        uint32_t aux[4], tmp;
+        memcpy(aux, blk + 96, 12);
+        tmp = aux[2];
+        aux[2] = ((aux[0] >> 4) & 0x0f0f0f0f) | (((tmp >> 4) & 0x03030303) << 4);
+        aux[3] = ((aux[1] >> 4) & 0x0f0f0f0f) | (((tmp >> 6) & 0x03030303) << 4);
+        aux[0] = (aux[0] & 0x0f0f0f0f) | (((tmp >> 0) & 0x03030303) << 4);
+        aux[1] = (aux[1] & 0x0f0f0f0f) | (((tmp >> 2) & 0x03030303) << 4);
+        const int8_t *sc = (const int8_t *)aux;
+        memcpy(&h, blk + 108, 2);
+        float d = td_f16_to_f32(h);
+        const unsigned char *q = blk + 32, *hm = blk;
+        int is = 0, m = 1, y = 0;
+        for (int n = 0; n < 256; n += 128) {
+            int shift = 0;
+            for (int j = 0; j < 4; ++j) {
+                for (int half = 0; half < 2; half++) {
+                    isc[is] = sc[is] - 32;
+                    ws[is] = d * (float)isc[is];
+                    for (int l = 0; l < 16; ++l)
+                        v[y + 16 * half + l] = ((q[16 * half + l] >> shift) & 3) - ((hm[16 * half + l] & m) ? 0 : 4);
+                    is++;
+                }
+                y += 32;
+                shift += 2;
+                m <<= 1;
+            }
+            q += 32;
+        }
+        for (int j = 0; j < 8; j++) wm[j] = (float)(im[j] = 0);
+        return;
+    }
     if (dt == TD_DTYPE_IQ4_XS) { /* dequantize_row_iq4_xs's loop */
         uint16_t sh;
         memcpy(&h, blk, 2);
@@ -660,9 +692,9 @@ static void krand_blocks(int dt, unsigned char *b, int nsb) {
     size_t bs = td_dtype_row_bytes(dt, 256);
     for (size_t i = 0; i < bs * (size_t)nsb; i++) b[i] = (unsigned char)tm_rng(&g_rng);
     for (int s = 0; s < nsb; s++)
-        for (int k = 0; k < (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_IQ4_XS ? 1 : 2); k++) {
+        for (int k = 0; k < (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_IQ4_XS || dt == TD_DTYPE_Q3_K ? 1 : 2); k++) {
             uint16_t h = td_f32_to_f16(frand() * ldexpf(1.0f, (int)(tm_rng(&g_rng) % 12) - 14));
-            memcpy(b + bs * (size_t)s + (dt == TD_DTYPE_Q6_K ? 208 : 2 * (size_t)k), &h, 2);
+            memcpy(b + bs * (size_t)s + (dt == TD_DTYPE_Q6_K ? 208 : dt == TD_DTYPE_Q3_K ? 108 : 2 * (size_t)k), &h, 2);
         }
 }
 
@@ -742,9 +774,10 @@ static void test_kq_ggml(void) {
     T_REQUIRE(h != NULL, "libggml-base.so does not load");
     typedef void (*qfn)(const float *, void *, int64_t);
     typedef void (*dqfn)(const void *, float *, int64_t);
-    static const char *dqn[NKDT] = {"dequantize_row_q4_K", "dequantize_row_q5_K", "dequantize_row_q6_K", "dequantize_row_iq4_xs"};
+    static const char *dqn[NKDT] = {"dequantize_row_q4_K", "dequantize_row_q5_K", "dequantize_row_q6_K", "dequantize_row_iq4_xs",
+                                    "dequantize_row_q3_K"};
     static const char *qn[NKDT] = {"quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref",
-                                   "quantize_row_iq4_xs_ref"};
+                                   "quantize_row_iq4_xs_ref", "quantize_row_q3_K_ref"};
     for (int ki = 0; ki < NKDT; ki++) {
         int dt = KDT[ki];
         dqfn dq = (dqfn)dlsym(h, dqn[ki]);
@@ -810,7 +843,7 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
         const unsigned char *blk = wrow + (size_t)s * bs;
         kref_decode(dt, blk, v, ws, wm, isc, im);
         uint16_t h;
-        memcpy(&h, dt == TD_DTYPE_Q6_K ? blk + 208 : blk, 2);
+        memcpy(&h, dt == TD_DTYPE_Q6_K ? blk + 208 : dt == TD_DTYPE_Q3_K ? blk + 108 : blk, 2);
         float dw = td_f16_to_f32(h), dmin = 0.0f;
         int mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K;
         if (mins) { memcpy(&h, blk + 2, 2); dmin = td_f16_to_f32(h); }
@@ -885,10 +918,13 @@ static void test_kq_matmul(void) {
     double r[NKDT], rd[NKDT];
     for (int i = 0; i < NKDT; i++) { r[i] = sqrt(e2[i] / y2[i]); rd[i] = sqrt(r2[i] / y2[i]); }
     printf("  %d products x %d paths equal the scalar k-quant order (memcmp); rms error / rms output: vs the "
-           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e iq4_xs %.1e, vs the unquantized matrix q4_k %.2e q5_k %.2e "
-           "q6_k %.2e iq4_xs %.2e\n", checked / npaths, npaths, rd[0], rd[1], rd[2], rd[3], r[0], r[1], r[2], r[3]);
-    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02 && rd[3] < 0.02, "activation rounding error implausibly large");
-    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1] && r[3] < 0.15, "quantization errors implausible (q4_k > q5_k > q6_k expected)");
+           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e iq4_xs %.1e q3_k %.1e, vs the unquantized matrix q4_k %.2e "
+           "q5_k %.2e q6_k %.2e iq4_xs %.2e q3_k %.2e\n", checked / npaths, npaths, rd[0], rd[1], rd[2], rd[3], rd[4], r[0],
+           r[1], r[2], r[3], r[4]);
+    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02 && rd[3] < 0.02 && rd[4] < 0.02,
+            "activation rounding error implausibly large");
+    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1] && r[3] < 0.15 && r[4] > r[0] && r[4] < 0.3,
+            "quantization errors implausible (q3_k > q4_k > q5_k > q6_k expected)");
     t_end();
 }
 
@@ -1126,6 +1162,7 @@ int main(void) {
         test_invariance(TD_DTYPE_Q5_0, 1);
         test_invariance(TD_DTYPE_IQ4_NL, 0);
         test_invariance(TD_DTYPE_IQ4_XS, 1);
+        test_invariance(TD_DTYPE_Q3_K, 0);
     }
     td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
@@ -1136,6 +1173,7 @@ int main(void) {
     test_spec(TD_DTYPE_Q6_K);
     test_spec(TD_DTYPE_Q5_0);
     test_spec(TD_DTYPE_IQ4_XS);
+    test_spec(TD_DTYPE_Q3_K);
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

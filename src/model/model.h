@@ -102,16 +102,17 @@ int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **aren
 /* Set m->dtype to the dtype holding the most weight bytes. */
 void td_model_main_dtype(td_model *m);
 /* Quantization schemes beyond one dtype for all matrices: llama.cpp's "_M" mixes. */
-enum { TD_QSCHEME_Q4_K_M = 100, TD_QSCHEME_Q5_K_M = 101 };
+enum { TD_QSCHEME_Q4_K_M = 100, TD_QSCHEME_Q5_K_M = 101, TD_QSCHEME_Q3_K_M = 102 };
 /* What a matrix is, for the choice of its type. */
 enum { TD_QROLE_MATRIX = 0, TD_QROLE_OUTPUT = 1 /* lm_head, or the embedding when tied */, TD_QROLE_ATTN_V = 2,
        TD_QROLE_FFN_DOWN = 3 };
 /* The dtype a quantizer gives a matrix of role with rows of k values, asked for
  * scheme (a TD_DTYPE_* block format, or TD_QSCHEME_*), as llama.cpp's quantizer
  * chooses: the output matrix gets q8_0 for q4_0 and q6_k for q5_0 and the 4- and
- * 5-bit k-quants; the _M mixes give attn_v and ffn_down q6_k; a k-quant whose rows are
+ * 5-bit k-quants; the _M mixes give attn_v and ffn_down q6_k (q3_k_m: q4_k, a simplification of
+ * llama.cpp's per-layer choice between q4_k and q5_k); a k-quant whose rows are
  * not a whole number of 256-value super-blocks falls back as in llama.cpp: q4_k to
- * q5_0, iq4_xs to iq4_nl, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which
+ * q5_0, iq4_xs and q3_k to iq4_nl, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which
  * tandem lacks). The output matrix of iq4_nl / iq4_xs is q6_k too. -1 for an unknown scheme. */
 int td_model_quant_type(int scheme, int role, int64_t k);
 

@@ -42,16 +42,17 @@ void td_model_main_dtype(td_model *m) {
 }
 
 int td_model_quant_type(int scheme, int role, int64_t k) {
-    int mixed = scheme == TD_QSCHEME_Q4_K_M || scheme == TD_QSCHEME_Q5_K_M;
-    int t = scheme == TD_QSCHEME_Q4_K_M ? TD_DTYPE_Q4_K : scheme == TD_QSCHEME_Q5_K_M ? TD_DTYPE_Q5_K : scheme;
+    int mixed = scheme == TD_QSCHEME_Q4_K_M || scheme == TD_QSCHEME_Q5_K_M || scheme == TD_QSCHEME_Q3_K_M;
+    int t = scheme == TD_QSCHEME_Q4_K_M   ? TD_DTYPE_Q4_K
+            : scheme == TD_QSCHEME_Q5_K_M ? TD_DTYPE_Q5_K
+            : scheme == TD_QSCHEME_Q3_K_M ? TD_DTYPE_Q3_K
+                                          : scheme;
     if (!td_dtype_is_quant(t)) return t >= 0 && t < TD_DTYPE_COUNT ? t : -1;
-    if (role == TD_QROLE_OUTPUT && t == TD_DTYPE_Q4_0) t = TD_DTYPE_Q8_0;
-    else if (role == TD_QROLE_OUTPUT && (t == TD_DTYPE_Q5_0 || t == TD_DTYPE_IQ4_NL || t == TD_DTYPE_IQ4_XS))
-        t = TD_DTYPE_Q6_K;
-    else if (role == TD_QROLE_OUTPUT && (t == TD_DTYPE_Q4_K || t == TD_DTYPE_Q5_K)) t = TD_DTYPE_Q6_K;
-    else if (mixed && (role == TD_QROLE_ATTN_V || role == TD_QROLE_FFN_DOWN)) t = TD_DTYPE_Q6_K;
+    if (role == TD_QROLE_OUTPUT) t = t == TD_DTYPE_Q4_0 ? TD_DTYPE_Q8_0 : t == TD_DTYPE_Q8_0 ? t : TD_DTYPE_Q6_K;
+    else if (mixed && (role == TD_QROLE_ATTN_V || role == TD_QROLE_FFN_DOWN))
+        t = t == TD_DTYPE_Q3_K ? TD_DTYPE_Q4_K : TD_DTYPE_Q6_K;
     if (td_dtype_is_kquant(t) && k % TD_QKK)
-        t = t == TD_DTYPE_Q4_K ? TD_DTYPE_Q5_0 : t == TD_DTYPE_IQ4_XS ? TD_DTYPE_IQ4_NL : TD_DTYPE_Q8_0;
+        t = t == TD_DTYPE_Q4_K ? TD_DTYPE_Q5_0 : t == TD_DTYPE_IQ4_XS || t == TD_DTYPE_Q3_K ? TD_DTYPE_IQ4_NL : TD_DTYPE_Q8_0;
     return t;
 }
 

@@ -10,6 +10,7 @@
 #include "util/util.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 size_t td_kq_block_bytes(int dt) {
@@ -18,6 +19,7 @@ size_t td_kq_block_bytes(int dt) {
     case TD_DTYPE_Q5_K: return sizeof(td_block_q5_k);
     case TD_DTYPE_Q6_K: return sizeof(td_block_q6_k);
     case TD_DTYPE_IQ4_XS: return sizeof(td_block_iq4_xs);
+    case TD_DTYPE_Q3_K: return sizeof(td_block_q3_k);
     default: return 0;
     }
 }
@@ -26,6 +28,7 @@ _Static_assert(sizeof(td_block_q4_k) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(td_block_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(td_block_q6_k) == 210, "Q6_K block is 210 bytes");
 _Static_assert(sizeof(td_block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
+_Static_assert(sizeof(td_block_q3_k) == 110, "Q3_K block is 110 bytes");
 
 /* 1 when dt's values carry a sub-block minimum (Q4_K, Q5_K) */
 static int has_min(int dt) { return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K; }
@@ -166,12 +169,49 @@ static void quant_iq4_xs(const float *x, td_block_iq4_xs *y) {
     }
 }
 
+/* ---- Q3_K ---------------------------------------------------------------------- */
+
+/* tandem's own: each 16 values' scale maps their value of largest magnitude onto
+ * -4; d = the largest |scale| / 32, the scales rounded to [-32, 31] against the
+ * stored d, the values to [-4, 3] against the stored d * sc */
+static void quant_q3_k(const float *x, td_block_q3_k *y) {
+    float scale[16], smax = 0.0f;
+    for (int g = 0; g < 16; g++) {
+        float big = 0.0f;
+        for (int i = 0; i < 16; i++)
+            if (fabsf(x[16 * g + i]) > fabsf(big)) big = x[16 * g + i];
+        scale[g] = big / -4.0f;
+        if (!(fabsf(scale[g]) < INFINITY)) scale[g] = 0.0f;
+        smax = fmaxf(smax, fabsf(scale[g]));
+    }
+    float d = f16r(smax / 32.0f, &y->d);
+    memset(y, 0, offsetof(td_block_q3_k, d));
+    uint8_t s6[16];
+    for (int g = 0; g < 16; g++) {
+        int sc = d > 0.0f ? qround(scale[g] / d, -32, 31) : 0;
+        s6[g] = (uint8_t)(sc + 32);
+        float ws = d * (float)sc;
+        for (int i = 0; i < 16; i++) {
+            int v = 16 * g + i, h = v / 128, j = (v % 128) / 32, l = v % 32;
+            int q = ws != 0.0f ? qround(x[v] / ws, -4, 3) : 0;
+            y->qs[32 * h + l] |= (uint8_t)(((q + 4) & 3) << (2 * j));
+            if (q >= 0) y->hmask[l] |= (uint8_t)(1 << (4 * h + j));
+        }
+    }
+    for (int i = 0; i < 4; i++) { /* low nibbles: s0-7 in bytes 0-7, s8-15 as their high nibbles; 2 high bits in 8-11 */
+        y->scales[i] = (uint8_t)((s6[i] & 15) | (s6[i + 8] & 15) << 4);
+        y->scales[i + 4] = (uint8_t)((s6[i + 4] & 15) | (s6[i + 12] & 15) << 4);
+        y->scales[i + 8] = (uint8_t)((s6[i] >> 4) | (s6[i + 4] >> 4) << 2 | (s6[i + 8] >> 4) << 4 | (s6[i + 12] >> 4) << 6);
+    }
+}
+
 void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / TD_QKK; b++) {
         const float *xb = x + b * TD_QKK;
         if (dt == TD_DTYPE_Q4_K) quant_q4_k(xb, (td_block_q4_k *)dst + b);
         else if (dt == TD_DTYPE_Q5_K) quant_q5_k(xb, (td_block_q5_k *)dst + b);
         else if (dt == TD_DTYPE_IQ4_XS) quant_iq4_xs(xb, (td_block_iq4_xs *)dst + b);
+        else if (dt == TD_DTYPE_Q3_K) quant_q3_k(xb, (td_block_q3_k *)dst + b);
         else quant_q6_k(xb, (td_block_q6_k *)dst + b);
     }
 }
@@ -181,8 +221,8 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
 /* The super-block's f16 scales as f32: *d, and *dmin (0 for Q6_K). */
 static void ksuper(int dt, const unsigned char *blk, float *d, float *dmin) {
     uint16_t h;
-    if (!has_min(dt)) { /* Q6_K: d last; IQ4_XS: d first */
-        memcpy(&h, blk + (dt == TD_DTYPE_Q6_K ? 208 : 0), 2);
+    if (!has_min(dt)) { /* Q6_K, Q3_K: d last; IQ4_XS: d first */
+        memcpy(&h, blk + (dt == TD_DTYPE_Q6_K ? 208 : dt == TD_DTYPE_Q3_K ? 108 : 0), 2);
         *d = td_f16_to_f32(h);
         *dmin = 0.0f;
         return;
@@ -198,26 +238,40 @@ static void ksuper(int dt, const unsigned char *blk, float *d, float *dmin) {
  * minimum's integer (0 for Q6_K). value i = (d * sc[i / 16]) * w[i] - dmin * m. */
 static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc[2], int *m) {
     if (dt == TD_DTYPE_Q6_K) {
-        const td_block_q6_k *b = (const void *)blk;
+        /* fields by their offsets (offsetof): the file's alignment may be 1, so no struct pointer */
+        const unsigned char *ql = blk + offsetof(td_block_q6_k, ql), *qh = blk + offsetof(td_block_q6_k, qh);
+        const int8_t *s6 = (const int8_t *)(blk + offsetof(td_block_q6_k, scales));
         for (int i = 0; i < 32; i++) {
             int qli, qls, qhi, qhs;
             q6_pos(32 * j + i, &qli, &qls, &qhi, &qhs);
-            w[i] = (int8_t)((((b->ql[qli] >> qls) & 15) | ((b->qh[qhi] >> qhs) & 3) << 4) - 32);
+            w[i] = (int8_t)((((ql[qli] >> qls) & 15) | ((qh[qhi] >> qhs) & 3) << 4) - 32);
         }
-        sc[0] = b->scales[2 * j];
-        sc[1] = b->scales[2 * j + 1];
+        sc[0] = s6[2 * j];
+        sc[1] = s6[2 * j + 1];
+        *m = 0;
+        return;
+    }
+    if (dt == TD_DTYPE_Q3_K) {
+        const unsigned char *hm = blk + offsetof(td_block_q3_k, hmask), *qs = blk + offsetof(td_block_q3_k, qs);
+        int8_t s16[16];
+        td_kq_q3_scales(blk + offsetof(td_block_q3_k, scales), s16);
+        int h = j / 4, jj = j % 4;
+        for (int i = 0; i < 32; i++)
+            w[i] = (int8_t)(((qs[32 * h + i] >> (2 * jj)) & 3) - ((hm[i] >> (4 * h + jj)) & 1 ? 0 : 4));
+        sc[0] = s16[2 * j];
+        sc[1] = s16[2 * j + 1];
         *m = 0;
         return;
     }
     if (dt == TD_DTYPE_IQ4_XS) {
-        const td_block_iq4_xs *b = (const void *)blk;
+        const unsigned char *sl = blk + offsetof(td_block_iq4_xs, scales_l), *qs = blk + offsetof(td_block_iq4_xs, qs);
         uint16_t sh;
-        memcpy(&sh, &b->scales_h, 2);
+        memcpy(&sh, blk + offsetof(td_block_iq4_xs, scales_h), 2);
         for (int i = 0; i < 16; i++) {
-            w[i] = td_iq4_values[b->qs[16 * j + i] & 15];
-            w[i + 16] = td_iq4_values[b->qs[16 * j + i] >> 4];
+            w[i] = td_iq4_values[qs[16 * j + i] & 15];
+            w[i + 16] = td_iq4_values[qs[16 * j + i] >> 4];
         }
-        sc[0] = sc[1] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
+        sc[0] = sc[1] = (((sl[j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
         *m = 0;
         return;
     }

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Bytes of one super-block of dt (144, 176, 210), 0 for another dtype. */
 size_t td_kq_block_bytes(int dt);
@@ -25,6 +26,17 @@ static inline void td_kq_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t 
         sc[j + 4] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
         m[j + 4] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
     }
+}
+
+/* The 16 scales of a Q3_K super-block (sc - 32, in [-32, 31]) from its 12 packed
+ * bytes (layout in quant.h), four to a 32-bit word. */
+static inline void td_kq_q3_scales(const uint8_t *s, int8_t sc[16]) {
+    uint32_t w[3];
+    memcpy(w, s, 12);
+    const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    uint32_t o[4] = {(w[0] & k4) | (w[2] & k2) << 4, (w[1] & k4) | ((w[2] >> 2) & k2) << 4,
+                     ((w[0] >> 4) & k4) | ((w[2] >> 4) & k2) << 4, ((w[1] >> 4) & k4) | ((w[2] >> 6) & k2) << 4};
+    for (int i = 0; i < 16; i++) sc[i] = (int8_t)((int)((o[i / 4] >> (8 * (i % 4))) & 63) - 32);
 }
 
 /* n values (n % 256 == 0) of x into dst as dt; non-finite inputs give defined

@@ -43,7 +43,8 @@ _Static_assert(sizeof(td_block_q4_0) == 18, "Q4_0 block is 18 bytes");
 const int8_t td_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 int td_dtype_is_kquant(int dtype) {
-    return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K || dtype == TD_DTYPE_IQ4_XS;
+    return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K || dtype == TD_DTYPE_IQ4_XS ||
+           dtype == TD_DTYPE_Q3_K;
 }
 
 int td_dtype_is_quant(int dtype) {
@@ -63,6 +64,7 @@ const char *td_dtype_name(int dtype) {
     case TD_DTYPE_Q5_0: return "q5_0";
     case TD_DTYPE_IQ4_NL: return "iq4_nl";
     case TD_DTYPE_IQ4_XS: return "iq4_xs";
+    case TD_DTYPE_Q3_K: return "q3_k";
     case TD_DTYPE_Q4_K: return "q4_k";
     case TD_DTYPE_Q5_K: return "q5_k";
     case TD_DTYPE_Q6_K: return "q6_k";
@@ -95,6 +97,7 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
     case TD_DTYPE_Q5_0:
     case TD_DTYPE_IQ4_NL:
     case TD_DTYPE_IQ4_XS:
+    case TD_DTYPE_Q3_K:
     case TD_DTYPE_Q4_K:
     case TD_DTYPE_Q5_K:
     case TD_DTYPE_Q6_K: {

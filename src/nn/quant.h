@@ -65,6 +65,11 @@
  *   IQ4_XS: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes qs; sub-block j (32 values):
  *         sc = ((scales_l[j/2] >> 4(j%2)) & 15 | ((scales_h >> 2j) & 3) << 4) - 32, its 16
  *         bytes qs[16j..] as IQ4_NL's; value = (d * sc) * td_iq4_values[nibble]. (136 bytes)
+ *   Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes of 16 6-bit scales, f16 d. Value v: h = v / 128,
+ *         j = (v % 128) / 32, l = v % 32: low 2 bits (qs[32h + l] >> 2j) & 3, minus 4 unless
+ *         bit 4h + j of hmask[l] is set; scale sc[v / 16] - 32, the 16 scales packed as low
+ *         nibbles (words 0, 1: s0-7; their high nibbles s8-15) and 2 high bits (word 2,
+ *         shifted by 0, 2, 4, 6 for s0-3, s4-7, s8-11, s12-15); value = (d * sc) * w.  (110 bytes)
  *   Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales (one per 16 values), f16 d.
  *         Value v: h = v / 128, g = (v % 128) / 32, l = v % 32: low 4 bits from
  *         ql[64h + 32(g & 1) + l] (low nibble for g < 2, high for g >= 2), bits 4-5
@@ -73,12 +78,12 @@
  * does for these formats (its Q8_K): td_quant_act_row's rule over 256 values
  * instead of 32 (amax, d = amax / 127, q = rint(x / d); non-finite: d = NaN, q = 0;
  * tiny: d = 0, q = 0), plus the exact sums S_j of each 32 q. The weights are
- * integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32; IQ4_XS: the table's value)
- * with integer sub-block scales sc (Q6_K: one per 16 values), so a whole
- * super-block s sums exactly:
+ * integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32; Q3_K: -4..3; IQ4_XS: the
+ * table's value) with integer sub-block scales sc (Q6_K, Q3_K: one per 16 values),
+ * so a whole super-block s sums exactly:
  *   P_s[l] = sum_{j<8} sc_{j,l} * sum_{i<4} w[32j+4l+i] * q[256s+32j+4l+i]   (l = 0..7;
  *            sc_{j,l} = sc_j for Q4_K/Q5_K/IQ4_XS, sc[2j] for l < 4 and sc[2j+1] for
- *            l >= 4 for Q6_K; |P| < 2^24, so (float)P is exact)
+ *            l >= 4 for Q6_K/Q3_K; |P| < 2^24, so (float)P is exact)
  *   acc[8 (s & 1) + l] = fma(d_w * d_s, (float)P_s[l], acc[8 (s & 1) + l])
  *                      (d_w the super-block's f16 d as f32, d_s the activation scale)
  *   Q4_K/Q5_K also: macc[j] = fma(dmin_w * d_s, (float)(m_j * S_j), macc[j])   (8 lanes)
@@ -154,12 +159,19 @@ typedef struct td_block_q6_k {
     uint16_t d;           /* f16 super-block scale */
 } td_block_q6_k;          /* 210 bytes */
 
-/* 1 for TD_DTYPE_Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */
+typedef struct td_block_q3_k {
+    uint8_t hmask[32];    /* bit 4h + j of byte l: value 128h + 32j + l is >= 0 (else minus 4) */
+    uint8_t qs[64];       /* low 2 bits */
+    uint8_t scales[12];   /* 16 6-bit scales (biased by 32), packed as described above */
+    uint16_t d;           /* f16 super-block scale */
+} td_block_q3_k;          /* 110 bytes */
+
+/* 1 for TD_DTYPE_Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */
 int td_dtype_is_kquant(int dtype);
 /* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0 / IQ4_NL, 1 otherwise. */
 int td_dtype_block(int dtype);
 
-/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS. */
+/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS. */
 int td_dtype_is_quant(int dtype);
 /* Bytes of n consecutive values of one row of dtype (n a multiple of
  * td_dtype_block(dtype); 0 when dtype is unknown or n does not fit its blocks). */

@@ -154,6 +154,16 @@ QT_SET(TD_DTYPE_IQ4_NL, n4)
  * integers (Q4_K/Q5_K: unsigned q; Q6_K: q - 32; IQ4_XS: the table's values) */
 AI __m256i kvals(int dt, const char *blk, int j) {
     const __m256i m4 = _mm256_set1_epi8(15);
+    if (dt == TD_DTYPE_Q3_K) { /* 2 low bits, minus 4 where the hmask bit is clear */
+        int h = j / 4, g = j % 4;
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
+        __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+        __m256i lo = _mm256_and_si256(g == 0 ? qs : g == 1 ? _mm256_srli_epi16(qs, 2) : g == 2 ? _mm256_srli_epi16(qs, 4)
+                                                                                             : _mm256_srli_epi16(qs, 6),
+                                      _mm256_set1_epi8(3));
+        __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << (4 * h + g)))), _mm256_setzero_si256());
+        return _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+    }
     if (dt == TD_DTYPE_IQ4_XS) {
         __m128i q = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * j));
         __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
@@ -185,6 +195,23 @@ AI __m256i kvals(int dt, const char *blk, int j) {
 typedef struct { __m256i lo, hi; __m128i m; float d, dmin; } khead;
 
 AI void khead_get(int dt, const char *blk, khead *k) {
+    if (dt == TD_DTYPE_Q3_K) { /* kquant.h's td_kq_q3_scales, in registers */
+        uint16_t dh;
+        uint32_t w[3];
+        memcpy(&dh, blk + 108, 2);
+        memcpy(w, blk + 96, 12);
+        const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+        __m128i s8 = _mm_setr_epi32((int)((w[0] & k4) | (w[2] & k2) << 4), (int)((w[1] & k4) | ((w[2] >> 2) & k2) << 4),
+                                    (int)(((w[0] >> 4) & k4) | ((w[2] >> 4) & k2) << 4),
+                                    (int)(((w[1] >> 4) & k4) | ((w[2] >> 6) & k2) << 4));
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(s8, _mm_set1_epi8(32)));
+        k->d = _cvtsh_ss(dh);
+        k->dmin = 0.0f;
+        k->lo = _mm256_permute2x128_si256(s16, s16, 0x00);
+        k->hi = _mm256_permute2x128_si256(s16, s16, 0x11);
+        k->m = _mm_setzero_si128();
+        return;
+    }
     if (dt == TD_DTYPE_IQ4_XS) { /* ls = nibble j of scales_l | 2 bits j of scales_h << 4; sc = ls - 32 */
         uint16_t dh, sh;
         uint32_t sl;
@@ -230,7 +257,7 @@ AI void khead_get(int dt, const char *blk, khead *k) {
 /* the int16 scale vector of sub-block j: every lane sc_j (Q6_K: sc[2j] in the
  * low 128 bits, sc[2j+1] in the high) */
 AI __m256i kscale(int dt, const khead *k, int j) {
-    if (dt == TD_DTYPE_Q6_K) {
+    if (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_Q3_K) {
         int w = 2 * (j % 4);
         __m256i c = _mm256_set_m128i(_mm_set1_epi16((short)((2 * w + 3) << 8 | (2 * w + 2))),
                                      _mm_set1_epi16((short)((2 * w + 1) << 8 | (2 * w))));
@@ -251,8 +278,12 @@ AI float fold8(__m256 a) {
 AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
               int add) {
     __m256 acc[4][2][2], mac[4][2]; /* [token][output][super-block parity] */
-    const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : dt == TD_DTYPE_IQ4_XS ? 136 : 210;
-    const int nsb = K / 256, sgn = dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_IQ4_XS, mins = !sgn;
+    const size_t bs = dt == TD_DTYPE_Q4_K     ? 144
+                      : dt == TD_DTYPE_Q5_K   ? 176
+                      : dt == TD_DTYPE_IQ4_XS ? 136
+                      : dt == TD_DTYPE_Q3_K   ? 110
+                                              : 210;
+    const int nsb = K / 256, mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K, sgn = !mins;
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
@@ -321,6 +352,7 @@ KT_SET(TD_DTYPE_Q4_K, k4)
 KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
 KT_SET(TD_DTYPE_IQ4_XS, x4)
+KT_SET(TD_DTYPE_Q3_K, k3)
 
 typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (k-quants; else NULL) */
 #define QTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, NULL}
@@ -328,7 +360,7 @@ typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (
 #define KT42 1
 #endif
 #define KTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, KT42 ? qt_4x2_##S : NULL}
-static const qtile_set QTILES[8] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5), QTS(n4), KTS(x4)};
+static const qtile_set QTILES[9] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5), QTS(n4), KTS(x4), KTS(k3)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
@@ -341,7 +373,8 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
                                   : dt == TD_DTYPE_Q6_K ? 4
                                   : dt == TD_DTYPE_Q5_0 ? 5
                                   : dt == TD_DTYPE_IQ4_NL ? 6
-                                                        : 7];
+                                  : dt == TD_DTYPE_IQ4_XS ? 7
+                                                        : 8];
     if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
         for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;
