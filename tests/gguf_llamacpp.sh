@@ -18,7 +18,7 @@
 #     the target's rows of 384 are not whole super-blocks): llama.cpp must load
 #     it (it checks every tensor's type and size) and tokenize alike; its k-quant
 #     products quantize activations in blocks of 256, so greedy streams are not
-#     compared either; iq4_xs and q3_k_m likewise (IQ4_NL for the 384-wide rows)
+#     compared either; iq4_xs, q3_k_m and q2_k likewise (IQ4_NL for the 384-wide rows)
 #     (2026-12-03, 8 prompts x 32 tokens: q8_0 2 differ, q4_k_m
 #     and q6_k 3, where tandem's q8_0 and k-quant streams agree). The decoded values themselves are compared bit for bit
 #     with ggml's dequantizers in test_quant (kquant_ggml_dequantizers_agree).
@@ -37,7 +37,7 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 head -8 bench/prompts/code.jsonl | node -e '
   const lines = require("fs").readFileSync(0, "utf8").split("\n").filter(Boolean);
   for (const l of lines) console.log(JSON.stringify(JSON.parse(l).prompt.slice(-600)));' >"$work/prompts.jsonl"
-for t in f32 bf16 q8_0 q5_0 q4_k_m iq4_xs q3_k_m; do
+for t in f32 bf16 q8_0 q5_0 q4_k_m iq4_xs q3_k_m q2_k; do
   if ! "$tandem" quantize models/tiny-code/target "$work/target-$t.gguf" --type "$t" 2>"$work/q.log"; then
     echo "FAIL gguf_llamacpp_quantize_$t"; sed 's/^/  /' "$work/q.log"; continue
   fi

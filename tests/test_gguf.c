@@ -183,6 +183,7 @@ static void case_kquant(void) {
     case_quant(dir, "q6_k", TD_DTYPE_Q6_K);
     case_quant(dir, "iq4_xs", TD_DTYPE_IQ4_XS);
     case_quant(dir, "q3_k", TD_DTYPE_Q3_K);
+    case_quant(dir, "q2_k", TD_DTYPE_Q2_K);
     t_begin("gguf_kquant_tensor_types");
     td_err err = {0};
     td_model *a = NULL;
@@ -200,6 +201,7 @@ static void case_kquant(void) {
         {"target", "iq4_xs", "blk.0.attn_q.weight", "IQ4_NL"}, {"target", "iq4_xs", "blk.0.ffn_down.weight", "IQ4_XS"},
         {"kshape", "q3_k_m", "blk.0.attn_q.weight", "Q3_K"},  {"kshape", "q3_k_m", "blk.1.ffn_down.weight", "Q4_K"},
         {"kshape", "q3_k_m", "token_embd.weight", "Q6_K"},    {"target", "q3_k", "blk.0.attn_k.weight", "IQ4_NL"},
+        {"kshape", "q2_k", "blk.1.attn_output.weight", "Q2_K"},    {"target", "q2_k", "blk.2.ffn_down.weight", "Q2_K"},
         {"target", "q4_k_m", "blk.3.ffn_down.weight", "Q6_K"}, {"target", "q6_k", "token_embd.weight", "Q8_0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -29,8 +29,8 @@ static uint64_t g_rng = 12345;
 #define NQREF 3
 static const int QDT[NQDT] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_IQ4_NL};
 /* the formats with super-blocks of 256 */
-#define NKDT 5
-static const int KDT[NKDT] = {TD_DTYPE_Q4_K, TD_DTYPE_Q5_K, TD_DTYPE_Q6_K, TD_DTYPE_IQ4_XS, TD_DTYPE_Q3_K};
+#define NKDT 6
+static const int KDT[NKDT] = {TD_DTYPE_Q4_K, TD_DTYPE_Q5_K, TD_DTYPE_Q6_K, TD_DTYPE_IQ4_XS, TD_DTYPE_Q3_K, TD_DTYPE_Q2_K};
 static float frand(void) { return (float)((tm_rng(&g_rng) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 static char g_dir[256];
 
@@ -590,9 +590,36 @@ static void test_bad_sizes(void) {
 /* One super-block decoded the way llama.cpp's dequantize_row_q*_K loops walk it
  * (a transcription independent of src/nn/kquant.c): v[256] the integers of the
  * product (Q4_K/Q5_K: q; Q6_K: q - 32), ws[16] the scale of each 16 values
- * (d * sc), wm[8] each 32-value sub-block's minimum scale (dmin * m; Q6_K 0). */
-static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[8], int isc[16], int im[8]) {
+ * (d * sc), wm[16] each 16 values' minimum scale (dmin * m; 0 without minimums);
+ * isc / im the integer scales and minimums. */
+static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[16], float wm[16], int isc[16], int im[16]) {
     uint16_t h;
+    if (dt == TD_DTYPE_Q2_K) { /* dequantize_row_q2_K's loops */
+        uint16_t hm;
+        memcpy(&h, blk + 80, 2);
+        memcpy(&hm, blk + 82, 2);
+        float d = td_f16_to_f32(h), dmin = td_f16_to_f32(hm);
+        const unsigned char *q = blk + 16;
+        int is = 0, y = 0;
+        for (int n = 0; n < 256; n += 128) {
+            int shift = 0;
+            for (int j = 0; j < 4; ++j) {
+                for (int half = 0; half < 2; half++) {
+                    int sc = blk[is];
+                    isc[is] = sc & 0xF;
+                    im[is] = sc >> 4;
+                    ws[is] = d * (float)isc[is];
+                    wm[is] = dmin * (float)im[is];
+                    for (int l = 0; l < 16; ++l) v[y + 16 * half + l] = (q[16 * half + l] >> shift) & 3;
+                    is++;
+                }
+                y += 32;
+                shift += 2;
+            }
+            q += 32;
+        }
+        return;
+    }
     if (dt == TD_DTYPE_Q3_K) { /* dequantize_row_q3_K's loops: the scales unpacked word by word */
         uint32_t aux[4], tmp;
         memcpy(aux, blk + 96, 12);
@@ -622,7 +649,7 @@ static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[1
             }
             q += 32;
         }
-        for (int j = 0; j < 8; j++) wm[j] = (float)(im[j] = 0);
+        for (int j = 0; j < 16; j++) wm[j] = (float)(im[j] = 0);
         return;
     }
     if (dt == TD_DTYPE_IQ4_XS) { /* dequantize_row_iq4_xs's loop */
@@ -639,8 +666,8 @@ static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[1
             }
             isc[2 * ib] = isc[2 * ib + 1] = ls - 32;
             ws[2 * ib] = ws[2 * ib + 1] = d * (float)(ls - 32);
-            wm[ib] = 0.0f;
-            im[ib] = 0;
+            wm[2 * ib] = wm[2 * ib + 1] = 0.0f;
+            im[2 * ib] = im[2 * ib + 1] = 0;
         }
         return;
     }
@@ -658,7 +685,7 @@ static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[1
             }
         }
         for (int i = 0; i < 16; i++) ws[i] = d * (float)(isc[i] = sc[i]);
-        for (int j = 0; j < 8; j++) wm[j] = (float)(im[j] = 0);
+        for (int j = 0; j < 16; j++) wm[j] = (float)(im[j] = 0);
         return;
     }
     uint16_t hm;
@@ -672,8 +699,8 @@ static void kref_decode(int dt, const unsigned char *blk, int v[256], float ws[1
         else { sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
         ws[2 * j] = ws[2 * j + 1] = d * (float)sc;
         isc[2 * j] = isc[2 * j + 1] = sc;
-        wm[j] = dmin * (float)m;
-        im[j] = m;
+        wm[2 * j] = wm[2 * j + 1] = dmin * (float)m;
+        im[2 * j] = im[2 * j + 1] = m;
     }
     for (int g = 0; g < 4; g++)
         for (int l = 0; l < 32; l++) {
@@ -694,7 +721,8 @@ static void krand_blocks(int dt, unsigned char *b, int nsb) {
     for (int s = 0; s < nsb; s++)
         for (int k = 0; k < (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_IQ4_XS || dt == TD_DTYPE_Q3_K ? 1 : 2); k++) {
             uint16_t h = td_f32_to_f16(frand() * ldexpf(1.0f, (int)(tm_rng(&g_rng) % 12) - 14));
-            memcpy(b + bs * (size_t)s + (dt == TD_DTYPE_Q6_K ? 208 : dt == TD_DTYPE_Q3_K ? 108 : 2 * (size_t)k), &h, 2);
+            size_t at = dt == TD_DTYPE_Q6_K ? 208 : dt == TD_DTYPE_Q3_K ? 108 : dt == TD_DTYPE_Q2_K ? 80 : 0;
+            memcpy(b + bs * (size_t)s + at + 2 * (size_t)k, &h, 2);
         }
 }
 
@@ -775,9 +803,9 @@ static void test_kq_ggml(void) {
     typedef void (*qfn)(const float *, void *, int64_t);
     typedef void (*dqfn)(const void *, float *, int64_t);
     static const char *dqn[NKDT] = {"dequantize_row_q4_K", "dequantize_row_q5_K", "dequantize_row_q6_K", "dequantize_row_iq4_xs",
-                                    "dequantize_row_q3_K"};
+                                    "dequantize_row_q3_K", "dequantize_row_q2_K"};
     static const char *qn[NKDT] = {"quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref",
-                                   "quantize_row_iq4_xs_ref", "quantize_row_q3_K_ref"};
+                                   "quantize_row_iq4_xs_ref", "quantize_row_q3_K_ref", "quantize_row_q2_K_ref"};
     for (int ki = 0; ki < NKDT; ki++) {
         int dt = KDT[ki];
         dqfn dq = (dqfn)dlsym(h, dqn[ki]);
@@ -829,8 +857,8 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
     int nsb = K / 256, v[256];
     size_t bs = td_dtype_row_bytes(dt, 256);
     int8_t q[256 * 8];
-    float d[8], acc[16] = {0}, macc[8] = {0}, ws[16], wm[8];
-    int isc[16], im[8];
+    float d[8], acc[16] = {0}, macc[8] = {0}, ws[16], wm[16];
+    int isc[16], im[16];
     for (int s = 0; s < nsb; s++) {
         float amax = 0.0f;
         for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(x[256 * s + i]));
@@ -843,23 +871,24 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
         const unsigned char *blk = wrow + (size_t)s * bs;
         kref_decode(dt, blk, v, ws, wm, isc, im);
         uint16_t h;
-        memcpy(&h, dt == TD_DTYPE_Q6_K ? blk + 208 : dt == TD_DTYPE_Q3_K ? blk + 108 : blk, 2);
+        size_t dat = dt == TD_DTYPE_Q6_K ? 208 : dt == TD_DTYPE_Q3_K ? 108 : dt == TD_DTYPE_Q2_K ? 80 : 0;
+        memcpy(&h, blk + dat, 2);
         float dw = td_f16_to_f32(h), dmin = 0.0f;
-        int mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K;
-        if (mins) { memcpy(&h, blk + 2, 2); dmin = td_f16_to_f32(h); }
+        int mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K;
+        if (mins) { memcpy(&h, blk + dat + 2, 2); dmin = td_f16_to_f32(h); }
         int32_t P[8] = {0};
         for (int j = 0; j < 8; j++) {
-            int S = 0;
+            int S[2] = {0, 0};
             for (int l = 0; l < 8; l++) {
                 int32_t p = 0;
                 for (int i = 0; i < 4; i++) p += v[32 * j + 4 * l + i] * q[256 * s + 32 * j + 4 * l + i];
                 P[l] += isc[2 * j + l / 4] * p;
             }
             for (int i = 0; i < 32; i++) {
-                S += q[256 * s + 32 * j + i];
-                ex += ((double)ws[2 * j + i / 16] * v[32 * j + i] - wm[j]) * x[256 * s + 32 * j + i];
+                S[i / 16] += q[256 * s + 32 * j + i];
+                ex += ((double)ws[2 * j + i / 16] * v[32 * j + i] - wm[2 * j + i / 16]) * x[256 * s + 32 * j + i];
             }
-            if (mins) macc[j] = fmaf(dmin * d[s], (float)(im[j] * S), macc[j]);
+            if (mins) macc[j] = fmaf(dmin * d[s], (float)(im[2 * j] * S[0] + im[2 * j + 1] * S[1]), macc[j]);
         }
         for (int l = 0; l < 8; l++) acc[8 * (s & 1) + l] = fmaf(dw * d[s], (float)P[l], acc[8 * (s & 1) + l]);
     }
@@ -868,7 +897,7 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
     for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
     for (int i = 0; i < 4; i++) { s4[i] = s8[i] + s8[i + 4]; m4[i] = macc[i] + macc[i + 4]; }
     for (int i = 0; i < 2; i++) { s2[i] = s4[i] + s4[i + 2]; m2[i] = m4[i] + m4[i + 2]; }
-    return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K ? (s2[0] + s2[1]) - (m2[0] + m2[1]) : s2[0] + s2[1];
+    return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K ? (s2[0] + s2[1]) - (m2[0] + m2[1]) : s2[0] + s2[1];
 }
 
 static void test_kq_matmul(void) {
@@ -918,13 +947,13 @@ static void test_kq_matmul(void) {
     double r[NKDT], rd[NKDT];
     for (int i = 0; i < NKDT; i++) { r[i] = sqrt(e2[i] / y2[i]); rd[i] = sqrt(r2[i] / y2[i]); }
     printf("  %d products x %d paths equal the scalar k-quant order (memcmp); rms error / rms output: vs the "
-           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e iq4_xs %.1e q3_k %.1e, vs the unquantized matrix q4_k %.2e "
-           "q5_k %.2e q6_k %.2e iq4_xs %.2e q3_k %.2e\n", checked / npaths, npaths, rd[0], rd[1], rd[2], rd[3], rd[4], r[0],
-           r[1], r[2], r[3], r[4]);
-    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02 && rd[3] < 0.02 && rd[4] < 0.02,
+           "dequantized weights q4_k %.1e q5_k %.1e q6_k %.1e iq4_xs %.1e q3_k %.1e q2_k %.1e, vs the unquantized matrix "
+           "q4_k %.2e q5_k %.2e q6_k %.2e iq4_xs %.2e q3_k %.2e q2_k %.2e\n", checked / npaths, npaths, rd[0], rd[1], rd[2],
+           rd[3], rd[4], rd[5], r[0], r[1], r[2], r[3], r[4], r[5]);
+    T_CHECK(rd[0] < 0.02 && rd[1] < 0.02 && rd[2] < 0.02 && rd[3] < 0.02 && rd[4] < 0.02 && rd[5] < 0.03,
             "activation rounding error implausibly large");
-    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1] && r[3] < 0.15 && r[4] > r[0] && r[4] < 0.3,
-            "quantization errors implausible (q3_k > q4_k > q5_k > q6_k expected)");
+    T_CHECK(r[0] < 0.15 && r[1] < r[0] && r[2] < r[1] && r[3] < 0.15 && r[4] > r[0] && r[4] < 0.3 && r[5] > r[4] && r[5] < 0.6,
+            "quantization errors implausible (q2_k > q3_k > q4_k > q5_k > q6_k expected)");
     t_end();
 }
 
@@ -1163,6 +1192,7 @@ int main(void) {
         test_invariance(TD_DTYPE_IQ4_NL, 0);
         test_invariance(TD_DTYPE_IQ4_XS, 1);
         test_invariance(TD_DTYPE_Q3_K, 0);
+        test_invariance(TD_DTYPE_Q2_K, 1);
     }
     td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
@@ -1174,6 +1204,7 @@ int main(void) {
     test_spec(TD_DTYPE_Q5_0);
     test_spec(TD_DTYPE_IQ4_XS);
     test_spec(TD_DTYPE_Q3_K);
+    test_spec(TD_DTYPE_Q2_K);
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -53,7 +53,7 @@ static const td_gguf_type td_gguf_types[] = {
     {7, "Q5_1", -1, 32, 24},
     {8, "Q8_0", TD_DTYPE_Q8_0, 32, 34},
     {9, "Q8_1", -1, 32, 36},
-    {10, "Q2_K", -1, 256, 84},
+    {10, "Q2_K", TD_DTYPE_Q2_K, 256, 84},
     {11, "Q3_K", TD_DTYPE_Q3_K, 256, 110},
     {12, "Q4_K", TD_DTYPE_Q4_K, 256, 144},
     {13, "Q5_K", TD_DTYPE_Q5_K, 256, 176},

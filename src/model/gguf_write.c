@@ -40,6 +40,7 @@ static const struct qz_type {
     {"q5_0", TD_DTYPE_Q5_0, 8},
     {"iq4_nl", TD_DTYPE_IQ4_NL, 25},
     {"iq4_xs", TD_DTYPE_IQ4_XS, 30},
+    {"q2_k", TD_DTYPE_Q2_K, 10},
     {"q3_k", TD_DTYPE_Q3_K, 11},     /* llama.cpp calls a file of mostly Q3_K "Q3_K_S" */
     {"q3_k_m", TD_QSCHEME_Q3_K_M, 12},
     {"q4_k", TD_DTYPE_Q4_K, 14},     /* llama.cpp calls a file of mostly Q4_K "Q4_K_S" */

@@ -55,6 +55,7 @@ static const char *md_dtype_name(int dt) {
     case TD_DTYPE_IQ4_NL: return "IQ4_NL";
     case TD_DTYPE_IQ4_XS: return "IQ4_XS";
     case TD_DTYPE_Q3_K: return "Q3_K";
+    case TD_DTYPE_Q2_K: return "Q2_K";
     case TD_DTYPE_Q4_K: return "Q4_K";
     case TD_DTYPE_Q5_K: return "Q5_K";
     case TD_DTYPE_Q6_K: return "Q6_K";

@@ -112,7 +112,7 @@ enum { TD_QROLE_MATRIX = 0, TD_QROLE_OUTPUT = 1 /* lm_head, or the embedding whe
  * 5-bit k-quants; the _M mixes give attn_v and ffn_down q6_k (q3_k_m: q4_k, a simplification of
  * llama.cpp's per-layer choice between q4_k and q5_k); a k-quant whose rows are
  * not a whole number of 256-value super-blocks falls back as in llama.cpp: q4_k to
- * q5_0, iq4_xs and q3_k to iq4_nl, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which
+ * q5_0, iq4_xs, q3_k and q2_k to iq4_nl, q6_k to q8_0, q5_k to q8_0 (llama.cpp: q5_1, which
  * tandem lacks). The output matrix of iq4_nl / iq4_xs is q6_k too. -1 for an unknown scheme. */
 int td_model_quant_type(int scheme, int role, int64_t k);
 

@@ -52,7 +52,8 @@ int td_model_quant_type(int scheme, int role, int64_t k) {
     else if (mixed && (role == TD_QROLE_ATTN_V || role == TD_QROLE_FFN_DOWN))
         t = t == TD_DTYPE_Q3_K ? TD_DTYPE_Q4_K : TD_DTYPE_Q6_K;
     if (td_dtype_is_kquant(t) && k % TD_QKK)
-        t = t == TD_DTYPE_Q4_K ? TD_DTYPE_Q5_0 : t == TD_DTYPE_IQ4_XS || t == TD_DTYPE_Q3_K ? TD_DTYPE_IQ4_NL : TD_DTYPE_Q8_0;
+        t = t == TD_DTYPE_Q4_K ? TD_DTYPE_Q5_0 : t == TD_DTYPE_IQ4_XS || t == TD_DTYPE_Q3_K || t == TD_DTYPE_Q2_K ? TD_DTYPE_IQ4_NL
+                                                                                                     : TD_DTYPE_Q8_0;
     return t;
 }
 

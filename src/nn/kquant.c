@@ -20,6 +20,7 @@ size_t td_kq_block_bytes(int dt) {
     case TD_DTYPE_Q6_K: return sizeof(td_block_q6_k);
     case TD_DTYPE_IQ4_XS: return sizeof(td_block_iq4_xs);
     case TD_DTYPE_Q3_K: return sizeof(td_block_q3_k);
+    case TD_DTYPE_Q2_K: return sizeof(td_block_q2_k);
     default: return 0;
     }
 }
@@ -29,9 +30,10 @@ _Static_assert(sizeof(td_block_q5_k) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(td_block_q6_k) == 210, "Q6_K block is 210 bytes");
 _Static_assert(sizeof(td_block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
 _Static_assert(sizeof(td_block_q3_k) == 110, "Q3_K block is 110 bytes");
+_Static_assert(sizeof(td_block_q2_k) == 84, "Q2_K block is 84 bytes");
 
-/* 1 when dt's values carry a sub-block minimum (Q4_K, Q5_K) */
-static int has_min(int dt) { return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K; }
+/* 1 when dt's values carry a sub-block minimum (Q4_K, Q5_K, Q2_K) */
+static int has_min(int dt) { return dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K; }
 
 /* round(v) clamped to [lo, hi]; NaN gives 0 clamped into the range */
 static int qround(float v, int lo, int hi) {
@@ -169,6 +171,39 @@ static void quant_iq4_xs(const float *x, td_block_iq4_xs *y) {
     }
 }
 
+/* ---- Q2_K ---------------------------------------------------------------------- */
+
+/* tandem's own, as Q4_K's per 16 values: min(0, min x) .. max x sets a 16-value
+ * group's scale and minimum, both rounded to 4 bits against d / dmin */
+static void quant_q2_k(const float *x, td_block_q2_k *y) {
+    float scale[16], mins[16], smax = 0.0f, mmax = 0.0f;
+    for (int g = 0; g < 16; g++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int i = 0; i < 16; i++) {
+            lo = fminf(lo, x[16 * g + i]);
+            hi = fmaxf(hi, x[16 * g + i]);
+        }
+        scale[g] = (hi - lo) / 3.0f;
+        mins[g] = -lo;
+        if (!(scale[g] < INFINITY)) scale[g] = 0.0f;
+        if (!(mins[g] < INFINITY)) mins[g] = 0.0f;
+        smax = fmaxf(smax, scale[g]);
+        mmax = fmaxf(mmax, mins[g]);
+    }
+    float d = f16r(smax / 15.0f, &y->d), dmin = f16r(mmax / 15.0f, &y->dmin);
+    memset(y->qs, 0, sizeof y->qs);
+    for (int g = 0; g < 16; g++) {
+        int sc = d > 0.0f ? qround(scale[g] / d, 0, 15) : 0, m = dmin > 0.0f ? qround(mins[g] / dmin, 0, 15) : 0;
+        y->scales[g] = (uint8_t)(sc | m << 4);
+        float ws = d * (float)sc, wm = dmin * (float)m;
+        for (int i = 0; i < 16; i++) {
+            int v = 16 * g + i, h = v / 128, j = (v % 128) / 32, l = v % 32;
+            int q = ws > 0.0f ? qround((x[v] + wm) / ws, 0, 3) : 0;
+            y->qs[32 * h + l] |= (uint8_t)(q << (2 * j));
+        }
+    }
+}
+
 /* ---- Q3_K ---------------------------------------------------------------------- */
 
 /* tandem's own: each 16 values' scale maps their value of largest magnitude onto
@@ -212,6 +247,7 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
         else if (dt == TD_DTYPE_Q5_K) quant_q5_k(xb, (td_block_q5_k *)dst + b);
         else if (dt == TD_DTYPE_IQ4_XS) quant_iq4_xs(xb, (td_block_iq4_xs *)dst + b);
         else if (dt == TD_DTYPE_Q3_K) quant_q3_k(xb, (td_block_q3_k *)dst + b);
+        else if (dt == TD_DTYPE_Q2_K) quant_q2_k(xb, (td_block_q2_k *)dst + b);
         else quant_q6_k(xb, (td_block_q6_k *)dst + b);
     }
 }
@@ -221,6 +257,13 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n) {
 /* The super-block's f16 scales as f32: *d, and *dmin (0 for Q6_K). */
 static void ksuper(int dt, const unsigned char *blk, float *d, float *dmin) {
     uint16_t h;
+    if (dt == TD_DTYPE_Q2_K) { /* d, dmin last */
+        memcpy(&h, blk + offsetof(td_block_q2_k, d), 2);
+        *d = td_f16_to_f32(h);
+        memcpy(&h, blk + offsetof(td_block_q2_k, dmin), 2);
+        *dmin = td_f16_to_f32(h);
+        return;
+    }
     if (!has_min(dt)) { /* Q6_K, Q3_K: d last; IQ4_XS: d first */
         memcpy(&h, blk + (dt == TD_DTYPE_Q6_K ? 208 : dt == TD_DTYPE_Q3_K ? 108 : 0), 2);
         *d = td_f16_to_f32(h);
@@ -233,10 +276,20 @@ static void ksuper(int dt, const unsigned char *blk, float *d, float *dmin) {
     *dmin = td_f16_to_f32(h);
 }
 
-/* Block j (0..7) of super-block blk: w[32] the integers of the product (Q4_K/Q5_K:
- * q; Q6_K: q - 32), sc[2] the integer scales of values 0-15 and 16-31, *m the
- * minimum's integer (0 for Q6_K). value i = (d * sc[i / 16]) * w[i] - dmin * m. */
-static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc[2], int *m) {
+/* Block j (0..7) of super-block blk: w[32] the integers of the product (Q2_K/Q4_K/
+ * Q5_K: q; Q6_K: q - 32; ...), sc[2] / m[2] the integer scales and minimums of values
+ * 0-15 and 16-31 (m 0 without minimums). value i = (d * sc[i/16]) * w[i] - dmin * m[i/16]. */
+static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc[2], int m[2]) {
+    if (dt == TD_DTYPE_Q2_K) {
+        const unsigned char *s = blk + offsetof(td_block_q2_k, scales), *qs = blk + offsetof(td_block_q2_k, qs);
+        int h = j / 4, jj = j % 4;
+        for (int i = 0; i < 32; i++) w[i] = (int8_t)((qs[32 * h + i] >> (2 * jj)) & 3);
+        for (int k = 0; k < 2; k++) {
+            sc[k] = s[2 * j + k] & 15;
+            m[k] = s[2 * j + k] >> 4;
+        }
+        return;
+    }
     if (dt == TD_DTYPE_Q6_K) {
         /* fields by their offsets (offsetof): the file's alignment may be 1, so no struct pointer */
         const unsigned char *ql = blk + offsetof(td_block_q6_k, ql), *qh = blk + offsetof(td_block_q6_k, qh);
@@ -248,7 +301,7 @@ static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc
         }
         sc[0] = s6[2 * j];
         sc[1] = s6[2 * j + 1];
-        *m = 0;
+        m[0] = m[1] = 0;
         return;
     }
     if (dt == TD_DTYPE_Q3_K) {
@@ -260,7 +313,7 @@ static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc
             w[i] = (int8_t)(((qs[32 * h + i] >> (2 * jj)) & 3) - ((hm[i] >> (4 * h + jj)) & 1 ? 0 : 4));
         sc[0] = s16[2 * j];
         sc[1] = s16[2 * j + 1];
-        *m = 0;
+        m[0] = m[1] = 0;
         return;
     }
     if (dt == TD_DTYPE_IQ4_XS) {
@@ -272,7 +325,7 @@ static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc
             w[i + 16] = td_iq4_values[qs[16 * j + i] >> 4];
         }
         sc[0] = sc[1] = (((sl[j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
-        *m = 0;
+        m[0] = m[1] = 0;
         return;
     }
     uint8_t s8[8], m8[8];
@@ -284,21 +337,21 @@ static void kblock(int dt, const unsigned char *blk, int j, int8_t w[32], int sc
         w[i] = (int8_t)v;
     }
     sc[0] = sc[1] = s8[j];
-    *m = m8[j];
+    m[0] = m[1] = m8[j];
 }
 
 void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n) {
     size_t bs = td_kq_block_bytes(dt);
     int8_t w[32];
-    int sc[2], m;
+    int sc[2], m[2];
     float d, dmin;
     for (int64_t b = 0; b < n / TD_QKK; b++) {
         const unsigned char *blk = (const unsigned char *)src + (size_t)b * bs;
         ksuper(dt, blk, &d, &dmin);
         for (int j = 0; j < 8; j++) {
-            kblock(dt, blk, j, w, sc, &m);
-            float ws[2] = {d * (float)sc[0], d * (float)sc[1]}, wm = dmin * (float)m;
-            for (int i = 0; i < 32; i++) dst[b * TD_QKK + 32 * j + i] = ws[i / 16] * (float)w[i] - wm;
+            kblock(dt, blk, j, w, sc, m);
+            float ws[2] = {d * (float)sc[0], d * (float)sc[1]}, wm[2] = {dmin * (float)m[0], dmin * (float)m[1]};
+            for (int i = 0; i < 32; i++) dst[b * TD_QKK + 32 * j + i] = ws[i / 16] * (float)w[i] - wm[i / 16];
         }
     }
 }
@@ -317,27 +370,28 @@ void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const c
     size_t bs = td_kq_block_bytes(dt), wrow = (size_t)(K / TD_QKK) * bs;
     int nsb = K / TD_QKK;
     int8_t w[32];
-    int sc[2], mj;
+    int sc[2], mj[2];
     float dw, dmin;
     for (int n = n0; n < n1; n++)
         for (int m = 0; m < M; m++) {
             const int8_t *q = (const int8_t *)(a + (size_t)m * lda);
             const float *d = (const float *)(a + (size_t)m * lda + K);
-            const int32_t *S = (const int32_t *)(d + nsb);
+            const int16_t *S16 = (const int16_t *)((const int32_t *)(d + nsb) + K / TD_QK);
             float acc[16] = {0}, macc[8] = {0};
             for (int s = 0; s < nsb; s++) {
                 const unsigned char *blk = (const unsigned char *)W + (size_t)n * wrow + (size_t)s * bs;
                 int32_t P[8] = {0};
                 ksuper(dt, blk, &dw, &dmin);
                 for (int j = 0; j < 8; j++) {
-                    kblock(dt, blk, j, w, sc, &mj);
+                    kblock(dt, blk, j, w, sc, mj);
                     const int8_t *qj = q + TD_QKK * s + 32 * j;
                     for (int l = 0; l < 8; l++) {
                         int32_t p = 0;
                         for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * qj[4 * l + i];
                         P[l] += sc[l / 4] * p;
                     }
-                    if (has_min(dt)) macc[j] = fmaf(dmin * d[s], (float)(mj * S[8 * s + j]), macc[j]);
+                    if (has_min(dt))
+                        macc[j] = fmaf(dmin * d[s], (float)(mj[0] * S16[16 * s + 2 * j] + mj[1] * S16[16 * s + 2 * j + 1]), macc[j]);
                 }
                 for (int l = 0; l < 8; l++) acc[8 * (s & 1) + l] = fmaf(dw * d[s], (float)P[l], acc[8 * (s & 1) + l]);
             }

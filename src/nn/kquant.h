@@ -46,7 +46,7 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n);
 void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n);
 
 /* Portable product in the order of quant.h: activation row m packed at a + m * lda
- * as q[K] int8, d[K/256] f32, S[K/32] int32 (td_quant_act_row_k); weight rows
+ * as q[K] int8, d[K/256] f32, S[K/32] int32, S'[K/16] int16 (td_quant_act_row_k); weight rows
  * [n0, n1) of W (dt a k-quant, K % 256 == 0). */
 void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
                     int n1, int add);

@@ -44,7 +44,7 @@ const int8_t td_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
 
 int td_dtype_is_kquant(int dtype) {
     return dtype == TD_DTYPE_Q4_K || dtype == TD_DTYPE_Q5_K || dtype == TD_DTYPE_Q6_K || dtype == TD_DTYPE_IQ4_XS ||
-           dtype == TD_DTYPE_Q3_K;
+           dtype == TD_DTYPE_Q3_K || dtype == TD_DTYPE_Q2_K;
 }
 
 int td_dtype_is_quant(int dtype) {
@@ -65,6 +65,7 @@ const char *td_dtype_name(int dtype) {
     case TD_DTYPE_IQ4_NL: return "iq4_nl";
     case TD_DTYPE_IQ4_XS: return "iq4_xs";
     case TD_DTYPE_Q3_K: return "q3_k";
+    case TD_DTYPE_Q2_K: return "q2_k";
     case TD_DTYPE_Q4_K: return "q4_k";
     case TD_DTYPE_Q5_K: return "q5_k";
     case TD_DTYPE_Q6_K: return "q6_k";
@@ -98,6 +99,7 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
     case TD_DTYPE_IQ4_NL:
     case TD_DTYPE_IQ4_XS:
     case TD_DTYPE_Q3_K:
+    case TD_DTYPE_Q2_K:
     case TD_DTYPE_Q4_K:
     case TD_DTYPE_Q5_K:
     case TD_DTYPE_Q6_K: {
@@ -291,13 +293,14 @@ void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
     for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, TD_QK, q + b * TD_QK, d + b);
 }
 
-void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums) {
+void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums, int16_t *sums16) {
     for (int b = 0; b < K / TD_QKK; b++) act_block_p(x + b * TD_QKK, TD_QKK, q + b * TD_QKK, d + b);
-    for (int b = 0; b < K / TD_QK; b++) {
-        int32_t t = 0;
-        for (int i = 0; i < TD_QK; i++) t += q[TD_QK * b + i];
-        sums[b] = t;
+    for (int b = 0; b < K / 16; b++) {
+        int t = 0;
+        for (int i = 0; i < 16; i++) t += q[16 * b + i];
+        sums16[b] = (int16_t)t; /* |t| <= 16 * 127 */
     }
+    for (int b = 0; b < K / TD_QK; b++) sums[b] = (int32_t)sums16[2 * b] + sums16[2 * b + 1];
 }
 
 #define QMB 64 /* rows quantized per pass: their packed activations stay in cache while a weight panel streams */
@@ -341,13 +344,16 @@ static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
 }
 
 /* plain layout: row m at a + m * lda: q[K], then d[K/32] f32; for the k-quants
- * (kq) q[K], d[K/256] f32, S[K/32] int32 (td_quant_act_row_k) */
-static size_t plain_ld(int K) { return ((size_t)K + 8 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
+ * (kq) q[K], d[K/256] f32, S[K/32] int32, S'[K/16] int16 (td_quant_act_row_k) */
+static size_t plain_ld(int K) { return ((size_t)K + 12 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
 
 static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K, int kq) {
     for (int m = 0; m < M; m++) {
         char *r = a + (size_t)m * lda;
-        if (kq) td_quant_act_row_k(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K), (int32_t *)(r + K) + K / TD_QKK);
+        if (kq) {
+            int32_t *S = (int32_t *)(r + K) + K / TD_QKK;
+            td_quant_act_row_k(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K), S, (int16_t *)(S + K / TD_QK));
+        }
         else td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
     }
 }

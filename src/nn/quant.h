@@ -65,6 +65,9 @@
  *   IQ4_XS: f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes qs; sub-block j (32 values):
  *         sc = ((scales_l[j/2] >> 4(j%2)) & 15 | ((scales_h >> 2j) & 3) << 4) - 32, its 16
  *         bytes qs[16j..] as IQ4_NL's; value = (d * sc) * td_iq4_values[nibble]. (136 bytes)
+ *   Q2_K: 16 bytes scales (low nibble sc, high nibble m, one per 16 values), 64 bytes qs,
+ *         f16 d, f16 dmin. Value v: h, j, l as Q3_K's; q = (qs[32h + l] >> 2j) & 3;
+ *         value = (d * sc[v / 16]) * q - dmin * m[v / 16].                   (84 bytes)
  *   Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes of 16 6-bit scales, f16 d. Value v: h = v / 128,
  *         j = (v % 128) / 32, l = v % 32: low 2 bits (qs[32h + l] >> 2j) & 3, minus 4 unless
  *         bit 4h + j of hmask[l] is set; scale sc[v / 16] - 32, the 16 scales packed as low
@@ -78,16 +81,18 @@
  * does for these formats (its Q8_K): td_quant_act_row's rule over 256 values
  * instead of 32 (amax, d = amax / 127, q = rint(x / d); non-finite: d = NaN, q = 0;
  * tiny: d = 0, q = 0), plus the exact sums S_j of each 32 q. The weights are
- * integers w (Q4_K/Q5_K: the unsigned q; Q6_K: q - 32; Q3_K: -4..3; IQ4_XS: the
- * table's value) with integer sub-block scales sc (Q6_K, Q3_K: one per 16 values),
+ * integers w (Q2_K/Q4_K/Q5_K: the unsigned q; Q6_K: q - 32; Q3_K: -4..3; IQ4_XS: the
+ * table's value) with integer sub-block scales sc (Q6_K, Q3_K, Q2_K: one per 16 values),
  * so a whole super-block s sums exactly:
  *   P_s[l] = sum_{j<8} sc_{j,l} * sum_{i<4} w[32j+4l+i] * q[256s+32j+4l+i]   (l = 0..7;
  *            sc_{j,l} = sc_j for Q4_K/Q5_K/IQ4_XS, sc[2j] for l < 4 and sc[2j+1] for
- *            l >= 4 for Q6_K/Q3_K; |P| < 2^24, so (float)P is exact)
+ *            l >= 4 for Q6_K/Q3_K/Q2_K; |P| < 2^24, so (float)P is exact)
  *   acc[8 (s & 1) + l] = fma(d_w * d_s, (float)P_s[l], acc[8 (s & 1) + l])
  *                      (d_w the super-block's f16 d as f32, d_s the activation scale)
- *   Q4_K/Q5_K also: macc[j] = fma(dmin_w * d_s, (float)(m_j * S_j), macc[j])   (8 lanes)
- *   s = D16 fold of acc, minus (Q4_K/Q5_K) the D8 fold of macc (s4[i] = v[i] + v[i+4],
+ *   Q4_K/Q5_K/Q2_K also: macc[j] = fma(dmin_w * d_s, (float)(m_{2j} * S'_{2j} + m_{2j+1} *
+ *   S'_{2j+1}), macc[j]) (8 lanes; S' the exact sums of each 16 q, m_i the minimum of
+ *   values 16i..16i+15: for Q4_K/Q5_K m_{2j} = m_{2j+1} = m_j, so this is m_j * S_j)
+ *   s = D16 fold of acc, minus (Q4_K/Q5_K/Q2_K) the D8 fold of macc (s4[i] = v[i] + v[i+4],
  *   s2[i] = s4[i] + s4[i+2], s2[0] + s2[1]); y = s, or y + s when add.
  * Kernels: AVX2 (quant_avx2.c; AVX-512 CPUs run it too) and portable C. The
  * quantizers (td_quantize_row) are tandem's own, simpler than llama.cpp's
@@ -159,6 +164,12 @@ typedef struct td_block_q6_k {
     uint16_t d;           /* f16 super-block scale */
 } td_block_q6_k;          /* 210 bytes */
 
+typedef struct td_block_q2_k {
+    uint8_t scales[16];   /* low nibble: scale, high nibble: minimum, per 16 values */
+    uint8_t qs[64];       /* 2 bits per value, laid out as Q3_K's low bits */
+    uint16_t d, dmin;     /* f16 super-block scales */
+} td_block_q2_k;          /* 84 bytes */
+
 typedef struct td_block_q3_k {
     uint8_t hmask[32];    /* bit 4h + j of byte l: value 128h + 32j + l is >= 0 (else minus 4) */
     uint8_t qs[64];       /* low 2 bits */
@@ -166,12 +177,12 @@ typedef struct td_block_q3_k {
     uint16_t d;           /* f16 super-block scale */
 } td_block_q3_k;          /* 110 bytes */
 
-/* 1 for TD_DTYPE_Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */
+/* 1 for TD_DTYPE_Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */
 int td_dtype_is_kquant(int dtype);
 /* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0 / IQ4_NL, 1 otherwise. */
 int td_dtype_block(int dtype);
 
-/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS. */
+/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS. */
 int td_dtype_is_quant(int dtype);
 /* Bytes of n consecutive values of one row of dtype (n a multiple of
  * td_dtype_block(dtype); 0 when dtype is unknown or n does not fit its blocks). */
@@ -199,8 +210,8 @@ void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
  * d[K/32] f32 scales. */
 void td_quant_act_row(const float *x, int K, int8_t *q, float *d);
 /* The same over super-blocks of 256 values (K % 256 == 0; the k-quants' products):
- * q[K], d[K/256], and sums[K/32] the exact sum of each 32 q. */
-void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums);
+ * q[K], d[K/256], sums[K/32] the exact sum of each 32 q, sums16[K/16] of each 16. */
+void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums, int16_t *sums16);
 
 /* td_matmul for a quantized W ([N] rows of K values, row-major blocks; K must
  * be a multiple of td_dtype_block(dtype) — callers validate at load; with another K, or if this

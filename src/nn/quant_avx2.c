@@ -154,6 +154,13 @@ QT_SET(TD_DTYPE_IQ4_NL, n4)
  * integers (Q4_K/Q5_K: unsigned q; Q6_K: q - 32; IQ4_XS: the table's values) */
 AI __m256i kvals(int dt, const char *blk, int j) {
     const __m256i m4 = _mm256_set1_epi8(15);
+    if (dt == TD_DTYPE_Q2_K) { /* 2 bits, unsigned */
+        int h = j / 4, g = j % 4;
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * h));
+        return _mm256_and_si256(g == 0 ? qs : g == 1 ? _mm256_srli_epi16(qs, 2) : g == 2 ? _mm256_srli_epi16(qs, 4)
+                                                                                  : _mm256_srli_epi16(qs, 6),
+                                _mm256_set1_epi8(3));
+    }
     if (dt == TD_DTYPE_Q3_K) { /* 2 low bits, minus 4 where the hmask bit is clear */
         int h = j / 4, g = j % 4;
         __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
@@ -190,11 +197,25 @@ AI __m256i kvals(int dt, const char *blk, int j) {
 }
 
 /* A super-block's header: the int16 scales (Q4_K/Q5_K: sc0..7 in both 128-bit
- * halves; Q6_K: lo = sc0..7 and hi = sc8..15, each in both halves), the 8 minimums
- * as bytes, and d / dmin as f32. */
-typedef struct { __m256i lo, hi; __m128i m; float d, dmin; } khead;
+ * halves; per-16 scales (Q6_K, Q3_K, Q2_K): lo = sc0..7 and hi = sc8..15, each in
+ * both halves), the minimums (Q4_K/Q5_K: 8 bytes in m; Q2_K: 16 int16 in m16), and
+ * d / dmin as f32. */
+typedef struct { __m256i lo, hi, m16; __m128i m; float d, dmin; } khead;
 
 AI void khead_get(int dt, const char *blk, khead *k) {
+    if (dt == TD_DTYPE_Q2_K) {
+        uint16_t dh[2];
+        memcpy(dh, blk + 80, 4);
+        __m128i s = _mm_loadu_si128((const __m128i *)blk), m4 = _mm_set1_epi8(15);
+        __m256i s16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, m4));
+        k->d = _cvtsh_ss(dh[0]);
+        k->dmin = _cvtsh_ss(dh[1]);
+        k->lo = _mm256_permute2x128_si256(s16, s16, 0x00);
+        k->hi = _mm256_permute2x128_si256(s16, s16, 0x11);
+        k->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+        k->m = _mm_setzero_si128();
+        return;
+    }
     if (dt == TD_DTYPE_Q3_K) { /* kquant.h's td_kq_q3_scales, in registers */
         uint16_t dh;
         uint32_t w[3];
@@ -264,7 +285,7 @@ AI void khead_get(int dt, const char *blk, khead *k) {
 /* the int16 scale vector of sub-block j: every lane sc_j (Q6_K: sc[2j] in the
  * low 128 bits, sc[2j+1] in the high) */
 AI __m256i kscale(int dt, const khead *k, int j) {
-    if (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_Q3_K) {
+    if (dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_Q3_K || dt == TD_DTYPE_Q2_K) {
         int w = 2 * (j % 4);
         __m256i c = _mm256_set_m128i(_mm_set1_epi16((short)((2 * w + 3) << 8 | (2 * w + 2))),
                                      _mm_set1_epi16((short)((2 * w + 1) << 8 | (2 * w))));
@@ -289,8 +310,9 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
                       : dt == TD_DTYPE_Q5_K   ? 176
                       : dt == TD_DTYPE_IQ4_XS ? 136
                       : dt == TD_DTYPE_Q3_K   ? 110
+                      : dt == TD_DTYPE_Q2_K   ? 84
                                               : 210;
-    const int nsb = K / 256, mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K, sgn = !mins;
+    const int nsb = K / 256, mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K, sgn = !mins;
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
@@ -334,9 +356,11 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 #pragma GCC unroll 2
             for (int o = 0; o < NR; o++) {
                 acc[i][o][s & 1] = _mm256_fmadd_ps(_mm256_set1_ps(kh[o].d * ds), _mm256_cvtepi32_ps(P[i][o]), acc[i][o][s & 1]);
-                if (mins) {
-                    __m256i S = _mm256_loadu_si256((const __m256i *)(dx + nsb + 8 * s));
-                    __m256i mS = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(kh[o].m), S);
+                if (mins) { /* Q2_K: minimums per 16, against the sums of each 16 q */
+                    const int32_t *S32 = (const int32_t *)(dx + nsb);
+                    __m256i mS = dt == TD_DTYPE_Q2_K
+                                     ? _mm256_madd_epi16(kh[o].m16, _mm256_loadu_si256((const __m256i *)((const int16_t *)(S32 + K / 32) + 16 * s)))
+                                     : _mm256_mullo_epi32(_mm256_cvtepu8_epi32(kh[o].m), _mm256_loadu_si256((const __m256i *)(S32 + 8 * s)));
                     mac[i][o] = _mm256_fmadd_ps(_mm256_set1_ps(kh[o].dmin * ds), _mm256_cvtepi32_ps(mS), mac[i][o]);
                 }
             }
@@ -360,6 +384,7 @@ KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
 KT_SET(TD_DTYPE_IQ4_XS, x4)
 KT_SET(TD_DTYPE_Q3_K, k3)
+KT_SET(TD_DTYPE_Q2_K, k2)
 
 typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (k-quants; else NULL) */
 #define QTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, NULL}
@@ -367,7 +392,7 @@ typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (
 #define KT42 1
 #endif
 #define KTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, KT42 ? qt_4x2_##S : NULL}
-static const qtile_set QTILES[9] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5), QTS(n4), KTS(x4), KTS(k3)};
+static const qtile_set QTILES[10] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5), QTS(n4), KTS(x4), KTS(k3), KTS(k2)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
@@ -381,7 +406,8 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
                                   : dt == TD_DTYPE_Q5_0 ? 5
                                   : dt == TD_DTYPE_IQ4_NL ? 6
                                   : dt == TD_DTYPE_IQ4_XS ? 7
-                                                        : 8];
+                                  : dt == TD_DTYPE_Q3_K ? 8
+                                                        : 9];
     if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
         for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;
