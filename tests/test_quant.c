@@ -327,6 +327,14 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
     return s2[0] + s2[1];
 }
 
+/* the kernel paths this CPU runs (the portable one always) into paths; their count */
+static int kernel_paths(int *paths) {
+    int n = 0;
+    for (int p = 0; p < TD_KPATH_COUNT; p++)
+        if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[n++] = p;
+    return n;
+}
+
 /* td_matmul of M rows on every path in paths, with add = 0 and 1 and over an
  * inner output sub-range, against ref (the reference order's bits, memcmp):
  * rows past M and columns past N untouched. Returns the products run; failures
@@ -370,9 +378,7 @@ static void test_matmul(void) {
     static const int Ms[] = {1, 2, 3, 5, 7, 8, 9, 13, 17, 70};
     static const int Ns[] = {1, 2, 3, 5, 8, 11, 19, 37, 67}; /* 67: 8 strips of 8 outputs and a ragged one */
     static const int Ks[] = {32, 64, 96, 352, 1024};
-    int paths[TD_KPATH_COUNT], npaths = 0, deflt = td_kernels_path();
-    for (int p = 0; p < TD_KPATH_COUNT; p++)
-        if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
+    int paths[TD_KPATH_COUNT], npaths = kernel_paths(paths), deflt = td_kernels_path();
     int fails = 0, checked = 0;
     double e2[NQDT] = {0}, y2[NQDT] = {0}, worst[NQDT] = {0};
     for (int qi = 0; qi < NQDT; qi++)
@@ -905,9 +911,7 @@ static void test_kq_matmul(void) {
     static const int Ms[] = {1, 2, 3, 5, 8, 17};
     static const int Ns[] = {1, 2, 3, 7, 12};
     static const int Ks[] = {256, 512, 1280};
-    int paths[TD_KPATH_COUNT], npaths = 0, deflt = td_kernels_path(), fails = 0, checked = 0;
-    for (int p = 0; p < TD_KPATH_COUNT; p++)
-        if (p == TD_KPATH_PORTABLE || td_kernels_supported(p)) paths[npaths++] = p;
+    int paths[TD_KPATH_COUNT], npaths = kernel_paths(paths), deflt = td_kernels_path(), fails = 0, checked = 0;
     double e2[NKDT] = {0}, y2[NKDT] = {0}, r2[NKDT] = {0};
     for (int kd = 0; kd < NKDT; kd++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)

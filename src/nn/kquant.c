@@ -48,6 +48,43 @@ static float f16r(float v, uint16_t *out) { /* v rounded to f16 (stored in *out)
     return td_f16_to_f32(*out);
 }
 
+/* ---- group scales shared by the quantizers ------------------------------------- */
+
+/* ng groups of gs values: the range min(0, min x) .. max x over nmax steps sets
+ * scale[g], and -min(0, min x) mins[g] (an infinite range gives 0: the group
+ * decodes to 0); *smax / *mmax their largest */
+static void group_ranges(const float *x, int ng, int gs, int nmax, float *scale, float *mins, float *smax, float *mmax) {
+    *smax = *mmax = 0.0f;
+    for (int g = 0; g < ng; g++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int i = 0; i < gs; i++) {
+            lo = fminf(lo, x[gs * g + i]);
+            hi = fmaxf(hi, x[gs * g + i]);
+        }
+        scale[g] = (hi - lo) / (float)nmax;
+        mins[g] = -lo;
+        if (!(scale[g] < INFINITY)) scale[g] = 0.0f;
+        if (!(mins[g] < INFINITY)) mins[g] = 0.0f;
+        *smax = fmaxf(*smax, scale[g]);
+        *mmax = fmaxf(*mmax, mins[g]);
+    }
+}
+
+/* ng groups of gs values: scale[g] maps the group's value of largest magnitude onto
+ * -bottom (it then decodes exactly); returns the largest |scale| */
+static float group_peaks(const float *x, int ng, int gs, float bottom, float *scale) {
+    float smax = 0.0f;
+    for (int g = 0; g < ng; g++) {
+        float big = 0.0f;
+        for (int i = 0; i < gs; i++)
+            if (fabsf(x[gs * g + i]) > fabsf(big)) big = x[gs * g + i];
+        scale[g] = big / -bottom;
+        if (!(fabsf(scale[g]) < INFINITY)) scale[g] = 0.0f;
+        smax = fmaxf(smax, fabsf(scale[g]));
+    }
+    return smax;
+}
+
 /* ---- Q4_K / Q5_K ------------------------------------------------------------ */
 
 static void pack_scales(uint8_t s[12], const uint8_t sc[8], const uint8_t m[8]) {
@@ -60,20 +97,8 @@ static void pack_scales(uint8_t s[12], const uint8_t sc[8], const uint8_t m[8]) 
 
 /* one super-block of 256 values: d, dmin, scales and the quants q[256] in 0..nmax */
 static void quant_k45(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uint8_t s[12], uint8_t q[256]) {
-    float scale[8], mins[8], smax = 0.0f, mmax = 0.0f;
-    for (int j = 0; j < 8; j++) {
-        float lo = 0.0f, hi = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            lo = fminf(lo, x[32 * j + i]);
-            hi = fmaxf(hi, x[32 * j + i]);
-        }
-        scale[j] = (hi - lo) / (float)nmax;
-        mins[j] = -lo;
-        if (!(scale[j] < INFINITY)) scale[j] = 0.0f; /* an infinite range: the block decodes to 0 */
-        if (!(mins[j] < INFINITY)) mins[j] = 0.0f;
-        smax = fmaxf(smax, scale[j]);
-        mmax = fmaxf(mmax, mins[j]);
-    }
+    float scale[8], mins[8], smax, mmax;
+    group_ranges(x, 8, 32, nmax, scale, mins, &smax, &mmax);
     float d = f16r(smax / 63.0f, d16), dmin = f16r(mmax / 63.0f, dmin16);
     uint8_t sc[8], m[8];
     for (int j = 0; j < 8; j++) {
@@ -116,15 +141,7 @@ static void q6_pos(int v, int *qli, int *qls, int *qhi, int *qhs) {
 }
 
 static void quant_q6_k(const float *x, td_block_q6_k *y) {
-    float scale[16], smax = 0.0f;
-    for (int g = 0; g < 16; g++) { /* the value of largest magnitude decodes exactly as q - 32 = -32 */
-        float big = 0.0f;
-        for (int i = 0; i < 16; i++)
-            if (fabsf(x[16 * g + i]) > fabsf(big)) big = x[16 * g + i];
-        scale[g] = big / -32.0f;
-        if (!(fabsf(scale[g]) < INFINITY)) scale[g] = 0.0f;
-        smax = fmaxf(smax, fabsf(scale[g]));
-    }
+    float scale[16], smax = group_peaks(x, 16, 16, 32.0f, scale); /* the peak decodes as q - 32 = -32 */
     float d = f16r(smax / 127.0f, &y->d);
     memset(y->ql, 0, sizeof y->ql);
     memset(y->qh, 0, sizeof y->qh);
@@ -149,15 +166,7 @@ static void quant_q6_k(const float *x, td_block_q6_k *y) {
  * [-32, 31] rounded against the stored d, then every value to the nearest table
  * entry against the stored d * (ls - 32) */
 static void quant_iq4_xs(const float *x, td_block_iq4_xs *y) {
-    float scale[8], smax = 0.0f;
-    for (int j = 0; j < 8; j++) {
-        float big = 0.0f;
-        for (int i = 0; i < 32; i++)
-            if (fabsf(x[32 * j + i]) > fabsf(big)) big = x[32 * j + i];
-        scale[j] = big / -127.0f;
-        if (!(fabsf(scale[j]) < INFINITY)) scale[j] = 0.0f;
-        smax = fmaxf(smax, fabsf(scale[j]));
-    }
+    float scale[8], smax = group_peaks(x, 8, 32, 127.0f, scale);
     float d = f16r(smax / 32.0f, &y->d);
     y->scales_h = 0;
     memset(y->scales_l, 0, sizeof y->scales_l);
@@ -176,20 +185,8 @@ static void quant_iq4_xs(const float *x, td_block_iq4_xs *y) {
 /* tandem's own, as Q4_K's per 16 values: min(0, min x) .. max x sets a 16-value
  * group's scale and minimum, both rounded to 4 bits against d / dmin */
 static void quant_q2_k(const float *x, td_block_q2_k *y) {
-    float scale[16], mins[16], smax = 0.0f, mmax = 0.0f;
-    for (int g = 0; g < 16; g++) {
-        float lo = 0.0f, hi = 0.0f;
-        for (int i = 0; i < 16; i++) {
-            lo = fminf(lo, x[16 * g + i]);
-            hi = fmaxf(hi, x[16 * g + i]);
-        }
-        scale[g] = (hi - lo) / 3.0f;
-        mins[g] = -lo;
-        if (!(scale[g] < INFINITY)) scale[g] = 0.0f;
-        if (!(mins[g] < INFINITY)) mins[g] = 0.0f;
-        smax = fmaxf(smax, scale[g]);
-        mmax = fmaxf(mmax, mins[g]);
-    }
+    float scale[16], mins[16], smax, mmax;
+    group_ranges(x, 16, 16, 3, scale, mins, &smax, &mmax);
     float d = f16r(smax / 15.0f, &y->d), dmin = f16r(mmax / 15.0f, &y->dmin);
     memset(y->qs, 0, sizeof y->qs);
     for (int g = 0; g < 16; g++) {
@@ -210,15 +207,7 @@ static void quant_q2_k(const float *x, td_block_q2_k *y) {
  * -4; d = the largest |scale| / 32, the scales rounded to [-32, 31] against the
  * stored d, the values to [-4, 3] against the stored d * sc */
 static void quant_q3_k(const float *x, td_block_q3_k *y) {
-    float scale[16], smax = 0.0f;
-    for (int g = 0; g < 16; g++) {
-        float big = 0.0f;
-        for (int i = 0; i < 16; i++)
-            if (fabsf(x[16 * g + i]) > fabsf(big)) big = x[16 * g + i];
-        scale[g] = big / -4.0f;
-        if (!(fabsf(scale[g]) < INFINITY)) scale[g] = 0.0f;
-        smax = fmaxf(smax, fabsf(scale[g]));
-    }
+    float scale[16], smax = group_peaks(x, 16, 16, 4.0f, scale);
     float d = f16r(smax / 32.0f, &y->d);
     memset(y, 0, offsetof(td_block_q3_k, d));
     uint8_t s6[16];
