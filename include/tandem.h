@@ -147,15 +147,16 @@ typedef struct td_model_info {
                                 (td_model_params.use_mmap), 0: views of the mapped files */
 } td_model_info;
 
-/* Weight dtypes. Q8_0 / Q4_0 / Q5_0 / IQ4_NL are GGUF's block formats (32 values per
- * block with an f16 scale), Q4_K / Q5_K / Q6_K / IQ4_XS its "k-quant" formats
+/* Weight dtypes. Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL are GGUF's block formats (32
+ * values per block with an f16 scale, Q4_1 / Q5_1 an f16 minimum too), Q4_K / Q5_K / Q6_K / IQ4_XS its "k-quant" formats
  * (Q2_K / Q3_K too: super-blocks of 256 values with 6- or 8-bit sub-block scales; see src/nn/quant.h); only 2-D matmul weights
  * and embeddings use them. */
 enum { TD_DTYPE_F32 = 0, TD_DTYPE_F16 = 1, TD_DTYPE_BF16 = 2, TD_DTYPE_Q8_0 = 3, TD_DTYPE_Q4_0 = 4,
        TD_DTYPE_Q4_K = 5, TD_DTYPE_Q5_K = 6, TD_DTYPE_Q6_K = 7, TD_DTYPE_Q5_0 = 8, TD_DTYPE_IQ4_NL = 9,
-       TD_DTYPE_IQ4_XS = 10, TD_DTYPE_Q3_K = 11, TD_DTYPE_Q2_K = 12, TD_DTYPE_COUNT = 13 };
+       TD_DTYPE_IQ4_XS = 10, TD_DTYPE_Q3_K = 11, TD_DTYPE_Q2_K = 12, TD_DTYPE_Q4_1 = 13, TD_DTYPE_Q5_1 = 14,
+       TD_DTYPE_COUNT = 15 };
 /* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "iq4_nl", "iq4_xs",
- * "q3_k", "q2_k"; "?" for another value. */
+ * "q3_k", "q2_k", "q4_1", "q5_1"; "?" for another value. */
 const char *td_dtype_name(int dtype);
 /* The dtype of one of those names (case as above), or -1. */
 int td_dtype_parse(const char *name);
@@ -191,7 +192,7 @@ void td_model_get_info(const td_model *m, td_model_info *info);
  * Owned by the model; valid while the model lives. */
 const td_tokenizer *td_model_tokenizer(const td_model *m);
 /* Quantize the model's matmul weights in memory to dtype (a block format:
- * TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); norms and biases
+ * TD_DTYPE_Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); norms and biases
  * stay as loaded, the output matrix gets q8_0 for q4_0 and q6_k for the others
  * (q8_0 where its rows are not a multiple of 256), and k-quant matrices whose rows are not
  * a multiple of 256 values get q8_0 (see src/model/model_quant.c). Call before
@@ -201,7 +202,7 @@ int td_model_quantize_weights(td_model *m, int dtype, td_err *err);
 void td_model_describe(const td_model *m, FILE *f);
 /* Write the model as a GGUF file that llama.cpp loads (llama.cpp's tensor names
  * and metadata, the tokenizer as tokenizer.ggml.*). type: "f32", "f16", "bf16",
- * "q8_0", "q4_0", "q5_0", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", or llama.cpp's mixes "q4_k_m" / "q5_k_m"
+ * "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", or llama.cpp's mixes "q4_k_m" / "q5_k_m"
  * (attn_v and ffn_down q6_k) for the matrices (the output matrix as
  * td_model_quantize_weights chooses it; 1-D tensors are always f32). Written to path + ".tmp",
  * then renamed; nothing is left behind on failure. */

@@ -8,7 +8,7 @@
 #     keeps f32 activations like tandem, so every greedy token must agree
 #     (8 held-out prompts x 32 tokens), and llama.cpp's tokenization of each
 #     prompt (from the GGUF's tokenizer metadata) must equal tandem's.
-#   - bf16, q8_0 and q5_0 GGUFs: llama.cpp rounds the activations of bf16 dot
+#   - bf16, q8_0, q5_0 and q5_1 GGUFs: llama.cpp rounds the activations of bf16 dot
 #     products to bf16 (tandem keeps them f32); both quantize q8_0 activations
 #     to 8-bit blocks, llama.cpp with f16 scales (tandem f32) and another
 #     summation order (src/nn/quant.h), so a near-tie may break differently
@@ -37,7 +37,7 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 head -8 bench/prompts/code.jsonl | node -e '
   const lines = require("fs").readFileSync(0, "utf8").split("\n").filter(Boolean);
   for (const l of lines) console.log(JSON.stringify(JSON.parse(l).prompt.slice(-600)));' >"$work/prompts.jsonl"
-for t in f32 bf16 q8_0 q5_0 q4_k_m iq4_xs q3_k_m q2_k; do
+for t in f32 bf16 q8_0 q5_0 q5_1 q4_k_m iq4_xs q3_k_m q2_k; do
   if ! "$tandem" quantize models/tiny-code/target "$work/target-$t.gguf" --type "$t" 2>"$work/q.log"; then
     echo "FAIL gguf_llamacpp_quantize_$t"; sed 's/^/  /' "$work/q.log"; continue
   fi

@@ -202,6 +202,8 @@ static void case_kquant(void) {
         {"kshape", "q3_k_m", "blk.0.attn_q.weight", "Q3_K"},  {"kshape", "q3_k_m", "blk.1.ffn_down.weight", "Q4_K"},
         {"kshape", "q3_k_m", "token_embd.weight", "Q6_K"},    {"target", "q3_k", "blk.0.attn_k.weight", "IQ4_NL"},
         {"kshape", "q2_k", "blk.1.attn_output.weight", "Q2_K"},    {"target", "q2_k", "blk.2.ffn_down.weight", "Q2_K"},
+        {"target", "q5_1", "blk.0.attn_v.weight", "Q5_1"},    {"target", "q4_1", "token_embd.weight", "Q8_0"},
+        {"kshape", "q4_1", "token_embd.weight", "Q6_K"},
         {"target", "q4_k_m", "blk.3.ffn_down.weight", "Q6_K"}, {"target", "q6_k", "token_embd.weight", "Q8_0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -747,6 +749,8 @@ int main(void) {
     case_quant("models/tiny-code/target", "q4_0", TD_DTYPE_Q4_0);
     case_quant("models/tiny-code/target", "q5_0", TD_DTYPE_Q5_0);
     case_quant("models/tiny-code/target", "iq4_nl", TD_DTYPE_IQ4_NL);
+    case_quant("models/tiny-code/target", "q4_1", TD_DTYPE_Q4_1);
+    case_quant("models/tiny-code/target", "q5_1", TD_DTYPE_Q5_1);
     case_kquant();
     case_rounding("f16", "tests/fixtures/qwen3-rand-f16");
     case_rounding("bf16", "tests/fixtures/qwen3-rand-bf16");

@@ -25,9 +25,12 @@
 
 static uint64_t g_rng = 12345;
 /* the formats with blocks of 32; the first NQREF quantize as ggml's reference quantizers do */
-#define NQDT 4
-#define NQREF 3
-static const int QDT[NQDT] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_IQ4_NL};
+#define NQDT 6
+#define NQREF 5
+static const int QDT[NQDT] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_Q4_1, TD_DTYPE_Q5_1, TD_DTYPE_IQ4_NL};
+/* the ones whose dot products with Q8_0 activations ggml exports (ggml_vec_dot_*_q8_0) */
+#define NDOT 4
+static const int DOTDT[NDOT] = {TD_DTYPE_Q8_0, TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_IQ4_NL};
 /* the formats with super-blocks of 256 */
 #define NKDT 6
 static const int KDT[NKDT] = {TD_DTYPE_Q4_K, TD_DTYPE_Q5_K, TD_DTYPE_Q6_K, TD_DTYPE_IQ4_XS, TD_DTYPE_Q3_K, TD_DTYPE_Q2_K};
@@ -129,8 +132,12 @@ static void test_quant_error(void) {
             T_CHECK(td_quantize_row(dt, x, q, K) == 0, "quantize");
             td_dequantize_row(dt, q, y, K);
             for (int b = 0; b < K / 32; b++) {
-                float amax = 0;
-                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+                float amax = 0, lo = INFINITY, hi = -INFINITY;
+                for (int j = 0; j < 32; j++) {
+                    amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+                    lo = fminf(lo, x[b * 32 + j]);
+                    hi = fmaxf(hi, x[b * 32 + j]);
+                }
                 /* q8_0: error <= d/2 of rounding + |q| * (f16 rounding of d); q4_0: values
                  * of the sign opposite to the largest one clip at 7 d, so up to d */
                 float d = amax / (dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_IQ4_NL ? 127.0f : dt == TD_DTYPE_Q5_0 ? 16.0f : 8.0f);
@@ -138,6 +145,11 @@ static void test_quant_error(void) {
                                    : dt == TD_DTYPE_Q5_0   ? 1.0f + 16.0f / 2048
                                    : dt == TD_DTYPE_IQ4_NL ? 14.0f + 127.0f / 2048 /* the sign opposite the largest: 113 */
                                                            : 1.0f + 8.0f / 2048) * 1.0001f;
+                if (td_dtype_has_min32(dt)) { /* q4_1 / q5_1: d/2 of rounding, the f16 roundings of d (q times) and m */
+                    int top = dt == TD_DTYPE_Q4_1 ? 15 : 31;
+                    d = (hi - lo) / (float)top;
+                    bound = (d * (0.5f + (float)top / 2048) + fabsf(lo) / 2048) * 1.0001f;
+                }
                 for (int j = 0; j < 32; j++) {
                     float e = fabsf(y[b * 32 + j] - x[b * 32 + j]);
                     if (e > bound) { T_CHECK(e <= bound, "dt %d block %d value %d err %g bound %g", dt, b, j, e, bound); rep = 99; break; }
@@ -209,9 +221,11 @@ static void test_ggml_oracle(void) {
     typedef void (*dqfn)(const void *, float *, int64_t);
     typedef uint16_t (*hfn)(float);
     qfn qf[NQDT] = {(qfn)dlsym(h, "quantize_row_q8_0_ref"), (qfn)dlsym(h, "quantize_row_q4_0_ref"),
-                    (qfn)dlsym(h, "quantize_row_q5_0_ref"), (qfn)dlsym(h, "quantize_row_iq4_nl_ref")};
+                    (qfn)dlsym(h, "quantize_row_q5_0_ref"), (qfn)dlsym(h, "quantize_row_q4_1_ref"),
+                    (qfn)dlsym(h, "quantize_row_q5_1_ref"), (qfn)dlsym(h, "quantize_row_iq4_nl_ref")};
     dqfn df[NQDT] = {(dqfn)dlsym(h, "dequantize_row_q8_0"), (dqfn)dlsym(h, "dequantize_row_q4_0"),
-                     (dqfn)dlsym(h, "dequantize_row_q5_0"), (dqfn)dlsym(h, "dequantize_row_iq4_nl")};
+                     (dqfn)dlsym(h, "dequantize_row_q5_0"), (dqfn)dlsym(h, "dequantize_row_q4_1"),
+                     (dqfn)dlsym(h, "dequantize_row_q5_1"), (dqfn)dlsym(h, "dequantize_row_iq4_nl")};
     hfn f16 = (hfn)dlsym(h, "ggml_fp32_to_fp16");
     for (int t = 0; t < NQDT; t++) T_REQUIRE(qf[t] && df[t], "symbols for %s missing from libggml-base.so", td_dtype_name(QDT[t]));
     T_REQUIRE(f16, "ggml_fp32_to_fp16 missing from libggml-base.so");
@@ -258,17 +272,22 @@ static void test_ggml_oracle(void) {
         }
         for (int i = 0; i < K; i++) badh += td_f32_to_f16(x[i] * 1000) != f16(x[i] * 1000);
     }
-    T_CHECK(bad[0] == 0 && bad[1] == 0 && bad[2] == 0, "quantized bytes differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d of 40 rows)",
-            bad[0], bad[1], bad[2]);
-    T_CHECK(badv[0] == 0 && badv[1] == 0 && badv[2] == 0 && badv[3] == 0,
-            "dequantized values differ from ggml's (q8_0 %d, q4_0 %d, q5_0 %d, iq4_nl %d)", badv[0], badv[1], badv[2], badv[3]);
+    int nbad = 0, nbadv = 0;
+    for (int t = 0; t < NQDT; t++) {
+        nbad += bad[t];
+        nbadv += badv[t];
+        if (bad[t] || badv[t])
+            T_CHECK(0, "%s: quantized bytes differ from ggml's in %d of 40 rows, dequantized values in %d", td_dtype_name(QDT[t]),
+                    bad[t], badv[t]);
+    }
     double rt = sqrt(e_td / x2), rg = sqrt(e_gg / x2);
     printf("  iq4_nl: random and quantized blocks decode to ggml's bits; relative rms error of tandem's quantizer %.4f, "
            "ggml's reference quantizer %.4f\n", rt, rg);
     T_CHECK(rt < 1.5 * rg, "iq4_nl: tandem's quantizer error %.4f is far above ggml's %.4f", rt, rg);
     T_CHECK(badh == 0, "%d f16 conversions differ from ggml_fp32_to_fp16", badh);
-    if (!bad[0] && !bad[1] && !bad[2])
-        printf("  40 rows of %d values: q8_0, q4_0 and q5_0 bytes identical to libggml-base.so's\n", K);
+    if (!nbad && !nbadv)
+        printf("  40 rows of %d values: q8_0, q4_0, q5_0, q4_1 and q5_1 bytes, and every format's decoding, identical to "
+               "libggml-base.so's\n", K);
 done:
     if (h) dlclose(h);
     free(x); free(y); free(z); free(a); free(b);
@@ -286,7 +305,7 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
     int nb = K / 32;
     size_t bs = td_dtype_row_bytes(dt, 32);
     int8_t q[32 * 64];
-    float d[64], wd[32], acc[16] = {0};
+    float d[64], wd[32], acc[16] = {0}, macc[8] = {0};
     td_quant_act_row(x, K, q, d);
     double ex = 0, act = 0, rnd = 0;
     for (int b = 0; b < nb; b++) {
@@ -305,6 +324,9 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
                 else if (dt == TD_DTYPE_Q4_0) w = k < 16 ? (blk[2 + k] & 15) - 8 : (blk[2 + k - 16] >> 4) - 8;
                 else if (dt == TD_DTYPE_Q5_0)
                     w = (k < 16 ? blk[6 + k] & 15 : blk[6 + k - 16] >> 4) + 16 * ((blk[2 + k / 8] >> (k % 8)) & 1) - 16;
+                else if (dt == TD_DTYPE_Q4_1) w = k < 16 ? blk[4 + k] & 15 : blk[4 + k - 16] >> 4;
+                else if (dt == TD_DTYPE_Q5_1)
+                    w = (k < 16 ? blk[8 + k] & 15 : blk[8 + k - 16] >> 4) + 16 * ((blk[4 + k / 8] >> (k % 8)) & 1);
                 else w = td_iq4_values[k < 16 ? blk[2 + k] & 15 : blk[2 + k - 16] >> 4];
                 p += w * q[32 * b + k];
             }
@@ -317,6 +339,14 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
         }
         act += 0.5001 * d[b] * aw;
         rnd += fabs(c) * ap;
+        if (td_dtype_has_min32(dt)) { /* the minimum: m * d times the block's exact sum of q */
+            int S = 0;
+            for (int k = 0; k < 32; k++) S += q[32 * b + k];
+            memcpy(&h, blk + 2, 2);
+            float e = td_f16_to_f32(h) * d[b];
+            macc[b % 8] = fmaf(e, (float)S, macc[b % 8]);
+            rnd += fabs(e) * abs(S);
+        }
     }
     *exact = ex;
     *bound = act + (nb + 6) * ldexp(1.0, -23) * rnd;
@@ -324,7 +354,11 @@ static float q16_ref(const float *x, const unsigned char *wrow, int dt, int K, d
     for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
     for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
     for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
+    if (!td_dtype_has_min32(dt)) return s2[0] + s2[1];
+    float m4[4], m2[2];
+    for (int i = 0; i < 4; i++) m4[i] = macc[i] + macc[i + 4];
+    for (int i = 0; i < 2; i++) m2[i] = m4[i] + m4[i + 2];
+    return (s2[0] + s2[1]) + (m2[0] + m2[1]);
 }
 
 /* the kernel paths this CPU runs (the portable one always) into paths; their count */
@@ -421,13 +455,16 @@ static void test_matmul(void) {
                 free(W); free(x); free(Wq); free(ref); free(got); free(ex); free(bd);
             }
     td_kernels_set_path(deflt);
-    double r8 = sqrt(e2[0] / y2[0]), r4 = sqrt(e2[1] / y2[1]), r5 = sqrt(e2[2] / y2[2]), rn = sqrt(e2[3] / y2[3]);
-    printf("  %d products x %d paths compared with the scalar Q16 order (memcmp); error vs dequantized weights: "
-           "worst %.2f (q8_0), %.2f (q4_0), %.2f (q5_0), %.2f (iq4_nl) of the stated bound; rms error / rms output vs the "
-           "unquantized matrix: q8_0 %.2e, q4_0 %.2e, q5_0 %.2e, iq4_nl %.2e\n", checked / npaths, npaths, worst[0], worst[1],
-           worst[2], worst[3], r8, r4, r5, rn);
-    T_CHECK(r8 < 0.02 && r4 < 0.2 && r8 < r5 && r5 < r4 && rn < 0.2, "quantization error implausibly large "
-            "(q8_0 < q5_0 < q4_0 expected)");
+    double r[NQDT];
+    printf("  %d products x %d paths compared with the scalar Q16 order (memcmp); error vs dequantized weights as a "
+           "fraction of the stated bound (worst), rms error / rms output vs the unquantized matrix:",
+           checked / npaths, npaths);
+    for (int i = 0; i < NQDT; i++) {
+        r[i] = sqrt(e2[i] / y2[i]);
+        printf(" %s %.2f %.2e%s", td_dtype_name(QDT[i]), worst[i], r[i], i + 1 < NQDT ? ";" : "\n");
+    }
+    T_CHECK(r[0] < 0.02 && r[1] < 0.2 && r[0] < r[2] && r[2] < r[1] && r[5] < 0.2 && r[4] < r[3] && r[3] < 0.2,
+            "quantization error implausibly large (q8_0 < q5_0 < q4_0 and q5_1 < q4_1 expected)");
     t_end();
 }
 
@@ -496,7 +533,7 @@ static void test_ggml_dot(void) {
     typedef void (*vdfn)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
     typedef void (*qfn)(const float *, void *, int64_t);
     void (*init)(void) = (void (*)(void))dlsym(hc, "ggml_cpu_init");
-    vdfn vdf[NQDT] = {(vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0"),
+    vdfn vdf[NDOT] = {(vdfn)dlsym(hc, "ggml_vec_dot_q8_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_q4_0_q8_0"),
                       (vdfn)dlsym(hc, "ggml_vec_dot_q5_0_q8_0"), (vdfn)dlsym(hc, "ggml_vec_dot_iq4_nl_q8_0")};
     qfn qref = (qfn)dlsym(hb, "quantize_row_q8_0_ref");
     T_REQUIRE(init && vdf[0] && vdf[1] && vdf[2] && vdf[3] && qref, "symbols missing from %s", cpu);
@@ -508,7 +545,7 @@ static void test_ggml_dot(void) {
     int deflt = td_kernels_path(), bad = 0, n = 0, badq = 0, ties = 0;
     double worst = 0;
     for (int rep = 0; rep < 200; rep++) {
-        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = QDT[rep % NQDT];
+        int nb = 1 + (int)(tm_rng(&g_rng) % 96), K = 32 * nb, dt = DOTDT[rep % NDOT];
         for (int k = 0; k < K; k++) W[k] = frand() * (k % 11 == 0 ? 3.0f : 1.0f);
         td_quantize_row(dt, W, wq, K);
         if (dt == TD_DTYPE_Q8_0) wq[2 + (rep * 5) % 32] = 0x80; /* a weight byte of -128 */
@@ -529,7 +566,7 @@ static void test_ggml_dot(void) {
             for (int j = 0; j < 32; j++) tolsum += fabs((double)wd[j] * x[32 * b + j]);
         }
         float ref;
-        vdf[rep % NQDT](K, &ref, 0, wq, 0, yq, 0, 1);
+        vdf[rep % NDOT](K, &ref, 0, wq, 0, yq, 0, 1);
         double tol = (nb + 6) * ldexp(1.0, -22) * tolsum;
         for (int p = 0; p < TD_KPATH_COUNT; p++) {
             if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
@@ -1197,6 +1234,8 @@ int main(void) {
         test_invariance(TD_DTYPE_IQ4_XS, 1);
         test_invariance(TD_DTYPE_Q3_K, 0);
         test_invariance(TD_DTYPE_Q2_K, 1);
+        test_invariance(TD_DTYPE_Q4_1, 0);
+        test_invariance(TD_DTYPE_Q5_1, 1);
     }
     td_kernels_set_path(deflt);
     test_invariance(TD_DTYPE_Q4_0, 1);
@@ -1209,6 +1248,7 @@ int main(void) {
     test_spec(TD_DTYPE_IQ4_XS);
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
+    test_spec(TD_DTYPE_Q4_1);
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -41,7 +41,7 @@ static void bf_help(void) {
            "      --bw-mib N         bandwidth buffer size in MiB (default 1024)\n"
            "      --reps N           repeat every measurement N times and keep each one's best\n"
            "                         (for a machine shared with other work; default 1)\n"
-           "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q5_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
+           "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16\n"
            CLI_MMAP_HELP
@@ -216,7 +216,7 @@ int cmd_bench_forward(int argc, char **argv) {
             const char *q = argv[++i];
             quant = td_dtype_parse(q);
             if (quant < TD_DTYPE_Q8_0) {
-                fprintf(stderr, "tandem bench forward: --quant: '%s' is not q8_0, q4_0, q5_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k or iq4_xs\n", q);
+                fprintf(stderr, "tandem bench forward: --quant: '%s' is not q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k or iq4_xs\n", q);
                 return 2;
             }
         }

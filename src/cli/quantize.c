@@ -10,13 +10,13 @@ static void quantize_help(void) {
     printf("usage: tandem quantize IN OUT.gguf [--type T]\n"
            "Write the model IN (a Hugging Face model directory, or a GGUF file) as the GGUF\n"
            "file OUT.gguf, with llama.cpp's tensor names, metadata and tokenizer keys.\n\n"
-           "  -t, --type T    type of the matrices (default: the input's): f32, f16, bf16, q8_0,\n"
-           "                  q4_0, q5_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, or the mixes\n"
-           "                  q3_k_m, q4_k_m, q5_k_m; 1-D tensors are f32. The output matrix\n"
-           "                  is q8_0 for q8_0 and q4_0, else q6_k; the mixes store attn_v and\n"
-           "                  ffn_down as q6_k (q3_k_m: q4_k). k-quant matrices whose rows are\n"
-           "                  not a multiple of 256 are stored as q5_0 (q4_k), iq4_nl (q2_k,\n"
-           "                  q3_k, iq4_xs) or q8_0\n"
+           "  -t, --type T    type of the matrices (default: the input's): f32, f16, bf16,\n"
+           "                  q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k,\n"
+           "                  q6_k, iq4_xs, or the mixes q3_k_m, q4_k_m, q5_k_m; 1-D tensors\n"
+           "                  are f32. The output matrix is q8_0 for q8_0 and q4_0, else q6_k;\n"
+           "                  the mixes store attn_v and ffn_down as q6_k (q3_k_m: q4_k).\n"
+           "                  k-quant matrices whose rows are not a multiple of 256 are stored\n"
+           "                  as q5_0 (q4_k), iq4_nl (q2_k, q3_k, iq4_xs) or q8_0\n"
            "  -h, --help      this help\n");
 }
 

@@ -52,6 +52,8 @@ static const char *md_dtype_name(int dt) {
     case TD_DTYPE_Q8_0: return "Q8_0";
     case TD_DTYPE_Q4_0: return "Q4_0";
     case TD_DTYPE_Q5_0: return "Q5_0";
+    case TD_DTYPE_Q4_1: return "Q4_1";
+    case TD_DTYPE_Q5_1: return "Q5_1";
     case TD_DTYPE_IQ4_NL: return "IQ4_NL";
     case TD_DTYPE_IQ4_XS: return "IQ4_XS";
     case TD_DTYPE_Q3_K: return "Q3_K";

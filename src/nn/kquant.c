@@ -347,7 +347,7 @@ void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n) {
 
 /* ---- the portable product ------------------------------------------------------ */
 
-static float fold8_p(const float *v) {
+float td_fold8(const float *v) {
     float s4[4], s2[2];
     for (int i = 0; i < 4; i++) s4[i] = v[i] + v[i + 4];
     for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
@@ -386,8 +386,8 @@ void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const c
             }
             float s8[8], sum;
             for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
-            sum = fold8_p(s8);
-            if (has_min(dt)) sum -= fold8_p(macc);
+            sum = td_fold8(s8);
+            if (has_min(dt)) sum -= td_fold8(macc);
             float *yp = y + (size_t)m * ldy + n;
             *yp = add ? *yp + sum : sum;
         }

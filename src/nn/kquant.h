@@ -45,6 +45,9 @@ void td_kq_quantize_row(int dt, const float *x, void *dst, int64_t n);
 /* n values (n % 256 == 0) of src, exactly as quant.h (and llama.cpp) define them. */
 void td_kq_dequantize_row(int dt, const void *src, float *dst, int64_t n);
 
+/* quant.h's D8 fold of 8 lanes: s4[i] = v[i] + v[i+4], s2[i] = s4[i] + s4[i+2], s2[0] + s2[1]. */
+float td_fold8(const float *v);
+
 /* Portable product in the order of quant.h: activation row m packed at a + m * lda
  * as q[K] int8, d[K/256] f32, S[K/32] int32, S'[K/16] int16 (td_quant_act_row_k); weight rows
  * [n0, n1) of W (dt a k-quant, K % 256 == 0). */

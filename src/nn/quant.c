@@ -49,8 +49,10 @@ int td_dtype_is_kquant(int dtype) {
 
 int td_dtype_is_quant(int dtype) {
     return dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0 || dtype == TD_DTYPE_Q5_0 || dtype == TD_DTYPE_IQ4_NL ||
-           td_dtype_is_kquant(dtype);
+           td_dtype_has_min32(dtype) || td_dtype_is_kquant(dtype);
 }
+
+int td_dtype_has_min32(int dtype) { return dtype == TD_DTYPE_Q4_1 || dtype == TD_DTYPE_Q5_1; }
 
 int td_dtype_block(int dtype) { return td_dtype_is_kquant(dtype) ? TD_QKK : td_dtype_is_quant(dtype) ? TD_QK : 1; }
 
@@ -62,6 +64,8 @@ const char *td_dtype_name(int dtype) {
     case TD_DTYPE_Q8_0: return "q8_0";
     case TD_DTYPE_Q4_0: return "q4_0";
     case TD_DTYPE_Q5_0: return "q5_0";
+    case TD_DTYPE_Q4_1: return "q4_1";
+    case TD_DTYPE_Q5_1: return "q5_1";
     case TD_DTYPE_IQ4_NL: return "iq4_nl";
     case TD_DTYPE_IQ4_XS: return "iq4_xs";
     case TD_DTYPE_Q3_K: return "q3_k";
@@ -84,6 +88,8 @@ static size_t block_bytes(int dtype) {
     return dtype == TD_DTYPE_Q8_0   ? sizeof(td_block_q8_0)
            : dtype == TD_DTYPE_Q4_0 || dtype == TD_DTYPE_IQ4_NL ? sizeof(td_block_q4_0)
            : dtype == TD_DTYPE_Q5_0 ? sizeof(td_block_q5_0)
+           : dtype == TD_DTYPE_Q4_1 ? sizeof(td_block_q4_1)
+           : dtype == TD_DTYPE_Q5_1 ? sizeof(td_block_q5_1)
                                     : td_kq_block_bytes(dtype);
 }
 
@@ -96,6 +102,8 @@ size_t td_dtype_row_bytes(int dtype, int64_t n) {
     case TD_DTYPE_Q8_0:
     case TD_DTYPE_Q4_0:
     case TD_DTYPE_Q5_0:
+    case TD_DTYPE_Q4_1:
+    case TD_DTYPE_Q5_1:
     case TD_DTYPE_IQ4_NL:
     case TD_DTYPE_IQ4_XS:
     case TD_DTYPE_Q3_K:
@@ -189,6 +197,37 @@ static void quant_q4_q5(const float *x, int half, uint16_t *d16, uint8_t *qs, ui
 
 static void quant_q4_0(const float *x, td_block_q4_0 *y) { quant_q4_q5(x, 8, &y->d, y->qs, NULL); }
 
+/* Q4_1 (top = 15) and Q5_1 (top = 31), as llama.cpp's quantize_row_q{4,5}_1_ref:
+ * d = (max - min) / top, m = min, q = min(top, trunc((x - min) / d + 0.5)) (clamped
+ * first, so non-finite input gives defined bytes) */
+static void quant_q4_q5_1(const float *x, int top, uint16_t *d16, uint16_t *m16, uint8_t *qs, uint32_t *qh) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < TD_QK; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    float d = (hi - lo) / (float)top, id = d != 0.0f ? 1.0f / d : 0.0f, t = (float)top;
+    *d16 = td_f32_to_f16(d);
+    *m16 = td_f32_to_f16(lo);
+    if (qh) *qh = 0;
+    for (int j = 0; j < TD_QK / 2; j++) {
+        float v0 = (x[j] - lo) * id + 0.5f, v1 = (x[TD_QK / 2 + j] - lo) * id + 0.5f;
+        v0 = v0 >= 0.0f ? (v0 < t ? v0 : t) : 0.0f;
+        v1 = v1 >= 0.0f ? (v1 < t ? v1 : t) : 0.0f;
+        int q0 = (int)v0, q1 = (int)v1;
+        qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+        if (qh) *qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + TD_QK / 2);
+    }
+}
+
+static void quant_q4_1(const float *x, td_block_q4_1 *y) { quant_q4_q5_1(x, 15, &y->d, &y->m, y->qs, NULL); }
+
+static void quant_q5_1(const float *x, td_block_q5_1 *y) {
+    uint32_t qh;
+    quant_q4_q5_1(x, 31, &y->d, &y->m, y->qs, &qh);
+    for (int k = 0; k < 4; k++) y->qh[k] = (uint8_t)(qh >> (8 * k));
+}
+
 int td_iq4_nearest(float v) {
     if (!(v == v)) return 8; /* NaN: the value nearest 0 */
     int k = 0;
@@ -221,6 +260,8 @@ int td_quantize_row(int dtype, const float *x, void *dst, int64_t n) {
         if (dtype == TD_DTYPE_Q8_0) quant_q8_0(x + b * TD_QK, (td_block_q8_0 *)dst + b);
         else if (dtype == TD_DTYPE_Q5_0) quant_q5_0(x + b * TD_QK, (td_block_q5_0 *)dst + b);
         else if (dtype == TD_DTYPE_IQ4_NL) quant_iq4_nl(x + b * TD_QK, (td_block_iq4_nl *)dst + b);
+        else if (dtype == TD_DTYPE_Q4_1) quant_q4_1(x + b * TD_QK, (td_block_q4_1 *)dst + b);
+        else if (dtype == TD_DTYPE_Q5_1) quant_q5_1(x + b * TD_QK, (td_block_q5_1 *)dst + b);
         else quant_q4_0(x + b * TD_QK, (td_block_q4_0 *)dst + b);
     }
     return 0;
@@ -241,10 +282,11 @@ static void deq_block_p(const char *row, int64_t b, int dt, float *out) {
     const unsigned char *q = (const unsigned char *)blk + 2;
     if (dt == TD_DTYPE_Q8_0) {
         for (int j = 0; j < TD_QK; j++) out[j] = (float)(int8_t)q[j] * d;
-    } else if (dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_IQ4_NL) {
+    } else if (dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_IQ4_NL || td_dtype_has_min32(dt)) {
         int8_t w[TD_QK];
         wvals_p((const unsigned char *)blk, dt, w);
-        for (int j = 0; j < TD_QK; j++) out[j] = (float)w[j] * d;
+        float m = td_dtype_has_min32(dt) ? blk_scale(blk + 2) : 0.0f;
+        for (int j = 0; j < TD_QK; j++) out[j] = td_dtype_has_min32(dt) ? (float)w[j] * d + m : (float)w[j] * d;
     } else {
         for (int j = 0; j < TD_QK / 2; j++) {
             out[j] = (float)((q[j] & 15) - 8) * d;
@@ -316,17 +358,26 @@ static float fold16_p(const float *v) {
 }
 
 /* the 32 int8 values of a weight block (Q4_0: nibble - 8; Q5_0: 5 bits - 16;
- * IQ4_NL: the table's value of the nibble) */
+ * Q4_1 / Q5_1: the unsigned q; IQ4_NL: the table's value of the nibble) */
 static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
     if (dt == TD_DTYPE_Q8_0) {
         memcpy(w, blk + 2, TD_QK);
         return;
     }
-    if (dt == TD_DTYPE_Q5_0) {
-        uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+    if (dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_Q5_1) {
+        const unsigned char *h = blk + (dt == TD_DTYPE_Q5_1 ? 4 : 2), *qs = h + 4;
+        uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+        int bias = dt == TD_DTYPE_Q5_0 ? 16 : 0;
         for (int j = 0; j < TD_QK / 2; j++) {
-            w[j] = (int8_t)(((blk[6 + j] & 15) | ((qh >> j) & 1) << 4) - 16);
-            w[j + TD_QK / 2] = (int8_t)(((blk[6 + j] >> 4) | ((qh >> (j + TD_QK / 2)) & 1) << 4) - 16);
+            w[j] = (int8_t)(((qs[j] & 15) | ((qh >> j) & 1) << 4) - bias);
+            w[j + TD_QK / 2] = (int8_t)(((qs[j] >> 4) | ((qh >> (j + TD_QK / 2)) & 1) << 4) - bias);
+        }
+        return;
+    }
+    if (dt == TD_DTYPE_Q4_1) {
+        for (int j = 0; j < TD_QK / 2; j++) {
+            w[j] = (int8_t)(blk[4 + j] & 15);
+            w[j + TD_QK / 2] = (int8_t)(blk[4 + j] >> 4);
         }
         return;
     }
@@ -343,18 +394,26 @@ static void wvals_p(const unsigned char *blk, int dt, int8_t *w) {
     }
 }
 
-/* plain layout: row m at a + m * lda: q[K], then d[K/32] f32; for the k-quants
- * (kq) q[K], d[K/256] f32, S[K/32] int32, S'[K/16] int16 (td_quant_act_row_k) */
+/* plain layout: row m at a + m * lda: q[K], then d[K/32] f32 (Q4_1 / Q5_1: then
+ * S[K/32] int32, the blocks' exact sums of q); for the k-quants (kq) q[K],
+ * d[K/256] f32, S[K/32] int32, S'[K/16] int16 (td_quant_act_row_k) */
 static size_t plain_ld(int K) { return ((size_t)K + 12 * (size_t)(K / TD_QK) + 63) & ~(size_t)63; }
 
-static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K, int kq) {
+static void pack_plain(char *a, size_t lda, const float *x, int ldx, int M, int K, int dt) {
     for (int m = 0; m < M; m++) {
         char *r = a + (size_t)m * lda;
-        if (kq) {
+        if (td_dtype_is_kquant(dt)) {
             int32_t *S = (int32_t *)(r + K) + K / TD_QKK;
             td_quant_act_row_k(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K), S, (int16_t *)(S + K / TD_QK));
+            continue;
         }
-        else td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
+        td_quant_act_row(x + (size_t)m * ldx, K, (int8_t *)r, (float *)(r + K));
+        int32_t *S = (int32_t *)(r + K) + K / TD_QK;
+        for (int b = 0; td_dtype_has_min32(dt) && b < K / TD_QK; b++) {
+            int32_t t = 0;
+            for (int i = 0; i < TD_QK; i++) t += ((const int8_t *)r)[TD_QK * b + i];
+            S[b] = t;
+        }
     }
 }
 
@@ -367,7 +426,8 @@ static void matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const 
         for (int m = 0; m < M; m++) {
             const int8_t *q = (const int8_t *)(a + (size_t)m * lda);
             const float *d = (const float *)(a + (size_t)m * lda + K);
-            float acc[16] = {0};
+            const int32_t *S = (const int32_t *)(d + nb);
+            float acc[16] = {0}, macc[8] = {0};
             for (int b = 0; b < nb; b++) {
                 const unsigned char *blk = (const unsigned char *)W + (size_t)n * wrow + (size_t)b * bs;
                 wvals_p(blk, dt, w);
@@ -377,8 +437,10 @@ static void matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const 
                     for (int i = 0; i < 4; i++) p += (int32_t)w[4 * l + i] * q[32 * b + 4 * l + i];
                     acc[8 * (b & 1) + l] = fmaf(c, (float)p, acc[8 * (b & 1) + l]);
                 }
+                if (td_dtype_has_min32(dt)) macc[b % 8] = fmaf(blk_scale(blk + 2) * d[b], (float)S[b], macc[b % 8]);
             }
             float s = fold16_p(acc), *yp = y + (size_t)m * ldy + n;
+            if (td_dtype_has_min32(dt)) s += td_fold8(macc);
             *yp = add ? *yp + s : s;
         }
 }
@@ -806,7 +868,7 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
     if (!a) { set_nan(y, ldy, M, n0, n1); return; }
     for (int m = 0; m < M; m += QMB) {
         int me = m + QMB < M ? m + QMB : M;
-        pack_plain(a, lda, x + (size_t)m * ldx, ldx, me - m, K, kq);
+        pack_plain(a, lda, x + (size_t)m * ldx, ldx, me - m, K, dtype);
 #ifdef TD_HAVE_QUANT_AVX2
         if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { /* AVX-512 without VNNI: the AVX2 kernels */
             td_avx2_qmatmul(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);

@@ -7,10 +7,13 @@
  *                                                             value j + 16 = ((qs[j] >> 4) - 8) * d
  *   Q5_0: f16 scale d, 4 bytes qh (little-endian bit i = bit 4 of value i), then qs as
  *         Q4_0's                                (22 bytes);  value i = (q_i - 16) * d
+ *   Q4_1: f16 d, f16 m, then qs as Q4_0's       (20 bytes);  value = q * d + m (q = the nibble)
+ *   Q5_1: f16 d, f16 m, qh, qs as Q5_0's         (24 bytes);  value = q * d + m (q = the 5 bits)
  *   IQ4_NL: as Q4_0, but value = td_iq4_values[nibble] * d (18 bytes; the table below)
  * Quantization (td_quantize_row) follows llama.cpp's reference quantizers:
  * Q8_0 d = amax/127, q = roundf(x/d); Q4_0 d = (the value of largest magnitude)/-8,
- * nibble = min(15, trunc(x/d + 8.5)); Q5_0 likewise with -16, 31 and 16.5. Non-finite or NaN inputs give a defined
+ * nibble = min(15, trunc(x/d + 8.5)); Q5_0 likewise with -16, 31 and 16.5; Q4_1 / Q5_1
+ * d = (max - min) / 15 (31), m = min, q = min(15 (31), trunc((x - min) / d + 0.5)). Non-finite or NaN inputs give a defined
  * (clamped) result instead of undefined behaviour.
  *
  * Matrix products (td_quant_matmul, reached through td_matmul) follow llama.cpp:
@@ -35,6 +38,11 @@
  *   16 f32 lanes from 0; even blocks in lanes 0-7, odd blocks in 8-15 — with an
  *   odd number of blocks, lanes 8-15 are simply not touched by the last one)
  *   s = the D16 fold of acc (kernels.h); y = s, or y + s when add.
+ * Q4_1 / Q5_1 (w = the unsigned q) add their minimums: with S_b the exact sum of
+ * block b's 32 q and m_b the block's f16 minimum as f32,
+ *   macc[b % 8] = fma(m_b * d_b, (float)S_b, macc[b % 8])   (8 lanes, b ascending)
+ *   s = (D16 fold of acc) + (D8 fold of macc: s4[i] = v[i] + v[i+4], s2[i] = s4[i] +
+ *   s4[i+2], s2[0] + s2[1]).
  * Error against the f32 product over the dequantized weights wd (stated bound,
  * tests/test_quant.c checks it on random and ragged inputs): per block, the
  * activation rounding is at most d_b/2 (+ the rounding of d and id, < 2^-15 d_b)
@@ -132,6 +140,17 @@ typedef struct td_block_q5_0 {
     uint8_t qs[16];  /* low 4 bits, as Q4_0 */
 } td_block_q5_0;     /* 22 bytes */
 
+typedef struct td_block_q4_1 {
+    uint16_t d, m;   /* f16 scale and minimum */
+    uint8_t qs[16];  /* as Q4_0's */
+} td_block_q4_1;     /* 20 bytes */
+
+typedef struct td_block_q5_1 {
+    uint16_t d, m;
+    uint8_t qh[4];   /* as Q5_0's */
+    uint8_t qs[16];
+} td_block_q5_1;     /* 24 bytes */
+
 typedef struct td_block_iq4_nl {
     uint16_t d;      /* f16 scale */
     uint8_t qs[16];  /* table indices, as Q4_0's nibbles */
@@ -177,12 +196,15 @@ typedef struct td_block_q3_k {
     uint16_t d;           /* f16 super-block scale */
 } td_block_q3_k;          /* 110 bytes */
 
+/* 1 for TD_DTYPE_Q4_1 / Q5_1 (blocks of 32 with a minimum). */
+int td_dtype_has_min32(int dtype);
 /* 1 for TD_DTYPE_Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */
 int td_dtype_is_kquant(int dtype);
-/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0 / IQ4_NL, 1 otherwise. */
+/* Values per block of dtype: 256 for the k-quants, 32 for Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 /
+ * IQ4_NL, 1 otherwise. */
 int td_dtype_block(int dtype);
 
-/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS. */
+/* 1 for the block formats: TD_DTYPE_Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS. */
 int td_dtype_is_quant(int dtype);
 /* Bytes of n consecutive values of one row of dtype (n a multiple of
  * td_dtype_block(dtype); 0 when dtype is unknown or n does not fit its blocks). */

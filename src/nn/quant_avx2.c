@@ -20,6 +20,7 @@
 #include "tandem.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -47,25 +48,63 @@ AI __m256i iq4_lookup(__m256i v) {
     return _mm256_shuffle_epi8(t, v);
 }
 
+AI float fold8(__m256 a) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* s4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
 /* the 32 int8 weights of the block at blk (Q4_0: nibble - 8; Q5_0: 5 bits - 16;
- * IQ4_NL: the table's value of the nibble) */
+ * Q4_1 / Q5_1: the unsigned q; IQ4_NL: the table's value of the nibble) */
 AI __m256i wvals(const char *blk, int dt) {
     if (dt == TD_DTYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const int q5 = dt == TD_DTYPE_Q5_0;
-    __m128i q = _mm_loadu_si128((const __m128i *)(blk + (q5 ? 6 : 2)));
+    const int q5 = dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_Q5_1, hoff = dt == TD_DTYPE_Q5_1 ? 4 : 2;
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + (q5 ? hoff + 4 : dt == TD_DTYPE_Q4_1 ? 4 : 2)));
     __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
                                  _mm256_set1_epi8(15));
     if (dt == TD_DTYPE_IQ4_NL) return iq4_lookup(v);
+    if (dt == TD_DTYPE_Q4_1) return v;
     if (!q5) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
     /* bit i of the 32-bit qh -> 16 in byte i: byte i takes qh's byte i / 8, keeps bit i % 8 */
     uint32_t qh;
-    memcpy(&qh, blk + 2, 4);
+    memcpy(&qh, blk + hoff, 4);
     const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                          3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
     __m256i h = _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(16));
-    return _mm256_sub_epi8(_mm256_or_si256(v, h), _mm256_set1_epi8(16));
+    return dt == TD_DTYPE_Q5_1 ? _mm256_or_si256(v, h) : _mm256_sub_epi8(_mm256_or_si256(v, h), _mm256_set1_epi8(16));
+}
+
+/* Q4_1 / Q5_1: the 8 lanes of the minimums' sum (quant.h) of one token (activation
+ * row ar: q, d, then the blocks' exact sums S) and one weight row wr: 8 blocks a
+ * step (their f16 minimums gathered by inserts), the tail lane by lane */
+AI __m256 qmins(const char *ar, const char *wr, int K, size_t bs) {
+    const int nb = K / 32;
+    const float *d = (const float *)(ar + K);
+    const int32_t *S = (const int32_t *)(d + nb);
+    __m256 macc = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        uint16_t m[8];
+        for (int k = 0; k < 8; k++) memcpy(&m[k], wr + (size_t)(b + k) * bs + 2, 2);
+        __m128i mh = _mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4], (short)m[5],
+                                    (short)m[6], (short)m[7]);
+        __m256 mv = _mm256_mul_ps(_mm256_cvtph_ps(mh), _mm256_loadu_ps(d + b));
+        macc = _mm256_fmadd_ps(mv, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(S + b))), macc);
+    }
+    if (b < nb) {
+        float t[8];
+        _mm256_storeu_ps(t, macc);
+        for (; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, wr + (size_t)b * bs + 2, 2);
+            t[b % 8] = fmaf(_cvtsh_ss(h) * d[b], (float)S[b], t[b % 8]);
+        }
+        macc = _mm256_loadu_ps(t);
+    }
+    return macc;
 }
 AI __m256 wscale(const char *blk) {
     uint16_t d;
@@ -102,7 +141,7 @@ AI void qstep(int MR, int NR, int dt, __m256 (*acc)[2], const char *a, size_t ld
 AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K,
               int add) {
     __m256 lo[2][2], hi[2][2]; /* [token][output] */
-    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : dt == TD_DTYPE_Q5_0 ? 22 : 18;
+    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : dt == TD_DTYPE_Q5_0 ? 22 : dt == TD_DTYPE_Q4_1 ? 20 : dt == TD_DTYPE_Q5_1 ? 24 : 18;
     const int nb = K / 32;
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
@@ -122,7 +161,11 @@ AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
 #pragma GCC unroll 2
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 2
-        for (int j = 0; j < NR; j++) td_avx2_put(y, ldy, i, j, fold16(lo[i][j], hi[i][j]), add);
+        for (int j = 0; j < NR; j++) {
+            float s = fold16(lo[i][j], hi[i][j]);
+            if (dt == TD_DTYPE_Q4_1 || dt == TD_DTYPE_Q5_1) s += fold8(qmins(a + (size_t)i * lda, w + j * wrow, K, bs));
+            td_avx2_put(y, ldy, i, j, s, add);
+        }
 }
 
 typedef void (*qtile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K, int add);
@@ -136,6 +179,8 @@ QT_SET(TD_DTYPE_Q8_0, q8)
 QT_SET(TD_DTYPE_Q4_0, q4)
 QT_SET(TD_DTYPE_Q5_0, q5)
 QT_SET(TD_DTYPE_IQ4_NL, n4)
+QT_SET(TD_DTYPE_Q4_1, p4)
+QT_SET(TD_DTYPE_Q5_1, p5)
 
 /* ---- k-quants (Q4_K, Q5_K, Q6_K): super-blocks summed in int32 ----------------
  * The activations come in super-blocks of 256 with one scale (quant.h), so the 8
@@ -294,12 +339,6 @@ AI __m256i kscale(int dt, const khead *k, int j) {
     return _mm256_shuffle_epi8(k->lo, _mm256_set1_epi16((short)((2 * j + 1) << 8 | (2 * j))));
 }
 
-AI float fold8(__m256 a) {
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* s4 */
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(d);
-}
 
 /* MR tokens (rows of the k-quant plain layout: q[K], d[K/256], S[K/32]) x NR
  * outputs, super-block by super-block */
@@ -392,7 +431,8 @@ typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (
 #define KT42 1
 #endif
 #define KTS(S) {qt_1x1_##S, qt_2x1_##S, qt_2x2_##S, KT42 ? qt_4x2_##S : NULL}
-static const qtile_set QTILES[10] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5), QTS(n4), KTS(x4), KTS(k3), KTS(k2)};
+static const qtile_set QTILES[12] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5),
+                                     QTS(n4), KTS(x4), KTS(k3), KTS(k2), QTS(p4), QTS(p5)};
 
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
@@ -407,7 +447,9 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
                                   : dt == TD_DTYPE_IQ4_NL ? 6
                                   : dt == TD_DTYPE_IQ4_XS ? 7
                                   : dt == TD_DTYPE_Q3_K ? 8
-                                                        : 9];
+                                  : dt == TD_DTYPE_Q2_K ? 9
+                                  : dt == TD_DTYPE_Q4_1 ? 10
+                                                        : 11];
     if (M == 1) { /* one row at a time: a single stream from memory (1 x 4, four streams, was 20-25% slower) */
         for (int n = n0; n < n1; n++) ts->t1(y + n, ldy, a, lda, wb + n * wrow, wrow, K, add);
         return;
