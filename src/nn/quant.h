@@ -47,7 +47,8 @@
  * tests/test_quant.c checks it on random and ragged inputs): per block, the
  * activation rounding is at most d_b/2 (+ the rounding of d and id, < 2^-15 d_b)
  * per value, so |y - sum wd x| <= sum_b (0.5001 d_b) sum_{k in b} |wd_k|
- * + (K/32 + 6) 2^-23 sum_b |c_b| sum_l |P_b[l]|   (the f32 additions).
+ * + (K/32 + 6) 2^-23 sum_b |c_b| sum_l |P_b[l]|   (the f32 additions; Q4_1 / Q5_1
+ * add |m_b d_b| |S_b| to each block's term).
  * Measured relative rms error of a product vs the unquantized weights: q8_0
  * ~1e-2 (weights and activations each ~0.6% rms), q4_0 ~0.1.
  * Kernels: AVX-512 VNNI (vpdpbusd on u8 = w + 128 against s8 activations, with

@@ -1,13 +1,17 @@
-/* quant_avx2 — the Q16 order (quant.h) on 256-bit registers.
+/* quant_avx2 — the Q16 and k-quant orders (quant.h) on 256-bit registers.
  *
- * One block per step: its 32 int8 weights w (Q4_0: nibble - 8) against the
+ * Blocks of 32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL), one block per step: its
+ * 32 int8 weights w (Q4_0: nibble - 8; see wvals) against the
  * block's 32 activation q: vpmaddubsw(|w|, sign(q, w)) gives 16 exact int16 pair
  * sums (|w| <= 128 and |q| <= 127, so a pair is at most 32512: never saturated,
  * even for a weight byte of -128), vpmaddwd with ones the 8 lanes P_b[l] (4
  * consecutive products each, as quant.h defines them). Then c = dw * d and one
  * fma per lane into the accumulator of the block's parity: lo (lanes 0-7) for
  * even blocks, hi (lanes 8-15) for odd ones; the fold is kernels_avx2.c's.
- * Tiles: 1 token x 1 output (decode: one weight stream), 2 tokens x 2 outputs. */
+ * Q4_1 / Q5_1 add their minimums' 8-lane sum after the main loop (qmins).
+ * Tiles: 1 token x 1 output (decode: one weight stream), 2 tokens x 2 outputs.
+ * The k-quants (Q2_K .. Q6_K, IQ4_XS) have their own tiles below (ktile: int32
+ * super-block sums, then one fma per super-block), 4 tokens x 2 outputs too. */
 #include "nn/quant_avx2.h"
 #include "nn/kernels_avx2.h"
 
