@@ -34,8 +34,12 @@
  * within the row, was 12-19% slower on the 0.6B shape's q8_0 decode on Zen 3) */
 #define QPF1 64
 #endif
-#ifndef QPF
-#define QPF 16 /* prefetch the weights this many blocks ahead (8 was 5-10% slower from memory on Zen 3) */
+#ifndef QPF2
+/* the M >= 2 tiles: 4 KiB ahead of each weight row, so through the row's end into
+ * the rows of the next output tiles. It was 16 blocks ahead within the row only
+ * (none at all for K = 384): T = 2 forwards of the 0.6B shape's q8_0 took 69 ms
+ * (median) that way and 46 ms this way, T = 8 142 and 124 ms (forward-notes.md) */
+#define QPF2 4096
 #endif
 
 AI float fold16(__m256 lo, __m256 hi) {
@@ -155,9 +159,9 @@ AI void qtile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
     for (; b + 2 <= nb; b += 2) {
         if (MR == 1 && NR == 1) /* decode: rows follow each other, so past the row's end lies the next row */
             _mm_prefetch(w + (size_t)(b + QPF1) * bs, _MM_HINT_T0);
-        else if (b + QPF < nb)
+        else /* M >= 2: a fixed distance ahead of each row, into the next tiles' rows */
 #pragma GCC unroll 2
-            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)(b + QPF) * bs, _MM_HINT_T0);
+            for (int j = 0; j < NR; j++) _mm_prefetch(w + j * wrow + (size_t)b * bs + QPF2, _MM_HINT_T0);
         qstep(MR, NR, dt, lo, a, lda, w, wrow, K, b, bs);
         qstep(MR, NR, dt, hi, a, lda, w, wrow, K, b + 1, bs);
     }
@@ -372,8 +376,8 @@ AI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
                 _mm_prefetch(sb[o] + KPF1 + 64, _MM_HINT_T0);
                 _mm_prefetch(sb[o] + KPF1 + 128, _MM_HINT_T0);
                 if (bs > 192) _mm_prefetch(sb[o] + KPF1 + 192, _MM_HINT_T0);
-            } else if (s + 2 < nsb) {
-                for (size_t c = 0; c < bs; c += 64) _mm_prefetch(sb[o] + 2 * bs + c, _MM_HINT_T0);
+            } else { /* M >= 2: QPF2 ahead, through row ends (it was 2 super-blocks ahead within the row) */
+                for (size_t c = 0; c < bs; c += 64) _mm_prefetch(sb[o] + QPF2 + c, _MM_HINT_T0);
             }
             khead_get(dt, sb[o], &kh[o]);
 #pragma GCC unroll 4
