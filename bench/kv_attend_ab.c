@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
     int Ts[2] = {1, 8};
     float *q = malloc(sizeof(float) * 8 * group * hd), *o = malloc(sizeof(float) * 8 * group * hd);
     for (int i = 0; i < 8 * group * hd; i++) q[i] = 0.01f * (float)(i % 97);
-    float *sc = malloc(sizeof(float) * TD_ATTEND_QB * (CTX + 16));
+    float *sc = malloc(sizeof(float) * TD_ATTEND_QMAX * (CTX + 16));
     int nk[256];
     double best[3][2];
     for (int k = 0; k < 3; k++) best[k][0] = best[k][1] = 1e9;

@@ -712,12 +712,12 @@ static void test_path_equal(int path) {
     static const int HDS[] = {8, 16, 24, 40, 64, 80, 128};
     for (int hi = 0; hi < (int)(sizeof HDS / sizeof HDS[0]); hi++) {
         int hd = HDS[hi], ld = hd * 2 + 1, maxn = 200;
-        enum { NQ = 10 };
-        int nk[NQ] = {1, 5, 7, 8, 9, 16, 17, 33, 77, 200};
+        enum { NQ = 21 }; /* more than one query block of every path, and a remainder */
+        int nk[NQ] = {1, 5, 7, 8, 9, 16, 17, 33, 77, 200, 3, 64, 65, 150, 199, 2, 31, 32, 100, 128, 129};
         float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)NQ * hd);
         for (int i = 0; i < NQ * hd; i++) q[i] *= 3.0f;
         float *oa = malloc(sizeof(float) * NQ * hd), *op = malloc(sizeof(float) * NQ * hd);
-        float *scr = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)(maxn + 16)); /* kernels.h: min(nq, QB) x max n */
+        float *scr = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)(maxn + 16)); /* kernels.h: min(nq, QMAX) x max n */
         ON(path, td_attend(oa, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
         ON(P, td_attend(op, hd, q, hd, NQ, nk, K, V, ld, hd, 0.125f, scr));
         T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend hd=%d differs between paths", hd);

@@ -78,7 +78,7 @@ struct td_ctx {
     int *out_tok;           /* [max_logits] token index of each wanted position */
     float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
     int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
-    float *scores;          /* [n_threads][TD_ATTEND_QB * max_ctx] softmax scratch */
+    float *scores;          /* [n_threads][TD_ATTEND_QMAX * max_ctx] softmax scratch */
     float *qg;              /* [n_threads][ATT_TC * q_dim] gathered queries of one attention unit */
     float *og;              /* [n_threads][ATT_TC * q_dim] their outputs */
     int *nkg;               /* [n_threads][ATT_TC * n_head] their key counts */
@@ -231,7 +231,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->wbuf_stride = wmax;
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
     if (p.act_type == TD_DTYPE_BF16) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
-    c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QB, (size_t)p.max_ctx, &fail);
+    c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)p.max_ctx, &fail);
     c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->nkg = calloc((size_t)p.n_threads * ATT_TC * (size_t)cfg->n_head, sizeof(int));
@@ -441,7 +441,7 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
     const td_config *cfg = &c->m->cfg;
     int hd = cfg->head_dim, group = cfg->n_head / cfg->n_kv_head;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = c->scores + (size_t)ith * TD_ATTEND_QB * c->p.max_ctx;
+    float *sc = c->scores + (size_t)ith * TD_ATTEND_QMAX * c->p.max_ctx;
     float *qg = c->qg + (size_t)ith * ATT_TC * c->q_dim, *og = c->og + (size_t)ith * ATT_TC * c->q_dim;
     int *nk = c->nkg + (size_t)ith * ATT_TC * cfg->n_head;
     int row = c->tok_row[ta];

@@ -122,14 +122,17 @@ void *td_thread_scratch(size_t n);
  *   fma(e_j * (1/sum), V_j[d], o_i[d]) (sequential in j from 0).
  * So each query's output depends only on its own q, keys and n_keys — not on nq
  * or on which queries share the call. Every K and V row may be read up to
- * max(n_keys) (all of them must be valid). scratch: min(nq, TD_ATTEND_QB) x
+ * max(n_keys) (all of them must be valid). scratch: min(nq, TD_ATTEND_QMAX) x
  * max(n_keys) floats. The AVX-512 path takes the queries in blocks of up to
  * TD_ATTEND_QB (then the rest, 1 to 3: a GQA group of 3 reads its K/V once)
  * that share each K/V load; scores of 16 keys (16/qb keys x qb queries, 15
  * lanes for 3) are folded together (fold16x16: the same additions as the D16
- * fold, on shuffled registers). The AVX2 path takes the same query blocks over
- * L1-sized blocks of keys (kernels_avx2.c). */
+ * fold, on shuffled registers). The AVX2 path takes the queries in blocks of
+ * up to TD_ATTEND_QMAX over L1-sized blocks of keys (kernels_avx2.c): a T = 8
+ * verify of a GQA-2 model is 16 queries per KV head, whose K/V rows are then
+ * read from L2/L3 once instead of four times. */
 #define TD_ATTEND_QB 4
+#define TD_ATTEND_QMAX 16 /* scratch rows (the largest query block of any path) */
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
 /* The same over K and V rows stored as kv_dtype (TD_DTYPE_F32, BF16 or F16;

@@ -17,7 +17,7 @@
  * permuted to match; 2 tokens x 2 outputs with the activations held in registers),
  * with the same lanes and bits; bf16 activations (act_type
  * bf16) the B32 tiles (td_avx2_matmul_bf16a).
- * Attention: queries in blocks of TD_ATTEND_QB over L1-sized blocks of keys;
+ * Attention: queries in blocks of TD_ATTEND_QMAX over L1-sized blocks of keys;
  * scores 4 keys at a time, 8 keys folded together (fold8x8: the D16 fold on
  * shuffled registers). K/V rows may be stored as f32, bf16 or f16
  * (td_attend_kv): each element is widened exactly where it is loaded (ldw8).
@@ -542,14 +542,14 @@ AI __m256 scores8(int dt, const float *qi, const char *kb, size_t rs, int hd) {
 }
 
 /* Attention for K/V rows of dtype DT (a constant in each instance below).
- * Queries go in blocks of up to TD_ATTEND_QB, and each pass over the keys goes in
+ * Queries go in blocks of up to TD_ATTEND_QMAX, and each pass over the keys goes in
  * blocks of about 16 KiB of K (or V) rows, every query of the block taking its
  * turn on one key block while it sits in L1: the K/V rows come from L2/L3 once
  * per query block instead of once per query. Each query's operations are those
  * of the portable attend_p in the same order (a score is its D16 dot, whether
  * scores8 or td_avx2_dot makes it; the output accumulates in j order, its
  * running sums parked in o between key blocks), so neither the blocking nor the
- * other queries change a bit. sc: TD_ATTEND_QB rows of max(n_keys) floats. */
+ * other queries change a bit. sc: TD_ATTEND_QMAX rows of max(n_keys) floats. */
 AI void attend_scores(int dt, float *sc, const float *qi, const char *K, size_t rs, int hd, int j0, int j1,
                       __m256 vscale, float scale) {
     int j = j0;
@@ -641,8 +641,8 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
     /* keys per block: about 16 KiB of rows, a multiple of 8 */
     int kb = (int)(16384 / ((size_t)hd * esize(dt))) & ~7;
     if (kb < 8) kb = 8;
-    for (int i0 = 0; i0 < nq; i0 += TD_ATTEND_QB) {
-        int qb = nq - i0 < TD_ATTEND_QB ? nq - i0 : TD_ATTEND_QB, nmax = 0;
+    for (int i0 = 0; i0 < nq; i0 += TD_ATTEND_QMAX) {
+        int qb = nq - i0 < TD_ATTEND_QMAX ? nq - i0 : TD_ATTEND_QMAX, nmax = 0;
         for (int b = 0; b < qb; b++) nmax = n_keys[i0 + b] > nmax ? n_keys[i0 + b] : nmax;
         /* sc row b (nmax floats apart): query i0 + b's scores, then its exps */
         for (int j0 = 0; j0 < nmax; j0 += kb)
@@ -650,7 +650,7 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
                 if (j0 < j1) attend_scores(dt, sc + (size_t)b * nmax, q + (size_t)(i0 + b) * ldq, K, rs, hd, j0, j1, vscale, scale);
             }
-        float inv[TD_ATTEND_QB];
+        float inv[TD_ATTEND_QMAX];
         for (int b = 0; b < qb; b++) {
             inv[b] = attend_softmax(sc + (size_t)b * nmax, n_keys[i0 + b]);
             if (n_keys[i0 + b] <= 0) memset(o + (size_t)(i0 + b) * ldo, 0, sizeof(float) * (size_t)hd); /* no keys: zeros */

@@ -127,7 +127,7 @@ typedef struct {
     float *a;                 /* [rank] Markov input */
     float *qsub;              /* [n_sub] q over the draft vocabulary, before it is spread */
     float *cl;                /* [TD_DRAFT_CTXIDS] context ids' logits */
-    float *scratch;           /* [pool threads][TD_ATTEND_QB][cap] attention scores */
+    float *scratch;           /* [pool threads][TD_ATTEND_QMAX][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
     int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
 } blk_group;
@@ -369,7 +369,7 @@ static void att_run(void *arg, int ith, int nth) {
     blk_group *g = j->g;
     const blk_provider *p = g->p;
     int G = p->G, H = p->H, hd = p->hd, QW = H * hd, nk[BLK_MAX_G];
-    float *scratch = g->scratch + (size_t)ith * TD_ATTEND_QB * g->cap;
+    float *scratch = g->scratch + (size_t)ith * TD_ATTEND_QMAX * g->cap;
     for (int it = ith; it < j->nb * H; it += nth) {
         int b = it / H, h = it % H, kh = h / (H / p->KVH);
         const blk_row *r = &g->rows[g->brow[b]];
@@ -658,7 +658,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     if (!g->bdepth || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
-        !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QB * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
+        !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
