@@ -514,6 +514,53 @@ done:
  * sum_b |c_b| sum |w q|). Also: td_quant_act_row's q and d against ggml's
  * reference quantizer on random activations (the same q except at exact .5
  * ties, where tandem rounds to even and ggml away from zero). */
+/* Activation quantization (td_quant_act_row, _k) gives the same q, d and sums on
+ * every kernel path: blocks of every magnitude, ties at .5, tiny blocks (q = 0,
+ * d = 0), and blocks holding a NaN or an infinity (q = 0, d = NaN). */
+static void test_act_paths(void) {
+    t_begin("quant_act_rows_same_bits_on_every_path");
+    enum { K = 1024 };
+    float *x = malloc(sizeof(float) * K);
+    int8_t q[TD_KPATH_COUNT][K];
+    float d[TD_KPATH_COUNT][K / 32];
+    int32_t S[TD_KPATH_COUNT][K / 32];
+    int16_t S16[TD_KPATH_COUNT][K / 16];
+    T_REQUIRE(x, "memory");
+    int deflt = td_kernels_path(), checked = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        for (int k = 0; k < K; k++) x[k] = frand() * ldexpf(1.0f, (k / 32 + rep) % 40 - 20);
+        for (int k = 64; k < 96; k++) x[k] = (float)(k - 80) * 0.5f * (rep % 3 + 1); /* exact .5 ties once scaled by 127 / 16 */
+        for (int k = 96; k < 128; k++) x[k] = ldexpf(frand(), -110);               /* tiny block */
+        if (rep % 4 == 1) x[300] = NAN;
+        if (rep % 4 == 2) x[700] = rep % 8 == 2 ? INFINITY : -INFINITY;
+        for (int p = 0; p < TD_KPATH_COUNT; p++) {
+            if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
+            td_kernels_set_path(p);
+            if (rep % 2) td_quant_act_row_k(x, K, q[p], d[p], S[p], S16[p]);
+            else td_quant_act_row(x, K, q[p], d[p]);
+            int nd = rep % 2 ? K / 256 : K / 32;
+            if (p == TD_KPATH_PORTABLE) continue;
+            checked++;
+            T_CHECK(memcmp(q[p], q[TD_KPATH_PORTABLE], K) == 0, "rep %d path %d: q differs from the portable path", rep, p);
+            T_CHECK(memcmp(d[p], d[TD_KPATH_PORTABLE], sizeof(float) * (size_t)nd) == 0, "rep %d path %d: d differs", rep, p);
+            if (rep % 2)
+                T_CHECK(memcmp(S[p], S[TD_KPATH_PORTABLE], sizeof S[p]) == 0 && memcmp(S16[p], S16[TD_KPATH_PORTABLE], sizeof S16[p]) == 0,
+                        "rep %d path %d: block sums differ", rep, p);
+        }
+        /* the rule itself, on the portable path's output: a NaN / inf block has d NaN and q 0 */
+        if (rep % 4 == 1 || rep % 4 == 2) {
+            int b = (rep % 4 == 1 ? 300 : 700) / (rep % 2 ? 256 : 32), n = rep % 2 ? 256 : 32, zero = 1;
+            for (int j = 0; j < n; j++) zero &= q[TD_KPATH_PORTABLE][b * n + j] == 0;
+            T_CHECK(isnan(d[TD_KPATH_PORTABLE][b]) && zero, "rep %d: a non-finite block must give d = NaN, q = 0", rep);
+        }
+    }
+    td_kernels_set_path(deflt);
+    if (!checked) printf("  (only the portable path here: nothing to compare)\n");
+done:
+    free(x);
+    t_end();
+}
+
 static void test_ggml_dot(void) {
     t_begin("ggml_vec_dot_agrees");
     char bb[300], bc[300];
@@ -1215,6 +1262,7 @@ int main(void) {
     test_ggml_oracle();
     test_matmul();
     test_nonfinite();
+    test_act_paths();
     test_ggml_dot();
     test_bad_sizes();
     test_kq_layout();

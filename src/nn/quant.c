@@ -307,7 +307,7 @@ void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n) {
 
 /* Scale d and its inverse for a block whose largest |x| has the f32 bits ab;
  * returns 0 when the block's q are all 0 (non-finite or tiny block). */
-static int act_scale(uint32_t ab, float *d, float *id) {
+int td_quant_act_scale(uint32_t ab, float *d, float *id) {
     if (ab >= 0x7f800000u) { *d = NAN; *id = 0.0f; return 0; }
     if (ab < ACT_TINY) { *d = 0.0f; *id = 0.0f; return 0; }
     float amax;
@@ -327,16 +327,25 @@ static void act_block_p(const float *x, int n, int8_t *q, float *d) {
         ab = u > ab ? u : ab;
     }
     float id;
-    if (!act_scale(ab, d, &id)) { memset(q, 0, (size_t)n); return; }
+    if (!td_quant_act_scale(ab, d, &id)) { memset(q, 0, (size_t)n); return; }
     for (int j = 0; j < n; j++) q[j] = (int8_t)(int)rintf(x[j] * id); /* |x * id| <= 127.0001 */
 }
 
+/* one block by the AVX2 path when the kernels take it (the same operations), else portably */
+static void act_block(const float *x, int n, int8_t *q, float *d) {
+#ifdef TD_HAVE_QUANT_AVX2
+    int path = td_kernels_path();
+    if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { td_avx2_quant_act(x, n, q, d); return; }
+#endif
+    act_block_p(x, n, q, d);
+}
+
 void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
-    for (int b = 0; b < K / TD_QK; b++) act_block_p(x + b * TD_QK, TD_QK, q + b * TD_QK, d + b);
+    for (int b = 0; b < K / TD_QK; b++) act_block(x + b * TD_QK, TD_QK, q + b * TD_QK, d + b);
 }
 
 void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums, int16_t *sums16) {
-    for (int b = 0; b < K / TD_QKK; b++) act_block_p(x + b * TD_QKK, TD_QKK, q + b * TD_QKK, d + b);
+    for (int b = 0; b < K / TD_QKK; b++) act_block(x + b * TD_QKK, TD_QKK, q + b * TD_QKK, d + b);
     for (int b = 0; b < K / 16; b++) {
         int t = 0;
         for (int i = 0; i < 16; i++) t += q[16 * b + i];
@@ -474,7 +483,7 @@ AI void act_block_v(const float *x, int8_t *q, float *d) {
     __m512i ab = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
                                   _mm512_and_si512(_mm512_castps_si512(v1), abs));
     float id;
-    if (!act_scale((uint32_t)_mm512_reduce_max_epu32(ab), d, &id)) {
+    if (!td_quant_act_scale((uint32_t)_mm512_reduce_max_epu32(ab), d, &id)) {
         memset(q, 0, TD_QK);
         return;
     }

@@ -229,8 +229,12 @@ int td_quantize_row(int dtype, const float *x, void *dst, int64_t n);
 /* Dequantize n values (a multiple of the block) starting at a block boundary of src. */
 void td_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
 
+/* The activation scale of a block whose largest |x| has the f32 bits ab (the rule
+ * above): *d and *id = 1 / *d; returns 0 when the block's q are all 0 (a
+ * non-finite or tiny block: *d NaN or 0). */
+int td_quant_act_scale(uint32_t ab, float *d, float *id);
 /* Quantize one activation row of K values (K % 32 == 0) as above: q[K] int8,
- * d[K/32] f32 scales. */
+ * d[K/32] f32 scales (on the AVX2 path by td_avx2_quant_act: the same bits). */
 void td_quant_act_row(const float *x, int K, int8_t *q, float *d);
 /* The same over super-blocks of 256 values (K % 256 == 0; the k-quants' products):
  * q[K], d[K/256], sums[K/32] the exact sum of each 32 q, sums16[K/16] of each 16. */

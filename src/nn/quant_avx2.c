@@ -442,6 +442,28 @@ typedef struct { qtile_fn t1, t2, t22, t42; } qtile_set; /* 1x1, 2x1, 2x2, 4x2 (
 static const qtile_set QTILES[12] = {QTS(q8), QTS(q4), KTS(k4), KTS(k5), KTS(k6), QTS(q5),
                                      QTS(n4), KTS(x4), KTS(k3), KTS(k2), QTS(p4), QTS(p5)};
 
+void td_avx2_quant_act(const float *x, int n, int8_t *q, float *d) {
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_setzero_si256();
+    for (int j = 0; j < n; j += 8) m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + j)), abs));
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+    float id;
+    if (!td_quant_act_scale((uint32_t)_mm_cvtsi128_si32(h), d, &id)) { memset(q, 0, (size_t)n); return; }
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int j = 0; j < n; j += 32) {
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j), vid));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), vid));
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 16), vid));
+        __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 24), vid));
+        /* |x * id| <= 127.0001, so the saturating packs are exact; they interleave 128-bit lanes */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
+        _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(p, order));
+    }
+}
+
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add) {
     size_t wrow = td_dtype_row_bytes(dt, K);

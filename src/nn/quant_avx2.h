@@ -9,6 +9,7 @@
 #define TD_QUANT_AVX2_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TD_HAVE_QUANT_AVX2 1
@@ -17,6 +18,10 @@
  * f32, the blocks' sums of q), with weight row n of W (dt = TD_DTYPE_Q8_0 /
  * Q4_0 / Q5_0 with K % 32 == 0, or Q4_K / Q5_K / Q6_K with K % 256 == 0), for m < M,
  * n in [n0, n1). */
+/* One block of n activations (n a multiple of 32) to q[n] and its scale *d: the
+ * portable rule of quant.h (exact max of |x|, td_quant_act_scale, q = rint(x * id)
+ * by vcvtps2dq under the default rounding mode), so the same bits. */
+void td_avx2_quant_act(const float *x, int n, int8_t *q, float *d);
 void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const void *W, int dt, int K, int n0,
                      int n1, int add);
 #endif
