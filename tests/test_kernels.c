@@ -530,6 +530,25 @@ static void test_dp_lane(void) {
         }
     }
     T_CHECK(bad == 0, "%ld of %ld lanes differ (%ld NaN)", bad, n, nan);
+    { /* the lanes where CPUs differ (kernels.c): a deviating CPU must not run td_matmul_bf16a on the instruction */
+        float acc[16] = {0}, hw[16];
+        uint16_t x[32] = {0}, w[32] = {0};
+        for (int l = 0; l < TD_BF16_PROBES; l++) {
+            memcpy(&acc[l], &td_bf16_probe[l][0], 4);
+            x[2 * l] = (uint16_t)td_bf16_probe[l][1]; x[2 * l + 1] = (uint16_t)td_bf16_probe[l][2];
+            w[2 * l] = (uint16_t)td_bf16_probe[l][3]; w[2 * l + 1] = (uint16_t)td_bf16_probe[l][4];
+        }
+        hw_dp16(hw, acc, x, w);
+        int same = 1;
+        for (int l = 0; l < TD_BF16_PROBES; l++) {
+            float e = td_bf16_dp_lane(acc[l], x[2 * l], x[2 * l + 1], w[2 * l], w[2 * l + 1]);
+            T_CHECK(e == -0x1p-126f, "probe %d: the definition rounds each step to -FLT_MIN (%a)", l, e);
+            same &= memcmp(&e, &hw[l], 4) == 0;
+        }
+        printf("  this CPU's vdpbf16ps %s the definition on the probe lanes%s\n", same ? "matches" : "differs from",
+               same ? "" : ": td_matmul_bf16a emulates");
+        T_CHECK(same || !td_kernels_bf16_native(), "vdpbf16ps deviates here, so td_matmul_bf16a must run the emulation");
+    }
     /* the emulation's three flushes, each one observable */
     T_CHECK(td_bf16_dp_lane(1.0f, 0x0001, 0, 0x3f80, 0) == 1.0f, "a subnormal bf16 input reads as zero");
     float r = td_bf16_dp_lane(0.0f, 0x2000, 0, 0x9f00, 0); /* 2^-63 * -2^-65 = -2^-128: subnormal -> -0 */

@@ -176,6 +176,18 @@ float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t
     return dp_lane(acc, x0, x1, w0, w1);
 }
 
+/* Lanes on which vdpbf16ps implementations have been seen to differ from the
+ * definition (td_bf16_dp_lane), as {acc bits, x0, x1, w0, w1}: an accumulator of
+ * -FLT_MIN and two tiny products that bring the exact sum just under FLT_MIN in
+ * magnitude. The definition (and AMD Zen 5) rounds each step to -FLT_MIN and
+ * keeps it; Intel Sapphire Rapids returns -0 (2026-12-03, bench/forward-notes.md).
+ * td_bf16_probe is for the tests too. */
+const uint32_t td_bf16_probe[TD_BF16_PROBES][5] = {
+    {0x80800000u, 0x938b, 0x9931, 0x1f39, 0x9ab2},
+    {0x80800000u, 0x03ff, 0x946c, 0x22dc, 0x9f14},
+    {0x80800000u, 0x150e, 0x8fe6, 0x1ed5, 0xa05e},
+};
+
 /* B32 dot of n bf16 activations with n bf16 weights (zero-padded to 32). */
 static float dotb_p(const uint16_t *a, const uint16_t *w, int n) {
     float acc[16] = {0};
@@ -409,12 +421,30 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
     acc_fold(MR, NR, acc, y, ldy, add);
 }
 
+TBF static int bf16_conforms(void) {
+    float acc[16] = {0}, hw[16];
+    uint16_t x[32] = {0}, w[32] = {0};
+    for (int l = 0; l < TD_BF16_PROBES; l++) {
+        memcpy(&acc[l], &td_bf16_probe[l][0], 4);
+        x[2 * l] = (uint16_t)td_bf16_probe[l][1]; x[2 * l + 1] = (uint16_t)td_bf16_probe[l][2];
+        w[2 * l] = (uint16_t)td_bf16_probe[l][3]; w[2 * l + 1] = (uint16_t)td_bf16_probe[l][4];
+    }
+    _mm512_storeu_ps(hw, _mm512_dpbf16_ps(_mm512_loadu_ps(acc), (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(w)));
+    for (int l = 0; l < 16; l++) {
+        float e = dp_lane(acc[l], x[2 * l], x[2 * l + 1], w[2 * l], w[2 * l + 1]);
+        if (memcmp(&e, &hw[l], 4) != 0) return 0;
+    }
+    return 1;
+}
+
+/* vdpbf16ps is used where the CPU has it and it computes the probe lanes as the
+ * definition does; elsewhere td_matmul_bf16a runs the emulation (same bits). */
 static int bf16_ok(void) {
     static _Atomic int ok = -1;
     int v = atomic_load_explicit(&ok, memory_order_relaxed);
     if (v < 0) {
         __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+        v = __builtin_cpu_supports("avx512bf16") && bf16_conforms() ? 1 : 0;
         atomic_store_explicit(&ok, v, memory_order_relaxed);
     }
     return v;
