@@ -531,13 +531,9 @@ static void test_dp_lane(void) {
     }
     T_CHECK(bad == 0, "%ld of %ld lanes differ (%ld NaN)", bad, n, nan);
     { /* the lanes where CPUs differ (kernels.c): a deviating CPU must not run td_matmul_bf16a on the instruction */
-        float acc[16] = {0}, hw[16];
-        uint16_t x[32] = {0}, w[32] = {0};
-        for (int l = 0; l < TD_BF16_PROBES; l++) {
-            memcpy(&acc[l], &td_bf16_probe[l][0], 4);
-            x[2 * l] = (uint16_t)td_bf16_probe[l][1]; x[2 * l + 1] = (uint16_t)td_bf16_probe[l][2];
-            w[2 * l] = (uint16_t)td_bf16_probe[l][3]; w[2 * l + 1] = (uint16_t)td_bf16_probe[l][4];
-        }
+        float acc[16], hw[16];
+        uint16_t x[32], w[32];
+        td_bf16_probe_lanes(acc, x, w);
         hw_dp16(hw, acc, x, w);
         int same = 1;
         for (int l = 0; l < TD_BF16_PROBES; l++) {

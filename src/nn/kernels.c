@@ -181,12 +181,23 @@ float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t
  * -FLT_MIN and two tiny products that bring the exact sum just under FLT_MIN in
  * magnitude. The definition (and AMD Zen 5) rounds each step to -FLT_MIN and
  * keeps it; Intel Sapphire Rapids returns -0 (2026-12-03, bench/forward-notes.md).
- * td_bf16_probe is for the tests too. */
-const uint32_t td_bf16_probe[TD_BF16_PROBES][5] = {
+ * td_bf16_probe_lanes lays them out for the tests too. */
+static const uint32_t bf16_probe[TD_BF16_PROBES][5] = {
     {0x80800000u, 0x938b, 0x9931, 0x1f39, 0x9ab2},
     {0x80800000u, 0x03ff, 0x946c, 0x22dc, 0x9f14},
     {0x80800000u, 0x150e, 0x8fe6, 0x1ed5, 0xa05e},
 };
+
+void td_bf16_probe_lanes(float acc[16], uint16_t x[32], uint16_t w[32]) {
+    for (int l = 0; l < 16; l++) {
+        acc[l] = 0.0f;
+        x[2 * l] = x[2 * l + 1] = w[2 * l] = w[2 * l + 1] = 0;
+        if (l >= TD_BF16_PROBES) continue;
+        memcpy(&acc[l], &bf16_probe[l][0], 4);
+        x[2 * l] = (uint16_t)bf16_probe[l][1], x[2 * l + 1] = (uint16_t)bf16_probe[l][2];
+        w[2 * l] = (uint16_t)bf16_probe[l][3], w[2 * l + 1] = (uint16_t)bf16_probe[l][4];
+    }
+}
 
 /* B32 dot of n bf16 activations with n bf16 weights (zero-padded to 32). */
 static float dotb_p(const uint16_t *a, const uint16_t *w, int n) {
@@ -422,13 +433,9 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
 }
 
 TBF static int bf16_conforms(void) {
-    float acc[16] = {0}, hw[16];
-    uint16_t x[32] = {0}, w[32] = {0};
-    for (int l = 0; l < TD_BF16_PROBES; l++) {
-        memcpy(&acc[l], &td_bf16_probe[l][0], 4);
-        x[2 * l] = (uint16_t)td_bf16_probe[l][1]; x[2 * l + 1] = (uint16_t)td_bf16_probe[l][2];
-        w[2 * l] = (uint16_t)td_bf16_probe[l][3]; w[2 * l + 1] = (uint16_t)td_bf16_probe[l][4];
-    }
+    float acc[16], hw[16];
+    uint16_t x[32], w[32];
+    td_bf16_probe_lanes(acc, x, w);
     _mm512_storeu_ps(hw, _mm512_dpbf16_ps(_mm512_loadu_ps(acc), (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(w)));
     for (int l = 0; l < 16; l++) {
         float e = dp_lane(acc[l], x[2 * l], x[2 * l + 1], w[2 * l], w[2 * l + 1]);

@@ -83,14 +83,15 @@ void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const
  * ftz(fma(x0, w0, ftz(fma(x1, w1, ftz(acc))))) over DAZ-read bf16 inputs. */
 float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1);
 /* 1 when td_matmul_bf16a runs on vdpbf16ps (AVX-512 path in force, the CPU has
- * AVX512_BF16, and the instruction computes the lanes of td_bf16_probe as
+ * AVX512_BF16, and the instruction computes the lanes of td_bf16_probe_lanes as
  * td_bf16_dp_lane does — Intel Sapphire Rapids does not, so there the emulation
  * runs), 0 when it runs the emulation. */
 int td_kernels_bf16_native(void);
-/* Lanes ({acc bits, x0, x1, w0, w1}) on which a CPU's vdpbf16ps has been seen to
- * differ from td_bf16_dp_lane (kernels.c says which and how). */
+/* The operands of one vdpbf16ps whose first TD_BF16_PROBES lanes are those on
+ * which a CPU's instruction has been seen to differ from td_bf16_dp_lane
+ * (kernels.c says which and how); the other lanes are zero. */
 #define TD_BF16_PROBES 3
-extern const uint32_t td_bf16_probe[TD_BF16_PROBES][5];
+void td_bf16_probe_lanes(float acc[16], uint16_t x[32], uint16_t w[32]);
 
 /* The older interface: td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
  * wbuf is unused (may be NULL). */
