@@ -331,21 +331,22 @@ static void act_block_p(const float *x, int n, int8_t *q, float *d) {
     for (int j = 0; j < n; j++) q[j] = (int8_t)(int)rintf(x[j] * id); /* |x * id| <= 127.0001 */
 }
 
-/* one block by the AVX2 path when the kernels take it (the same operations), else portably */
-static void act_block(const float *x, int n, int8_t *q, float *d) {
+/* the row's blocks of n by the AVX2 path when the kernels take it (the same operations), else portably */
+static void act_blocks(const float *x, int K, int n, int8_t *q, float *d) {
 #ifdef TD_HAVE_QUANT_AVX2
     int path = td_kernels_path();
-    if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { td_avx2_quant_act(x, n, q, d); return; }
+    if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) {
+        for (int b = 0; b < K / n; b++) td_avx2_quant_act(x + b * n, n, q + b * n, d + b);
+        return;
+    }
 #endif
-    act_block_p(x, n, q, d);
+    for (int b = 0; b < K / n; b++) act_block_p(x + b * n, n, q + b * n, d + b);
 }
 
-void td_quant_act_row(const float *x, int K, int8_t *q, float *d) {
-    for (int b = 0; b < K / TD_QK; b++) act_block(x + b * TD_QK, TD_QK, q + b * TD_QK, d + b);
-}
+void td_quant_act_row(const float *x, int K, int8_t *q, float *d) { act_blocks(x, K, TD_QK, q, d); }
 
 void td_quant_act_row_k(const float *x, int K, int8_t *q, float *d, int32_t *sums, int16_t *sums16) {
-    for (int b = 0; b < K / TD_QKK; b++) act_block(x + b * TD_QKK, TD_QKK, q + b * TD_QKK, d + b);
+    act_blocks(x, K, TD_QKK, q, d);
     for (int b = 0; b < K / 16; b++) {
         int t = 0;
         for (int i = 0; i < 16; i++) t += q[16 * b + i];
