@@ -284,7 +284,7 @@ done:
  * zero beyond. */
 static void test_vocab(cJSON *fx) {
     t_begin("block_vocab_ranked_context_ids");
-    enum { NSUB = 512 };
+    enum { NSUB = 64 };
     td_drafter *d = NULL;
     td_draft_rows rows = {0};
     td_err err = {0};
@@ -307,7 +307,7 @@ static void test_vocab(cJSON *fx) {
     char spec[300];
     snprintf(spec, sizeof spec, "block:%s,prune=off,vocab=%d", BLK, NSUB);
     T_REQUIRE(td_drafter_open(&d, spec, g_m, &err) == 0, "block: %s", err.msg);
-    T_CHECK(strstr(td_drafter_id(d), "vocab=512") != NULL, "the id names the draft vocabulary: %s", td_drafter_id(d));
+    T_CHECK(strstr(td_drafter_id(d), "vocab=64") != NULL, "the id names the draft vocabulary: %s", td_drafter_id(d));
     int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
     probs = malloc(sizeof(float) * (size_t)K * g_V);
     T_REQUIRE(probs, "memory");
@@ -483,6 +483,77 @@ static void test_lazy(cJSON *fx) {
     printf("  %d rounds compared; longest idle stretch %d committed positions\n", compared, longest_idle);
     T_CHECK(compared >= 4 && longest_idle > 130 && ck_checked, "the schedule ran: %d comparisons, idle %d, checkpoint %d",
             compared, longest_idle, ck_checked);
+done:
+    td_draft_rows_free(&rows);
+    if (row >= 0) td_ctx_row_remove(g_c, row);
+    td_drafter_free(d);
+    t_end();
+}
+
+/* Short blocks: a row asked for k < block_size - 1 drafts runs the anchor and
+ * k masks (the drafter reports k + 1 steps), and its drafts are its own: the
+ * same alone as beside rows asking for other depths in the same forward; a
+ * row asking for more than block_size - 1 gets a full block. */
+static void test_short_blocks(cJSON *fx) {
+    t_begin("block_short_blocks_per_row");
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_err err = {0};
+    int row = -1;
+    T_REQUIRE(td_drafter_open(&d, "block:" BLK ",prune=off", g_m, &err) == 0, "block: %s", err.msg);
+    int G = cJSON_GetObjectItem(fx, "block_size")->valueint;
+    T_REQUIRE(G >= 6 && G <= MAXK, "block size %d", G);
+    T_CHECK(d->step_extra == 1 && d->max_drafts == G - 1, "cost shape: step_extra %d, max_drafts %d", d->step_extra, d->max_drafts);
+    cJSON *ids = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(fx, "prompts"), 0), "prompt_ids");
+    int N = cJSON_GetArraySize(ids);
+    int32_t S[256];
+    T_REQUIRE(N >= 2 && N < 128, "prompt of %d tokens", N);
+    for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+    T_REQUIRE(d->vt->open_rows(d->self, 3, 240, MAXK, g_c, &rows, &err) == 0, "open rows: %s", err.msg);
+    T_REQUIRE(prefill_row(d, &rows, &row, S, N - 1, &err) == 0, "prefill: %s", err.msg);
+    for (int r = 1; r < 3; r++) T_REQUIRE(td_draft_rows_append(&rows, S, N - 1, g_taps, NULL, &err) == 0, "row %d: %s", r, err.msg);
+    td_sampling sp = td_sampling_default();
+    const td_sampling *spp[3] = {&sp, &sp, &sp};
+    uint64_t pos[3] = {0, 0, 0};
+    int32_t pend[3] = {S[N - 1], S[N - 1], S[N - 1]};
+    /* rounds: {depths} -> drafts per row; alone[k] = the drafts of row 0 alone at depth k */
+    int32_t alone[MAXK][MAXK], dr[3 * MAXK];
+    int n_alone[MAXK] = {0};
+    const int ks[] = {1, 3, G - 2, G - 1};
+    for (int a = 0; a < 4; a++) {
+        int k = ks[a], depth[3] = {k, 0, 0}, nd[3] = {0, 0, 0};
+        td_draft_req q = {.n_rows = 3, .pending = pend, .depth = depth, .max_depth = MAXK, .tokens = dr,
+                          .n_tokens = nd, .sampling = spp, .out_pos = pos, .steps = -1};
+        T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+        T_CHECK(nd[0] == k && q.steps == k + 1, "depth %d alone: %d drafts, %d steps (want %d, %d)", k, nd[0], q.steps, k, k + 1);
+        memcpy(alone[k], dr, sizeof(int32_t) * (size_t)k);
+        n_alone[k] = nd[0];
+    }
+    /* the same depths side by side, in every arrangement of three rows */
+    const int mix[4][3] = {{1, G - 1, 3}, {3, 1, G - 2}, {G - 1, G - 2, 1}, {G - 2, 3, G - 1}};
+    for (int m = 0; m < 4; m++) {
+        int depth[3] = {mix[m][0], mix[m][1], mix[m][2]}, nd[3] = {0, 0, 0};
+        td_draft_req q = {.n_rows = 3, .pending = pend, .depth = depth, .max_depth = MAXK, .tokens = dr,
+                          .n_tokens = nd, .sampling = spp, .out_pos = pos, .steps = -1};
+        T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+        int deepest = 0;
+        for (int r = 0; r < 3; r++) {
+            int k = depth[r];
+            if (k > deepest) deepest = k;
+            T_CHECK(nd[r] == n_alone[k] && memcmp(dr + r * MAXK, alone[k], sizeof(int32_t) * (size_t)k) == 0,
+                    "arrangement %d: row %d at depth %d drafts as alone", m, r, k);
+        }
+        T_CHECK(q.steps == deepest + 1, "arrangement %d: %d steps, want %d", m, q.steps, deepest + 1);
+    }
+    /* deeper than a block holds: a full block, block_size - 1 drafts */
+    {
+        int depth[3] = {G + 3, 0, 0}, nd[3] = {0, 0, 0};
+        td_draft_req q = {.n_rows = 3, .pending = pend, .depth = depth, .max_depth = MAXK, .tokens = dr,
+                          .n_tokens = nd, .sampling = spp, .out_pos = pos, .steps = -1};
+        T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+        T_CHECK(nd[0] == G - 1 && q.steps == G && memcmp(dr, alone[G - 1], sizeof(int32_t) * (size_t)(G - 1)) == 0,
+                "depth %d: %d drafts in %d steps, as depth %d", G + 3, nd[0], q.steps, G - 1);
+    }
 done:
     td_draft_rows_free(&rows);
     if (row >= 0) td_ctx_row_remove(g_c, row);
@@ -698,6 +769,7 @@ int main(void) {
     test_logits(fx);
     test_vocab(fx);
     test_lazy(fx);
+    test_short_blocks(fx);
     test_refusals();
     test_checkpoints();
     /* speculative == plain with the trained block drafter and a bf16 target KV cache */

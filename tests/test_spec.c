@@ -394,11 +394,24 @@ static void test_depth_plan(void) {
     T_CHECK(k[0] == 0 && k[1] == 0, "verify as costly as decoding: no drafting (got %d, %d)", k[0], k[1]);
     td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, NULL, 1, k);
     T_CHECK(k[0] <= 3 && k[1] == 0, "costly drafter: shallow for the good row, none for the poor (got %d, %d)", k[0], k[1]);
-    /* the same cost for a whole block (one-shot drafter): depth is free once it drafts */
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 1, NULL, 1, k);
-    T_CHECK(k[0] == 8, "costly one-shot drafter: the good row drafts the whole block (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0, 1, NULL, 1, k);
-    T_CHECK(k[0] == 0 && k[1] == 0, "one-shot drafter costing 3 forwards: no drafting (got %d, %d)", k[0], k[1]);
+    /* a block drafter (step_extra 1: one forward over the anchor and k masks)
+     * whose 9-entry block costs half a forward drafts the good row deep */
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5 / 9, 1, NULL, 1, k);
+    T_CHECK(k[0] == 8, "block drafter, full block at half a forward: the good row drafts 8 (got %d, %d)", k[0], k[1]);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0 / 9, 1, NULL, 1, k);
+    T_CHECK(k[0] == 0 && k[1] == 0, "block drafter, full block at 3 forwards: no drafting (got %d, %d)", k[0], k[1]);
+    /* the anchor's step is a cost: at 0.7 forward a step one good row pays to
+     * draft with an autoregressive drafter, not with a block drafter (whose
+     * depth-k round costs k + 1 steps, and no depth repays that here) */
+    {
+        td_depth_ctl g1;
+        td_depth_init(&g1, 0.9);
+        td_depth_ctl *c1[1] = {&g1};
+        td_depth_plan(c1, maxk, 1, 0, &flat, 0.7, 0, NULL, 1, k);
+        T_CHECK(k[0] >= 1, "autoregressive drafter at 0.7 forward a step drafts (got %d)", k[0]);
+        td_depth_plan(c1, maxk, 1, 0, &flat, 0.7, 1, NULL, 1, k);
+        T_CHECK(k[0] == 0, "block drafter at 0.7 forward an entry does not (got %d)", k[0]);
+    }
     /* proposals on offer cost no draft step: with a drafter costing 3
      * forwards a step, an offered row still drafts where the verify is cheap,
      * and a row beside it that would need the drafter does not */
@@ -407,11 +420,11 @@ static void test_depth_plan(void) {
         td_depth_init(&g2, 0.9);
         td_depth_ctl *c2[2] = {&good, &g2};
         unsigned char fr[2] = {1, 0};
-        for (int os = 0; os < 2; os++) {
-            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, os, fr, 1, k);
-            T_CHECK(k[0] == 8 && k[1] == 0, "offered row drafts, the drafter's does not (one-shot %d; got %d, %d)", os, k[0], k[1]);
-            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, os, NULL, 1, k);
-            T_CHECK(k[0] == 0 && k[1] == 0, "without the offer neither drafts (one-shot %d; got %d, %d)", os, k[0], k[1]);
+        for (int ex = 0; ex < 2; ex++) {
+            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, ex, fr, 1, k);
+            T_CHECK(k[0] == 8 && k[1] == 0, "offered row drafts, the drafter's does not (step_extra %d; got %d, %d)", ex, k[0], k[1]);
+            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, ex, NULL, 1, k);
+            T_CHECK(k[0] == 0 && k[1] == 0, "without the offer neither drafts (step_extra %d; got %d, %d)", ex, k[0], k[1]);
         }
         /* once the drafter runs for one row, an offered row adds no step either */
         td_depth_plan(c2, maxk, 2, 0, &flat, 0.01, 0, fr, 1, k);
@@ -444,6 +457,17 @@ static void test_depth_plan(void) {
         td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, NULL, 1, k);
         T_CHECK(k[0] == 0, "no probe while even a perfect draft cannot pay (round %d)", r);
     }
+    /* a probe drafts one position, or with a fixed part per round (a block
+     * drafter's anchor) as deep as a perfect draft pays best: here the whole 8 */
+    for (int ex = 0; ex < 2; ex++) {
+        td_depth_init(&poor, 0.2);
+        int pk = -1;
+        for (int r = 1; r <= TD_DEPTH_PROBE && pk < 0; r++) {
+            td_depth_plan(one, maxk, 1, 0, &flat, 0.2, ex, NULL, 1, k);
+            if (k[0]) pk = k[0];
+        }
+        T_CHECK(pk == (ex ? 8 : 1), "probe depth with step_extra %d: %d", ex, pk);
+    }
     for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
     td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, NULL, 1, k);
     T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);
@@ -461,18 +485,18 @@ static void test_depth_plan(void) {
     td_depth_init_from(&joined, &fresh);
     T_CHECK(joined.a[0] == fresh.a[0] && joined.seen == 2 && joined.since_probe == 0 && joined.probe_every == TD_DEPTH_PROBE,
             "a joining row takes the pooled estimates and a fresh probe schedule");
-    /* a one-shot drafter whose step only a whole block repays: held at depth 0
-     * by low estimates, it still probes, and at full depth */
+    /* a block drafter (step_extra 1) whose round only a whole block repays:
+     * held at depth 0 by low estimates, it still probes, and at full depth */
     {
         td_depth_ctl low;
         td_depth_init(&low, 0.1);
         td_depth_ctl *lc[1] = {&low};
         int mk8[1] = {8}, probed = 0;
         for (int r = 0; r < 2 * TD_DEPTH_PROBE && !probed; r++) {
-            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0, 1, NULL, 1, k);
+            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0 / 9, 1, NULL, 1, k);
             if (k[0]) probed = k[0];
         }
-        T_CHECK(probed == 8, "one-shot probe at full depth (got %d)", probed);
+        T_CHECK(probed == 8, "block drafter's probe at full depth (got %d)", probed);
     }
     /* a stale low estimate deeper than the plan drafts drifts back up */
     td_depth_ctl stale;

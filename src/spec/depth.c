@@ -43,7 +43,7 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
 }
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                  const td_cost_curve *cv, double step_s, int one_shot, const unsigned char *free_row,
+                  const td_cost_curve *cv, double step_s, int step_extra, const unsigned char *free_row,
                   int allow_probe, int *k) {
     double E = n + n_other;        /* tokens emitted this round */
     int T = n + n_other, kmax = 0; /* verified tokens; draft steps of the rows the drafter runs for */
@@ -51,8 +51,9 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     double rate = E / td_cost_at(cv, T);
     /* Each pass deepens one row by the number of positions d that raises the
      * rate most. Looking d positions ahead, not one, matters when a draft's
-     * fixed cost is only repaid by depth (a one-shot drafter's single step).
-     * A free row (proposals on offer, made without a forward) adds no step. */
+     * fixed cost is only repaid by depth (step_extra, or verify steps).
+     * A free row (proposals on offer, made without a forward) adds no step;
+     * a drafting round costs its deepest row's depth plus step_extra steps. */
     for (;;) {
         int best = -1, best_d = 0;
         double best_rate = rate * 1.0001, best_gain = 0;
@@ -64,7 +65,8 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
             for (int d = 1; k[i] + d <= maxk[i]; d++) {
                 reach *= ctl[i]->a[k[i] + d - 1];
                 gain += reach;
-                int steps = fr ? (one_shot ? kmax > 0 : kmax) : one_shot ? 1 : k[i] + d > kmax ? k[i] + d : kmax;
+                int deep = fr ? kmax : k[i] + d > kmax ? k[i] + d : kmax;
+                int steps = deep > 0 ? deep + step_extra : 0;
                 double r = (E + gain) / (td_cost_at(cv, T + d) + step_s * steps);
                 if (r > best_rate) { best_rate = r; best = i; best_d = d; best_gain = gain; }
             }
@@ -77,13 +79,19 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         rate = best_rate;
     }
     /* probing is worth its catch-up only if a perfect draft could pay: one
-     * token, or for a one-shot drafter (whose probe drafts the whole block) a
-     * full block; a free row's probe adds no step */
-    int steps1 = kmax > 0 && !one_shot ? kmax : 1, kp = 1;
-    for (int i = 0; one_shot && i < n; i++)
-        if (maxk[i] > kp) kp = maxk[i];
-    int may_probe = (E + kp) / (td_cost_at(cv, T + kp) + step_s * steps1) > rate;
-    int may_probe_free = (E + 1) / (td_cost_at(cv, T + 1) + step_s * (one_shot ? kmax > 0 : kmax)) > rate;
+     * token; where a round has a fixed part (step_extra), the depth at which
+     * a perfect draft pays best, and the probe drafts that deep. A free row's
+     * probe adds no step. */
+    int kp = 1, kall = 0;
+    for (int i = 0; i < n; i++)
+        if (maxk[i] > kall) kall = maxk[i];
+    double probe_rate = (E + 1) / (td_cost_at(cv, T + 1) + step_s * ((kmax > 0 ? kmax : 1) + step_extra));
+    for (int d = 2; step_extra && d <= kall; d++) {
+        double r = (E + d) / (td_cost_at(cv, T + d) + step_s * ((kmax > d ? kmax : d) + step_extra));
+        if (r > probe_rate) { probe_rate = r; kp = d; }
+    }
+    int may_probe = probe_rate > rate;
+    int may_probe_free = (E + 1) / (td_cost_at(cv, T + 1) + step_s * (kmax > 0 ? kmax + step_extra : 0)) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {
         td_depth_ctl *c = ctl[i];
@@ -96,7 +104,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
             if (c->since_probe < c->probe_every) c->since_probe++;
             if (c->since_probe >= c->probe_every && allow_probe) {
                 c->since_probe = -1;
-                k[i] = one_shot && !fr ? maxk[i] : 1;
+                k[i] = fr ? 1 : kp < maxk[i] ? kp : maxk[i];
                 probes++;
             }
         } else if (k[i] > 0) { /* drafting on its own again */

@@ -11,12 +11,14 @@
  * target forward, costing verify(T) from a curve measured when the group
  * opened (interpolated, then kept current), plus the drafter's max_r k_r
  * sequential steps (drafters run all rows' step j together) at step_s each,
- * measured as rounds run — or one step in all for a one-shot (block) drafter.
+ * measured as rounds run, and step_extra more where a round has a fixed part
+ * (the block drafter's anchor entry: its one forward runs k + 1 entries).
  * The planner starts every row at depth 0 and repeatedly deepens one row by
  * the number of positions that raises (sum E) / cost the most (looking ahead,
  * so a fixed draft cost that only depth repays is weighed), stopping when no
  * deepening helps: k = 0 everywhere is plain decoding, so speculation that does not pay
- * turns itself down. A row held at depth 0 probes depth 1 after TD_DEPTH_PROBE
+ * turns itself down. A row held at depth 0 probes depth 1 (with a fixed part:
+ * the depth a perfect draft would pay best at) after TD_DEPTH_PROBE
  * rounds so that a drafter that starts paying is noticed; each probe that does
  * not bring drafting back doubles the wait (a probe costs the drafter a
  * catch-up over the tokens it missed), and there is no probe at all while even
@@ -71,15 +73,15 @@ void td_depth_init(td_depth_ctl *c, double prior);
 void td_depth_init_from(td_depth_ctl *c, const td_depth_ctl *from);
 /* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
- * k[i]. step_s: seconds per draft step (one position for all rows); one_shot:
- * the drafter drafts every position in one step (its cost is per round);
+ * k[i]. step_s: seconds per draft step (one position for all rows); a round
+ * whose deepest row drafts k costs k + step_extra steps (td_drafter.step_extra);
  * free_row[i] (NULL: none): row i's proposals are already made (offered, see
  * draft.h) and cost no draft step, only their verify tokens; allow_probe:
  * 0 = no row at depth 0 probes this round. Returns the number of rows set to
- * probe (depth 1 — a one-shot drafter's rows: a full block — from the probe
- * schedule, not from the plan). */
+ * probe (depth 1, or with step_extra the depth a perfect draft pays best at,
+ * from the probe schedule, not from the plan). */
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                  const td_cost_curve *cv, double step_s, int one_shot, const unsigned char *free_row,
+                  const td_cost_curve *cv, double step_s, int step_extra, const unsigned char *free_row,
                   int allow_probe, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);

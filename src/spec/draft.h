@@ -53,6 +53,10 @@ typedef struct td_draft_req {
     const td_sampling *const *sampling; /* [n_rows] borrowed: each row's sampling (for
                                  drafters that sample under the rejection rule) */
     const uint64_t *out_pos;  /* [n_rows] output position of the row's next token */
+    int steps;                /* out, optional: the draft steps this call ran, in the unit of
+                                 td_drafter.step_extra (the block drafter: the entries of its
+                                 longest row block; 0 when no forward ran). The group sets -1
+                                 first; left so, it counts the deepest row's proposals. */
 } td_draft_req;
 
 /* What one row committed in a round. */
@@ -130,9 +134,12 @@ struct td_drafter {
     size_t weight_bytes;
     double step_cost_hint;    /* a draft step's cost as a fraction of a one-token target
                                  forward, before any is measured (the planner's prior) */
-    int one_shot;             /* 1: one forward drafts every position (block drafters), so a
-                                 round's draft cost does not grow with its depth; 0: one
-                                 step per position (autoregressive drafters) */
+    int step_extra;           /* steps a drafting round costs beyond one per position of its
+                                 deepest row: 0 for autoregressive drafters (depth k, k steps);
+                                 1 for the block drafter (one forward over the anchor's entry
+                                 and k masked ones) */
+    int max_drafts;           /* the most proposals draft() makes for a row, offers aside
+                                 (the block drafter: block_size - 1); 0: no limit of its own */
     int offers_all;           /* 1: every proposal the drafter makes is on offer (rows_vt.offer),
                                  so a row with nothing on offer is not drafted at all */
     const td_model *target;   /* borrowed */

@@ -506,13 +506,15 @@ int td_spec_step(td_spec *g, td_err *err) {
         g->free_row[d] = offers && g->n_offer[d] > 0;
         r->offered = g->free_row[d] ? 1 + (g->match[d] >= TD_OFFER_STRONG) : 0;
         if (offers && !r->offered && g->drafter->offers_all) g->maxk[d] = 0;
+        if (!r->offered && g->drafter->max_drafts > 0 && g->maxk[d] > g->drafter->max_drafts)
+            g->maxk[d] = g->drafter->max_drafts;
         if (!r->offered) continue;
         if (g->maxk[d] > g->n_offer[d]) g->maxk[d] = g->n_offer[d];
         g->ctl[d] = &r->depth_lk[r->offered - 1];
     }
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
-        else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->one_shot,
+        else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->step_extra,
                                       g->free_row, g->probe_spent <= TD_PROBE_BUDGET * g->verify_spent, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
@@ -530,7 +532,7 @@ int td_spec_step(td_spec *g, td_err *err) {
     if (any) {
         td_draft_req q = {.n_rows = n_dr, .pending = g->pending, .depth = g->ddepth, .max_depth = D,
                           .tokens = g->drafts, .n_tokens = g->n_drafts, .probs = g->q,
-                          .sampling = g->samp, .out_pos = g->out_pos};
+                          .sampling = g->samp, .out_pos = g->out_pos, .steps = -1};
         double t0 = td_now();
         if ((rc = td_draft_rows_draft(&g->dr, &q, err)) != 0) return rc;
         double dt = td_now() - t0;
@@ -550,9 +552,8 @@ int td_spec_step(td_spec *g, td_err *err) {
         int steady = 1;
         for (int d = 0; d < n_dr; d++)
             if (g->ddepth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
-        int steps = 0;
-        for (int d = 0; d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
-        if (g->drafter->one_shot && steps > 1) steps = 1; /* one forward drafted them all */
+        int steps = q.steps; /* the drafter's own count, else the deepest row's proposals */
+        for (int d = 0; q.steps < 0 && d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
         /* A single slow round (a burst of load on a shared machine) moves the
          * estimate by at most 20%; a catch-up round that was cheaper than the
          * estimate shows it is too high (else a planner kept at depth 0 by

@@ -17,7 +17,13 @@
  * Block: G = block_size entries at positions L..L+G-1 (L = committed length):
  * the anchor E[pending] and G-1 copies of E[mask_token_id]; each layer is a
  * Qwen3 decoder layer whose queries attend to all context rows and to all G
- * block entries (no causal mask inside the block). z_j = norm(x_j), j >= 1:
+ * block entries (no causal mask inside the block). A row asked for k < G-1
+ * drafts runs a shorter block, the anchor and k masks (g = k + 1 entries, its
+ * own whatever the other rows ask): the cost follows the depth (the drafter
+ * declares step_extra = 1, the anchor's entry), and its drafts differ from a
+ * full block's only through the later masks they no longer attend to (on the
+ * code prompts, acceptance by position measured the same; bench/forward-notes.md).
+ * At k = G-1 it is the reference's block exactly. z_j = norm(x_j), j >= 1:
  *   confidence_j = sigmoid(w . z_j + b)           (P(drafts 1..j accepted))
  *   logits_j = lm_head(z_j) + markov.out @ markov.embed[prev_j]
  * with prev_1 = the anchor, prev_j = d_{j-1}; lm_head and E are the target's
@@ -130,6 +136,8 @@ typedef struct {
     float *scratch;           /* [pool threads][TD_ATTEND_QMAX][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
     int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
+    int *bg, *boff;           /* [max_rows] per drafting row b: its block entries (<= G) and the
+                                 first of them in the round's stacked activations */
 } blk_group;
 
 /* ---- matrix products on the group's pool (outputs split in chunks of 8) */
@@ -368,13 +376,14 @@ static void att_run(void *arg, int ith, int nth) {
     const att_job *j = arg;
     blk_group *g = j->g;
     const blk_provider *p = g->p;
-    int G = p->G, H = p->H, hd = p->hd, QW = H * hd, nk[BLK_MAX_G];
+    int H = p->H, hd = p->hd, QW = H * hd, nk[BLK_MAX_G];
     float *scratch = g->scratch + (size_t)ith * TD_ATTEND_QMAX * g->cap;
     for (int it = ith; it < j->nb * H; it += nth) {
-        int b = it / H, h = it % H, kh = h / (H / p->KVH);
+        int b = it / H, h = it % H, kh = h / (H / p->KVH), G = g->bg[b];
+        size_t at = (size_t)g->boff[b] * QW + (size_t)h * hd;
         const blk_row *r = &g->rows[g->brow[b]];
         for (int q = 0; q < G; q++) nk[q] = r->len + G;
-        td_attend(g->o + (size_t)b * G * QW + (size_t)h * hd, QW, g->q + (size_t)b * G * QW + (size_t)h * hd, QW, G, nk,
+        td_attend(g->o + at, QW, g->q + at, QW, G, nk,
                   r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd, j->scale, scratch);
     }
 }
@@ -386,6 +395,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     int QW = H * hd, KW = KVH * hd;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "block: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = q->probs != NULL;
+    q->steps = 0; /* no block forward (yet): nothing to learn a step's cost from */
     int nb = 0, *depth = g->bdepth;
     for (int i = 0; i < q->n_rows; i++) {
         q->n_tokens[i] = 0;
@@ -407,13 +417,22 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     /* the drafting rows' committed positions not projected yet (rows that sat
      * at depth 0): projected now, so the draft timer pays for them */
     flush_backlogs(g, g->brow, nb);
-    int T = nb * G;
-    /* block inputs: E[anchor], E[mask] x (G-1) */
+    /* each row's block: the anchor and as many masks as it drafts (G - 1 at most) */
+    int T = 0, steps = 0;
+    for (int b = 0; b < nb; b++) {
+        int k = depth[g->brow[b]];
+        g->bg[b] = k < G - 1 ? k + 1 : G;
+        g->boff[b] = T;
+        T += g->bg[b];
+        if (g->bg[b] > steps) steps = g->bg[b];
+    }
+    q->steps = steps;
+    /* block inputs: E[anchor], E[mask] x (g - 1) */
     const td_tensor *E = &p->target->w.tok_embd;
     for (int b = 0; b < nb; b++)
-        for (int j = 0; j < G; j++) {
+        for (int j = 0; j < g->bg[b]; j++) {
             int32_t id = j == 0 ? q->pending[g->brow[b]] : p->mask_id;
-            td_tensor_row_f32(E, id, D, g->x + (size_t)(b * G + j) * D);
+            td_tensor_row_f32(E, id, D, g->x + (size_t)(g->boff[b] + j) * D);
         }
     float scale = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < p->n_layer; l++) {
@@ -425,8 +444,8 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         td_pool_run(g->pool, mm_multi_run, &jqkv);
         for (int b = 0; b < nb; b++) {
             blk_row *r = &g->rows[g->brow[b]];
-            for (int j = 0; j < G; j++) {
-                int t = b * G + j, pos = r->len + j;
+            for (int j = 0; j < g->bg[b]; j++) {
+                int t = g->boff[b] + j, pos = r->len + j;
                 const float *cs = g->rcos + (size_t)pos * half, *sn = g->rsin + (size_t)pos * half;
                 for (int h = 0; h < H; h++) {
                     float *qq = g->q + (size_t)t * QW + (size_t)h * hd;
@@ -457,11 +476,11 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     int nz = 0;
     for (int b = 0; b < nb; b++) {
         int i = g->brow[b];
-        int want = depth[i] < G - 1 ? depth[i] : G - 1;
+        int want = g->bg[b] - 1; /* min(depth, G - 1) */
         int k = 0;
         for (; k < want; k++) {
             float *z = g->n + (size_t)(nz + k) * D;
-            td_rmsnorm(z, g->x + (size_t)(b * G + k + 1) * D, p->norm.data, p->norm.dtype, D, p->eps);
+            td_rmsnorm(z, g->x + (size_t)(g->boff[b] + k + 1) * D, p->norm.data, p->norm.dtype, D, p->eps);
             if (p->prune && p->n_thr && p->conf_w.data) {
                 const td_tensor *cw = &p->conf_w;
                 float s = cw->dtype == TD_DTYPE_F32    ? td_dot(z, cw->data, D)
@@ -592,7 +611,7 @@ static void blk_free_group(void *gv) {
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn);
-    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth);
+    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
     free(g);
 }
 
@@ -655,7 +674,9 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->cl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bdepth = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->bdepth || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+    g->bg = malloc(sizeof(int) * (size_t)max_rows);
+    g->boff = malloc(sizeof(int) * (size_t)max_rows);
+    if (!g->bdepth || !g->bg || !g->boff || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
         !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
@@ -866,9 +887,10 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     d->self = p;
     d->target = target;
     d->weight_bytes = (size_t)((long long)p->w.bytes + delta);
-    /* one forward drafts the whole block: it reads the drafter's layers and
-     * the shared LM head once, whatever the depth */
-    d->one_shot = 1;
+    /* one forward drafts a row's block, the anchor's entry and one per draft:
+     * a round of depth k costs k + 1 block steps */
+    d->step_extra = 1;
+    d->max_drafts = p->G - 1;
     d->step_cost_hint = 0.05 + ((double)d->weight_bytes + (double)p->n_sub * D * 2.0) /
                                    (double)(target->weight_bytes ? target->weight_bytes : 1);
     char vs[32] = "";
