@@ -173,8 +173,13 @@ int td_draft_weights_bind(const td_draft_weights *w, struct td_tensor *t, const 
  * alone. A small drafter's matrices take microseconds each, less than handing
  * them to the pool's workers and back; the bound is TD_DRAFT_SERIAL_MACS
  * multiply-adds (a token's: its layers' products and its LM-head rows, i.e. the
- * draft vocabulary). 0 for a model too large for one token to qualify. */
-#define TD_DRAFT_SERIAL_MACS 4000000.0
+ * draft vocabulary). 0 for a model too large for one token to qualify.
+ * The bound was 4 M, set on a box loaded 8-11 deep, where the workers had no
+ * core to wake on; on a quiet 2-core machine the bundled draft model (1.8 M a
+ * token at vocab=1024) and MTP head (2.3 M) draft 25-45% faster on both threads
+ * (in-process, depth 1 and 3, after a target forward; bench/forward-notes.md),
+ * so only drafters under 1 M a token stay on the calling thread. */
+#define TD_DRAFT_SERIAL_MACS 1000000.0
 struct td_model;
 int td_draft_serial_tokens(const struct td_model *v);
 
