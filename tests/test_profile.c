@@ -60,7 +60,7 @@ int main(void) {
         long R = 0, A = 0, P = 0, fR = 0, fA = 0;
         int differ = 0, next = 0, live = 0, row_of[16], pr_of[16], n_out[16];
         for (int i = 0; i < B; i++) row_of[i] = -1;
-        char key[8];
+        char key[16];
         snprintf(key, sizeof key, "k%d", k);
         cJSON *pk = cJSON_GetObjectItem(per, key);
         for (;;) {
