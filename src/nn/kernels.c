@@ -601,6 +601,9 @@ AI __m512 exp_v(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+#ifndef ATT_PF
+#define ATT_PF 8 /* att_values: V rows prefetched this many keys ahead */
+#endif
 /* Attention in blocks of qb queries (1, 2 or 4) that share every K and V load.
  * Each query's scores, softmax and output are computed with exactly the
  * operations of attend_p for that query alone (see kernels.h), so neither qb nor
@@ -612,7 +615,7 @@ AI __m512 exp_v(__m512 x) {
  * b*kb + u = fold16 of (query b, key j0 + u) — the D16 dot of attend_p. */
 AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,
                    int n, float scale) {
-    const int kb = 16 / qb;
+    const int kb = 16 / qb, esz = dt == TD_DTYPE_F32 ? 4 : 2;
     int j0 = 0;
     if ((hd & 15) == 0)
         for (; j0 + kb <= n; j0 += kb) {
@@ -627,6 +630,9 @@ AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, c
                     __asm__("" : "+v"(qv[b])); /* keep in a register: GCC would fold the load into every FMA */
                 }
                 const char *kr = K + (size_t)j0 * rs;
+                if (d == 0) /* keys lie rs bytes apart (a page or more, past the prefetchers): fetch the block after next */
+                    for (int u = 2 * kb; u < 3 * kb && j0 + u < n; u++)
+                        for (int off = 0; off < hd * esz; off += 64) _mm_prefetch(kr + (size_t)u * rs + off, _MM_HINT_T0);
 #pragma GCC unroll 16
                 for (int u = 0; u < kb; u++) {
                     __m512 kv = ldw(kr + (size_t)u * rs, d, dt);
@@ -673,6 +679,7 @@ static float att_softmax(float *sc, int n) {
 AI void att_values(int qb, int dt, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
                    const char *V, size_t rs, int hd) {
     int nmin = nk[0];
+    const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
     for (int b = 1; b < qb; b++) nmin = nk[b] < nmin ? nk[b] : nmin;
     for (int d0 = 0; d0 < hd; d0 += 64) {
         int rem = hd - d0;
@@ -688,6 +695,8 @@ AI void att_values(int qb, int dt, float *o, int ldo, const float *sc, int ss, c
         if (nb == 4 && mk[3] == 0xFFFF) {
             for (int j = 0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
+                if (j + ATT_PF < nmin)
+                    for (int off = 0; off < 64 * esz; off += 64) _mm_prefetch(vj + ATT_PF * rs + (size_t)d0 * esz + off, _MM_HINT_T0);
                 __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
                        v3 = ldw(vj, d0 + 48, dt);
                 __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
