@@ -138,7 +138,7 @@ static void rope_table(td_ctx *c) {
  * memory), advised MADV_HUGEPAGE. One kv head's successive positions lie
  * kv_dim elements apart, a page or more for real models, so with 4 KiB pages
  * attention takes a TLB miss per key; 2 MiB pages cover 512 such keys (0.6B
- * shape, context 512: verify T=8 and T=16 5% faster, prefill 4%; see
+ * shape, context 512: verify T=8 3-8% and T=16 5-10% faster, prefill 2-4%; see
  * bench/forward-notes.md). Under AddressSanitizer: calloc, so overruns are
  * caught. *bytes: the length to hand kv_free. */
 #define KV_HUGE ((size_t)2 << 20)
@@ -192,8 +192,6 @@ static void *alloc_e(size_t n, size_t m, size_t esz, int *fail) {
     return p;
 }
 static void *alloc_f(size_t n, size_t m, int *fail) { return alloc_e(n, m, sizeof(float), fail); }
-
-
 
 int td_kv_type_parse(const char *name) {
     if (!name) return -1;
