@@ -214,6 +214,9 @@ int td_model_quantize(const td_model *m, const char *path, const char *type, td_
  * once at open; forwards allocate nothing. */
 typedef struct td_ctx td_ctx;
 
+/* act_type of products on Intel AMX tiles (td_ctx_params.act_type); not a storage type */
+enum { TD_ACT_AMX = 64 };
+
 typedef struct td_ctx_params {
     int max_rows;    /* rows that can be live at once (>= 1) */
     int max_ctx;     /* KV positions per row (<= model's n_ctx_train unless forced) */
@@ -233,7 +236,13 @@ typedef struct td_ctx_params {
                         bit-identical emulation elsewhere; src/nn/kernels.h, "B32"). Batch
                         invariance and speculative exactness hold in both; bf16 moves the
                         logits (tests/test_conformance.c states the tolerance). Products with
-                        f32, f16 or quantized weights are unchanged. Other values: TD_EINVAL. */
+                        f32, f16 or quantized weights are unchanged. TD_ACT_AMX: bf16-rounded
+                        activations as with TD_DTYPE_BF16, the products on Intel AMX tiles
+                        (TDPBF16PS, src/nn/amx.h, "AMX"): batch invariant and exact like the
+                        others, but the bits are this CPU's AMX unit's, not portable; products
+                        whose input width is not a multiple of 32 take the bf16 order.
+                        TD_EUNSUPPORTED where the CPU or kernel offers no AMX-BF16 tiles.
+                        Other values: TD_EINVAL. */
     const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads
                         instead of starting new ones (it must outlive this context, and the
                         two must not run forwards at the same time). Drafters share the
@@ -249,9 +258,9 @@ td_ctx_params td_ctx_default_params(void);
 int td_kv_type_parse(const char *name);
 /* The name of a KV type ("f32", "bf16", "f16"), or NULL when it is not one. */
 const char *td_kv_type_name(int kv_type);
-/* The activation type of a name: "f32" or "bf16" -> TD_DTYPE_*; -1 for any other. */
+/* The activation type of a name: "f32" or "bf16" -> TD_DTYPE_*, "amx" -> TD_ACT_AMX; -1 for any other. */
 int td_act_type_parse(const char *name);
-/* The name of an activation type ("f32", "bf16"), or NULL when it is not one. */
+/* The name of an activation type ("f32", "bf16", "amx"), or NULL when it is not one. */
 const char *td_act_type_name(int act_type);
 /* The default thread count: physical cores among the CPUs this process may run
  * on (hyper-thread siblings count once); the CPU count where the kernel does not

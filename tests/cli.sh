@@ -31,7 +31,7 @@ for c in "run -p x" "bench forward" "bench spec --random 1" "serve"; do
   [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not f32, bf16 or f16" && ok "$n" || bad "$n" "rc=$rc: $out"
   out=$($T $c --act-type f16 2>&1); rc=$?
   n=cli_err_act_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
-  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32 or bf16" && ok "$n" || bad "$n" "rc=$rc: $out"
+  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32, bf16 or amx" && ok "$n" || bad "$n" "rc=$rc: $out"
 done
 out=$($T frobnicate 2>&1); rc=$?
 [ $rc -ne 0 ] && ok cli_err_unknown_command || bad cli_err_unknown_command "rc=$rc"

@@ -10,6 +10,7 @@
  * fixtures with bf16 weights again with bf16 activations (act_type, ACT_TOL). */
 #include "tandem.h"
 #include "t.h"
+#include "nn/amx.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -28,11 +29,12 @@
 #define ACT_TOL 2e-2
 static int g_act = TD_DTYPE_F32; /* td_ctx_params.act_type of the runs */
 static double kv_tol(int kv) {
-    if (g_act == TD_DTYPE_BF16) return ACT_TOL;
+    if (g_act == TD_DTYPE_BF16 || g_act == TD_ACT_AMX) return ACT_TOL;
     return kv == TD_DTYPE_BF16 ? 1e-2 : kv == TD_DTYPE_F16 ? 1.5e-3 : 1e-4;
 }
 static const char *kv_suffix(int kv) {
     if (g_act == TD_DTYPE_BF16) return "_act_bf16";
+    if (g_act == TD_ACT_AMX) return "_act_amx";
     return kv == TD_DTYPE_BF16 ? "_kv_bf16" : kv == TD_DTYPE_F16 ? "_kv_f16" : "";
 }
 
@@ -235,6 +237,14 @@ int main(void) {
     g_act = TD_DTYPE_BF16;
     if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_F32);
     check_fixture("qwen3-rand-bf16", TD_DTYPE_F32);
+    /* AMX tiles, where the machine has them: the same tolerance as bf16 activations */
+    if (td_amx_available()) {
+        g_act = TD_ACT_AMX;
+        if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_F32);
+        check_fixture("qwen3-rand-bf16", TD_DTYPE_F32);
+    } else {
+        printf("  (no AMX-BF16 tiles here: conformance with act_type amx not run)\n");
+    }
     g_act = TD_DTYPE_F32;
     return t_exit();
 }

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "nn/amx.h"
 #include "nn/pool.h"
 
 static td_model *open_model(const char *dir, const tm_shape *s) {
@@ -26,7 +27,7 @@ static const char *KVN[3] = {[TD_DTYPE_F32] = "f32", [TD_DTYPE_F16] = "f16", [TD
 static void test_invariance(const char *name, const tm_shape *s, const char *dir, int kv) {
     char nm[128];
     snprintf(nm, sizeof nm, "%s%s%s%s", name, kv == TD_DTYPE_F32 ? "" : "_kv_", kv == TD_DTYPE_F32 ? "" : KVN[kv],
-             tc_act == TD_DTYPE_BF16 ? "_act_bf16" : "");
+             tc_act == TD_DTYPE_BF16 ? "_act_bf16" : tc_act == TD_ACT_AMX ? "_act_amx" : "");
     t_begin(nm);
     td_model *m = open_model(dir, s);
     td_ctx *c3 = NULL, *cs = NULL;
@@ -127,7 +128,7 @@ done:
 static void test_rollback(const tm_shape *s, const char *dir, int kv) {
     char nm[64];
     snprintf(nm, sizeof nm, "kv_rollback%s%s%s", kv == TD_DTYPE_F32 ? "" : "_", kv == TD_DTYPE_F32 ? "" : KVN[kv],
-             tc_act == TD_DTYPE_BF16 ? "_act_bf16" : "");
+             tc_act == TD_DTYPE_BF16 ? "_act_bf16" : tc_act == TD_ACT_AMX ? "_act_amx" : "");
     t_begin(nm);
     td_model *m = open_model(dir, s);
     td_ctx *c = NULL;
@@ -341,20 +342,77 @@ done:
     t_end();
 }
 
+/* act_type amx. Where the machine has AMX-BF16 tiles: on a bf16 model whose
+ * widths are multiples of 32 except the down projection's (100: it takes the
+ * bf16 order), the logits move from f32's by no more than bf16 activations
+ * allow, and an f32 model's not at all. Where it has none: td_ctx_open refuses
+ * the type with TD_EUNSUPPORTED and a message. */
+static void test_act_amx(const tm_shape *sa, const char *da, const tm_shape *sf, const char *df) {
+    t_begin("act_type_amx");
+    T_CHECK(td_act_type_parse("amx") == TD_ACT_AMX && !strcmp(td_act_type_name(TD_ACT_AMX), "amx"), "amx name");
+    td_model *ma = open_model(da, sa), *mf = open_model(df, sf);
+    td_ctx *c[4] = {0};
+    float *lg[4] = {0};
+    T_REQUIRE(ma && mf, "models");
+    if (!td_amx_available()) {
+        td_ctx_params p = td_ctx_default_params();
+        p.act_type = TD_ACT_AMX;
+        td_err err = {0};
+        td_ctx *bad = NULL;
+        T_CHECK(td_ctx_open(&bad, ma, &p, &err) == TD_EUNSUPPORTED && !bad && strstr(err.msg, "AMX"),
+                "amx without tiles: %d %s", bad != NULL, err.msg);
+        printf("  (no AMX-BF16 tiles here: act_type amx refused, as it should be)\n");
+        goto done;
+    }
+    int32_t seq[16];
+    uint64_t st = 17;
+    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)sf->vocab);
+    for (int k = 0; k < 4; k++) { /* bf16 model f32 / amx act, f32 model f32 / amx act */
+        tc_act = k & 1 ? TD_ACT_AMX : TD_DTYPE_F32;
+        c[k] = tc_open_ctx(k < 2 ? ma : mf, 1, 2, TD_DTYPE_F32);
+        tc_act = TD_DTYPE_F32;
+        lg[k] = malloc(sizeof(float) * 16 * sa->vocab);
+        T_REQUIRE(c[k] && lg[k], "ctx %d", k);
+        int r;
+        td_ctx_row_add(c[k], &r);
+        T_REQUIRE(tc_feed(c[k], r, seq, 16, lg[k]) == 0, "forward %d", k);
+    }
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)16 * sa->vocab; i++) {
+        double d = fabs((double)lg[1][i] - lg[0][i]);
+        md = d > md ? d : md;
+        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+    }
+    printf("  act amx: worst logit difference from f32 %.3g (max |logit| %.3g)\n", md, mx);
+    T_CHECK(md > 0, "act amx: logits equal f32's bit for bit: the mode is not in force");
+    T_CHECK(md <= 3e-2 * mx, "act amx: logits differ from f32 by %.3g (of %.3g)", md, mx);
+    T_CHECK(memcmp(lg[2], lg[3], sizeof(float) * 16 * sf->vocab) == 0, "act amx changed an f32 model's logits");
+done:
+    for (int k = 0; k < 4; k++) { td_ctx_free(c[k]); free(lg[k]); }
+    td_model_free(ma);
+    td_model_free(mf);
+    t_end();
+}
+
 int main(void) {
     char tmpl[] = "/tmp/td_fwd_XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) return 1;
-    char d1[512], d2[512], d3[512];
+    char d1[512], d2[512], d3[512], d4[512];
     snprintf(d1, sizeof d1, "%s/qwen", dir);
     snprintf(d2, sizeof d2, "%s/llama", dir);
     snprintf(d3, sizeof d3, "%s/qwenf32", dir);
+    snprintf(d4, sizeof d4, "%s/qwenamx", dir);
     tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
     tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
                   .ffn = 136, .ctx = 128, .tied = 0, .bf16 = 0, .seed = 2};
     tm_shape qf = q;
     qf.bf16 = 0; qf.seed = 3;
+    /* widths the AMX tiles take (multiples of 32), but the down projection's (100)
+     * and an output count (301) that is not a multiple of 16 */
+    tm_shape qa = {.llama = 0, .vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16,
+                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 4};
     for (int kv = 0; kv < 3; kv++) { /* TD_DTYPE_F32, F16, BF16: every KV cache type */
         test_invariance("batch_invariance_qwen3_bf16", &q, d1, kv);
         test_invariance("batch_invariance_llama_f32", &l, d2, kv);
@@ -372,6 +430,16 @@ int main(void) {
     }
     tc_act = TD_DTYPE_F32;
     test_act_types(&q, d1, &qf, d3);
+    /* act_type amx, where the tiles exist: the same invariances */
+    test_act_amx(&qa, d4, &qf, d3);
+    if (td_amx_available()) {
+        tc_act = TD_ACT_AMX;
+        for (int kv = 0; kv < 3; kv += 2) {
+            test_invariance("batch_invariance_qwen3_bf16w32", &qa, d4, kv);
+            test_rollback(&qa, d4, kv);
+        }
+        tc_act = TD_DTYPE_F32;
+    }
     test_bad_batches(&qf, d3);
     test_taps(&qf, d3);
     char cmd[600];

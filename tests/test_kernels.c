@@ -12,6 +12,7 @@
  * [-87, 88]; norms and swiglu 1e-6 relative. */
 #define _GNU_SOURCE
 #include "t.h"
+#include "nn/amx.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
 #include "tandem.h"
@@ -649,6 +650,88 @@ static void test_matmul_bf16a(void) {
     t_end();
 }
 
+/* The AMX order (act_type amx), where this machine has AMX-BF16 tiles: the pack
+ * layout is the one amx.h states; row m of a product has the same bits computed
+ * with M = 1 or among M = 37 tokens (three token chunks), over any split of the
+ * output range (tails of fewer than 16 rows, ranges not on a 16-row boundary),
+ * with add = 1 the bits of base + the sum; and each element is within bf16
+ * rounding of the exact product of the unrounded inputs. */
+static void test_amx(void) {
+    tb("kernels_amx_invariant_and_accurate");
+    if (!td_amx_available()) {
+        printf("  (no AMX-BF16 tiles here: the AMX order is not tested)\n");
+        t_end();
+        return;
+    }
+    static const int KS[] = {32, 96, 384, 1056};
+    static const int NS[] = {1, 15, 16, 45, 77};
+    enum { MMAX = 37 };
+    uint32_t *xp = NULL, *x1 = NULL;
+    float *xf = NULL, *y = NULL, *y1 = NULL, *base = NULL;
+    uint16_t *W = NULL;
+    {
+        float v[2 * 32];
+        uint32_t pk[32];
+        for (int i = 0; i < 64; i++) v[i] = (float)(i + 1);
+        td_amx_pack(pk, v, 32, 2, 32);
+        /* token 1 of a chunk of 2, step 0, pair 5: elements 10 and 11 of row 1 */
+        T_CHECK(pk[5 * 2 + 1] == ((uint32_t)f2bf(43.0f) | (uint32_t)f2bf(44.0f) << 16), "pack layout: %08x", pk[11]);
+        T_CHECK(pk[0] == ((uint32_t)f2bf(1.0f) | (uint32_t)f2bf(2.0f) << 16), "pack layout: first word %08x", pk[0]);
+    }
+    for (int ki = 0; ki < (int)(sizeof KS / sizeof KS[0]); ki++)
+        for (int ni = 0; ni < (int)(sizeof NS / sizeof NS[0]); ni++) {
+            int K = KS[ki], N = NS[ni], ok = 1;
+            xf = rand_f((size_t)MMAX * K);
+            W = rand_w((size_t)N * K, TD_DTYPE_BF16);
+            base = rand_f((size_t)MMAX * N);
+            xp = malloc(4 * td_amx_pack_words(MMAX, K));
+            x1 = malloc(4 * td_amx_pack_words(1, K));
+            y = malloc(sizeof(float) * MMAX * N);
+            y1 = malloc(sizeof(float) * N);
+            T_REQUIRE(xf && W && base && xp && x1 && y && y1, "memory");
+            td_amx_pack(xp, xf, K, MMAX, K);
+            td_amx_matmul(y, N, xp, MMAX, W, K, 0, N, 0);
+            for (int m = 0; m < MMAX && ok; m++) {
+                int sp = (m * 7) % (N + 1); /* two ranges split at any row */
+                td_amx_pack(x1, xf + (size_t)m * K, K, 1, K);
+                td_amx_matmul(y1, N, x1, 1, W, K, 0, sp, 0);
+                td_amx_matmul(y1, N, x1, 1, W, K, sp, N, 0);
+                if (memcmp(y1, y + (size_t)m * N, sizeof(float) * N) != 0) {
+                    T_CHECK(0, "K=%d N=%d: token %d alone (split at %d) differs from among %d", K, N, m, sp, MMAX);
+                    ok = 0;
+                }
+                for (int n = 0; n < N && ok; n++) {
+                    double mag, d = ref_dot(xf + (size_t)m * K, W + (size_t)n * K, TD_DTYPE_BF16, K, &mag);
+                    double tol = ldexp(1.0, -8) * mag + dot_tol(K, mag);
+                    if (!(fabs(y[(size_t)m * N + n] - d) <= tol)) {
+                        T_CHECK(0, "K=%d N=%d (%d,%d): %.9g vs exact %.9g (tol %.3g)", K, N, m, n, y[(size_t)m * N + n], d, tol);
+                        ok = 0;
+                    }
+                }
+            }
+            /* add = 1 over 20 tokens (a chunk and a tail chunk) and a range from row 3 */
+            float *ya = rand_f((size_t)MMAX * N);
+            T_REQUIRE(ya != NULL, "memory");
+            memcpy(ya, base, sizeof(float) * MMAX * N);
+            int n0 = N > 3 ? 3 : 0;
+            td_amx_pack(xp, xf, K, 20, K); /* the layout depends on M: packed again for 20 */
+            td_amx_matmul(ya, N, xp, 20, W, K, n0, N, 1);
+            for (int i = 0; i < 20 * N && ok; i++) {
+                float e = i % N < n0 ? base[i] : base[i] + y[i];
+                if (memcmp(&e, ya + i, 4) != 0) {
+                    T_CHECK(0, "K=%d N=%d add: element %d: %a vs %a", K, N, i, ya[i], e);
+                    ok = 0;
+                }
+            }
+            free(ya);
+            free(xf); free(W); free(base); free(xp); free(x1); free(y); free(y1);
+            xf = y = y1 = base = NULL; W = NULL; xp = x1 = NULL;
+        }
+done:
+    free(xf); free(W); free(base); free(xp); free(x1); free(y); free(y1);
+    t_end();
+}
+
 /* Every function on path `path` and on the portable path: the same bits, on
  * random inputs of ragged sizes (and exp over its whole clamped range, tails,
  * infinities and NaN). Leaves the portable path in force. */
@@ -781,6 +864,7 @@ int main(void) {
     test_dp_lane();
     test_matmul_bf16a();
     test_matmul_bf16a_edges();
+    test_amx();
     /* every other path the CPU supports: the same bits as portable, and the
      * reference comparison again on it */
     for (int p = 0; p < TD_KPATH_COUNT; p++) {

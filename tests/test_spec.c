@@ -8,6 +8,7 @@
 #include "tandem.h"
 #include "t.h"
 #include "tmodel.h"
+#include "nn/amx.h"
 #include "spec/depth.h"
 #include "spec/draft.h"
 
@@ -1021,6 +1022,20 @@ int main(void) {
         run_exact(oth, "model_other_act_bf16", temp, quick ? 3 : 8, 3);
         run_exact(mtp, "mtp_random_act_bf16", temp, 3, 3);
         run_exact(blk, "block_random_act_bf16", temp, 3, 5);
+    }
+    /* AMX tiles (every product of this target has a width of 64 or 96), where
+     * the machine has them: token-identical to plain decoding in the same mode */
+    if (td_amx_available()) {
+        g_act = TD_ACT_AMX;
+        for (int temp = 0; temp <= 1; temp++) {
+            run_exact("ngram", "ngram_act_amx", temp, 3, 5);
+            run_exact(same, "model_same_act_amx", temp, 3, 4);
+            run_exact(oth, "model_other_act_amx", temp, 3, 3);
+            run_exact(mtp, "mtp_random_act_amx", temp, 3, 3);
+            run_exact(blk, "block_random_act_amx", temp, 3, 5);
+        }
+    } else {
+        printf("  (no AMX-BF16 tiles here: exactness with act_type amx not run)\n");
     }
     g_act = TD_DTYPE_F32;
     if (!quick) {

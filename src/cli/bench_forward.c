@@ -43,7 +43,7 @@ static void bf_help(void) {
            "                         (for a machine shared with other work; default 1)\n"
            "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
-           "      --act-type T       activations of bf16-weight products: f32 (default) | bf16\n"
+           "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
            CLI_MMAP_HELP
            "      --json             print one JSON object\n"
            "  -h, --help             this help\n");

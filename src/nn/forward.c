@@ -13,7 +13,9 @@
  * Batch invariance (../shared/design/exactness.md): matrix products go through
  * td_matmul, whose per-element dot order depends only on K (with p.act_type
  * bf16, products with bf16 weights take their input rounded to bf16 once per
- * row, into xa, and run td_matmul_bf16a: again one order per K); attention for a
+ * row, into xa, and run td_matmul_bf16a: again one order per K; act_type amx
+ * packs that input for td_amx_matmul's tiles, whose order is again one per K);
+ * attention for a
  * query scores keys 0..pos in order, takes the max, sums exponentials in order
  * and accumulates values in key order — independent of how many queries share
  * the call; threads split outputs, tokens or heads, never a reduction. So a
@@ -32,6 +34,7 @@
 #define _GNU_SOURCE
 #include "tandem.h"
 #include "model/model.h"
+#include "nn/amx.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
 #include "nn/quant.h"
@@ -58,7 +61,7 @@ struct td_ctx {
     int q_dim;              /* n_head*head_dim */
     size_t row_stride;      /* elements per row of cache: n_layer*max_ctx*kv_dim */
     size_t kv_esz;          /* bytes per cache element: 4 (f32) or 2 (bf16, f16) */
-    char *k_cache;          /* [max_rows][n_layer][max_ctx][kv_dim] of p.kv_type (kv_alloc) */
+    char *k_cache;          /* [max_rows][n_layer][n_kv_head][max_ctx][head_dim] of p.kv_type (kv_alloc) */
     char *v_cache;          /* same */
     size_t kv_bytes;        /* bytes of each of the two caches' mappings */
     int *row_len;           /* [max_rows] KV entries held */
@@ -75,7 +78,8 @@ struct td_ctx {
     float *hg;              /* [T][n_ff] gate */
     float *hu;              /* [T][n_ff] up */
     float *xo;              /* [max_logits][n_embd] final-normed wanted positions */
-    uint16_t *xa;           /* act_type bf16: [max_tokens][wbuf_stride] a product's input rounded to bf16 */
+    uint16_t *xa;           /* act_type bf16: [max_tokens][wbuf_stride] a product's input rounded to bf16;
+                               amx: the same bytes as uint32 words, packed by td_amx_pack */
     int *tok_row;           /* [T] row id of each token */
     int *tok_pos;           /* [T] absolute position of each token */
     int *out_tok;           /* [max_logits] token index of each wanted position */
@@ -134,13 +138,13 @@ static void rope_table(td_ctx *c) {
     free(inv);
 }
 
-/* A KV cache: zero pages mapped lazily (only the positions written take
- * memory), advised MADV_HUGEPAGE. One kv head's successive positions lie
- * kv_dim elements apart, a page or more for real models, so with 4 KiB pages
- * attention takes a TLB miss per key; 2 MiB pages cover 512 such keys (0.6B
- * shape, context 512: verify T=8 3-8% and T=16 5-10% faster, prefill 2-4%; see
- * bench/forward-notes.md). Under AddressSanitizer: calloc, so overruns are
- * caught. *bytes: the length to hand kv_free. */
+/* A KV cache: zero pages mapped lazily (only the pages of positions written
+ * take memory), advised MADV_HUGEPAGE. Measured when a kv head's positions lay
+ * kv_dim elements apart (before kv_head_off's layout), 2 MiB pages made the 0.6B
+ * shape's verify T=8 3-8% and T=16 5-10% faster (bench/forward-notes.md); with
+ * each head's positions contiguous they still save the TLB a miss per 4 KiB of
+ * keys. Under AddressSanitizer: calloc, so overruns are caught. *bytes: the
+ * length to hand kv_free. */
 #define KV_HUGE ((size_t)2 << 20)
 #if defined(__SANITIZE_ADDRESS__)
 #define KV_HEAP 1 /* AddressSanitizer watches heap blocks' bounds, not mappings' */
@@ -203,10 +207,10 @@ const char *td_kv_type_name(int kv_type) {
 
 int td_act_type_parse(const char *name) {
     if (!name) return -1;
-    return !strcmp(name, "f32") ? TD_DTYPE_F32 : !strcmp(name, "bf16") ? TD_DTYPE_BF16 : -1;
+    return !strcmp(name, "f32") ? TD_DTYPE_F32 : !strcmp(name, "bf16") ? TD_DTYPE_BF16 : !strcmp(name, "amx") ? TD_ACT_AMX : -1;
 }
 const char *td_act_type_name(int act_type) {
-    return act_type == TD_DTYPE_F32 ? "f32" : act_type == TD_DTYPE_BF16 ? "bf16" : NULL;
+    return act_type == TD_DTYPE_F32 ? "f32" : act_type == TD_DTYPE_BF16 ? "bf16" : act_type == TD_ACT_AMX ? "amx" : NULL;
 }
 
 int td_ctx_default_threads(void) { return td_pool_default_size(); }
@@ -225,7 +229,10 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         return td_seterr(err, TD_EINVAL, "kv_type %d is not f32 (%d), bf16 (%d) or f16 (%d)", p.kv_type, TD_DTYPE_F32,
                          TD_DTYPE_BF16, TD_DTYPE_F16);
     if (!td_act_type_name(p.act_type))
-        return td_seterr(err, TD_EINVAL, "act_type %d is not f32 (%d) or bf16 (%d)", p.act_type, TD_DTYPE_F32, TD_DTYPE_BF16);
+        return td_seterr(err, TD_EINVAL, "act_type %d is not f32 (%d), bf16 (%d) or amx (%d)", p.act_type, TD_DTYPE_F32,
+                         TD_DTYPE_BF16, TD_ACT_AMX);
+    if (p.act_type == TD_ACT_AMX && !td_amx_available())
+        return td_seterr(err, TD_EUNSUPPORTED, "act_type amx: this CPU or kernel offers no AMX-BF16 tiles");
     if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;
     if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;
@@ -270,7 +277,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (c->q_dim > wmax) wmax = c->q_dim;
     c->wbuf_stride = wmax;
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
-    if (p.act_type == TD_DTYPE_BF16) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
+    if (p.act_type != TD_DTYPE_F32) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
     c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)p.max_ctx, &fail);
     c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
@@ -359,14 +366,15 @@ typedef struct {
     const float *x; int M; int K; int add; int swiglu;
     int n_out; mm_out o[3];
     const uint16_t *xa; /* x rounded to bf16 (act_type bf16, set by mm_pool_run), or NULL */
+    const uint32_t *xp; /* x packed for the AMX tiles (act_type amx, td_amx_pack), or NULL */
 } mm_job;
 
-static void out_range(int N, int ith, int nth, int *n0, int *n1) {
-    /* split N in chunks of 8 outputs to keep threads on whole cache lines */
-    int blocks = (N + 7) / 8;
+static void out_range(int N, int blk, int ith, int nth, int *n0, int *n1) {
+    /* split N in chunks of blk (8, or 16 for AMX tiles) outputs to keep threads on whole cache lines */
+    int blocks = (N + blk - 1) / blk;
     int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
-    *n0 = b0 * 8;
-    *n1 = b1 * 8 < N ? b1 * 8 : N;
+    *n0 = b0 * blk;
+    *n1 = b1 * blk < N ? b1 * blk : N;
 }
 
 static void mm_run(void *arg, int ith, int nth) {
@@ -374,16 +382,18 @@ static void mm_run(void *arg, int ith, int nth) {
     for (int i = 0; i < j->n_out; i++) {
         const mm_out *o = &j->o[i];
         int n0, n1;
-        out_range(o->N, ith, nth, &n0, &n1);
+        out_range(o->N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
         if (n0 >= n1) continue;
-        if (j->xa && o->w->dtype == TD_DTYPE_BF16)
+        if (j->xp && o->w->dtype == TD_DTYPE_BF16)
+            td_amx_matmul(o->y, o->ldy, j->xp, j->M, o->w->data, j->K, n0, n1, j->add);
+        else if (j->xa && o->w->dtype == TD_DTYPE_BF16)
             td_matmul_bf16a(o->y, o->ldy, j->xa, j->K, j->M, o->w->data, j->K, n0, n1, j->add);
         else
             td_matmul(o->y, o->ldy, j->x, j->K, j->M, o->w->data, o->w->dtype, j->K, n0, n1, j->add);
     }
     if (j->swiglu) {
         int n0, n1;
-        out_range(j->o[0].N, ith, nth, &n0, &n1);
+        out_range(j->o[0].N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
         for (int m = 0; n0 < n1 && m < j->M; m++) {
             float *g = j->o[0].y + (size_t)m * j->o[0].ldy + n0;
             td_swiglu(g, g, j->o[1].y + (size_t)m * j->o[1].ldy + n0, n1 - n0);
@@ -392,26 +402,34 @@ static void mm_run(void *arg, int ith, int nth) {
 }
 
 /* Run a product job as mm_chunks chunks per thread (each a whole number of
- * 8-output blocks of every output, claimed dynamically, so a thread that falls
+ * 8-output (AMX: 16-output) blocks of every output, claimed dynamically, so a thread that falls
  * behind — descheduled, or sharing memory bandwidth unevenly — leaves its
  * chunks to the other), but no chunk under mm_chunk_min weight bytes nor under
  * one block. Every output element is computed the same way whatever chunk it
  * falls in: the chunk count never changes a bit. */
 static void mm_pool_run(td_ctx *c, mm_job *j) {
-    j->xa = NULL; /* act_type bf16: the input rounded once, on the caller, for the bf16-weight outputs */
+    /* act_type bf16 / amx: the input rounded once, on the caller, for the
+     * bf16-weight outputs (amx: packed for the tiles when K allows, else B32) */
+    j->xa = NULL;
+    j->xp = NULL;
     for (int i = 0; i < j->n_out && c->xa; i++)
         if (j->o[i].w->dtype == TD_DTYPE_BF16) {
-            td_from_f32(c->xa, j->x, TD_DTYPE_BF16, (size_t)j->M * j->K);
-            j->xa = c->xa;
+            if (c->p.act_type == TD_ACT_AMX && td_amx_fits(j->K)) {
+                td_amx_pack((uint32_t *)(void *)c->xa, j->x, j->K, j->M, j->K);
+                j->xp = (const uint32_t *)(const void *)c->xa;
+            } else {
+                td_from_f32(c->xa, j->x, TD_DTYPE_BF16, (size_t)j->M * j->K);
+                j->xa = c->xa;
+            }
             break;
         }
     if (c->serial) { mm_run(j, 0, 1); return; }
     int nth = td_pool_size(c->pool);
     size_t bytes = 0;
-    int blocks = 1;
+    int blocks = 1, blk = j->xp ? 16 : 8;
     for (int i = 0; i < j->n_out; i++) {
         bytes += td_dtype_row_bytes(j->o[i].w->dtype, j->K) * (size_t)j->o[i].N;
-        if ((j->o[i].N + 7) / 8 > blocks) blocks = (j->o[i].N + 7) / 8;
+        if ((j->o[i].N + blk - 1) / blk > blocks) blocks = (j->o[i].N + blk - 1) / blk;
     }
     size_t n = (size_t)nth * (size_t)c->mm_chunks;
     if (n > bytes / c->mm_chunk_min) n = bytes / c->mm_chunk_min;
@@ -442,6 +460,17 @@ static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
 
 typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
 
+/* Element offset of (row, layer, kv head)'s position 0 in the caches: a kv
+ * head's positions are contiguous (head_dim apart), so attention streams them
+ * sequentially. Laid out by position instead ([max_ctx][kv_dim]), one head's
+ * keys lay kv_dim elements apart (4 KiB on the 0.6B shape): every key of a head
+ * fell into the same few L1/L2 sets, and a pass over K and V of 512 keys missed
+ * L2 (forward-notes: 4x slower from cache, 1.7x cold). */
+static size_t kv_head_off(const td_ctx *c, int row, int layer, int h) {
+    const td_config *cfg = &c->m->cfg;
+    return (size_t)row * c->row_stride + ((size_t)layer * cfg->n_kv_head + (size_t)h) * c->p.max_ctx * cfg->head_dim;
+}
+
 /* Token t, kv heads [h0, h1): q/k norm (Qwen3) and RoPE of those kv heads and
  * of the query heads of their groups, then K/V of those heads into the cache. */
 static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
@@ -459,10 +488,11 @@ static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
         if (cfg->qk_norm) td_rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, L->k_norm.dtype, hd, cfg->rms_eps);
         td_rope(k + h * hd, cs, sn, hd);
     }
-    size_t off = (size_t)row * c->row_stride + ((size_t)layer * c->p.max_ctx + pos) * c->kv_dim + (size_t)h0 * hd;
-    size_t n = (size_t)(h1 - h0) * hd;
-    td_from_f32(c->k_cache + off * c->kv_esz, k + (size_t)h0 * hd, c->p.kv_type, n);
-    td_from_f32(c->v_cache + off * c->kv_esz, c->v + (size_t)t * c->kv_dim + (size_t)h0 * hd, c->p.kv_type, n);
+    for (int h = h0; h < h1; h++) {
+        size_t off = kv_head_off(c, row, layer, h) + (size_t)pos * hd;
+        td_from_f32(c->k_cache + off * c->kv_esz, k + (size_t)h * hd, c->p.kv_type, (size_t)hd);
+        td_from_f32(c->v_cache + off * c->kv_esz, c->v + (size_t)t * c->kv_dim + (size_t)h * hd, c->p.kv_type, (size_t)hd);
+    }
 }
 
 /* Per token, all heads (the split schedule's first job). */
@@ -485,7 +515,7 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
     float *qg = c->qg + (size_t)ith * ATT_TC * c->q_dim, *og = c->og + (size_t)ith * ATT_TC * c->q_dim;
     int *nk = c->nkg + (size_t)ith * ATT_TC * cfg->n_head;
     int row = c->tok_row[ta];
-    size_t lo = (size_t)row * c->row_stride + (size_t)layer * c->p.max_ctx * c->kv_dim + (size_t)kvh * hd;
+    size_t lo = kv_head_off(c, row, layer, kvh);
     for (int t0 = ta; t0 < tb; t0 += ATT_TC) {
         int nt = tb - t0 < ATT_TC ? tb - t0 : ATT_TC, nq = nt * group;
         for (int i = 0; i < nt; i++) {
@@ -494,7 +524,7 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
             for (int g = 0; g < group; g++) nk[i * group + g] = c->tok_pos[t0 + i] + 1;
         }
         td_attend_kv(og, hd, qg, hd, nq, nk, c->k_cache + lo * c->kv_esz, c->v_cache + lo * c->kv_esz, c->p.kv_type,
-                     c->kv_dim, hd, scale, sc);
+                     hd, hd, scale, sc);
         for (int i = 0; i < nt; i++)
             memcpy(c->att + (size_t)(t0 + i) * c->q_dim + (size_t)kvh * group * hd, og + (size_t)i * group * hd,
                    sizeof(float) * (size_t)group * hd);

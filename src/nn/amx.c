@@ -1,0 +1,141 @@
+/* amx — bf16 products on Intel AMX tiles (the "AMX" order, amx.h).
+ *
+ * Three tiles per thread: 0 accumulates a block of 16 outputs x up to 16
+ * tokens (f32), 1 takes the block's weights for one step (16 rows x 32 bf16,
+ * read in place from W at a stride of K*2 bytes), 2 the packed activations of
+ * the step (16 pairs x the tokens). One block of 16 rows at a time: measured on
+ * a Xeon with AMX (2026-12-04, bench/forward-notes.md), four blocks in flight
+ * (64 rows, one B load each step) ran the same in L2 but streamed weights from
+ * L3 and DRAM 15-20% slower than one block of 16 rows. The last rows of a
+ * range (< 16) run under a configuration whose A and C tiles have only that
+ * many rows, never reading past row n1 - 1. A tile configuration is per thread
+ * (LDTILECFG); each thread keeps the shape it last loaded and reloads only when
+ * it changes. Which block or configuration computes an output never changes its
+ * bits: an element of the result tile depends on its own row, column and
+ * accumulator alone. */
+#define _GNU_SOURCE
+#include "nn/amx.h"
+#include "util/util.h"
+
+#include <string.h>
+
+void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
+    for (int m0 = 0; m0 < M; m0 += 16) {
+        int mc = M - m0 < 16 ? M - m0 : 16;
+        uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
+        for (int i = 0; i < mc; i++) {
+            const float *xr = x + (size_t)(m0 + i) * ldx;
+            for (int k = 0; k < K; k += 32) {
+                uint32_t *step = chunk + (size_t)(k / 32) * 16 * mc + i;
+                for (int r = 0; r < 16; r++)
+                    step[r * mc] = td_f32_to_bf16(xr[k + 2 * r]) | (uint32_t)td_f32_to_bf16(xr[k + 2 * r + 1]) << 16;
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define TA __attribute__((target("amx-tile,amx-bf16")))
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of each tile */
+    uint8_t rows[16];
+} amx_cfg;
+
+/* the shape this thread's tiles are configured for: tokens of the B and C
+ * tiles, rows of the A and C tiles (0: none yet) */
+static _Thread_local int cfg_mc, cfg_rows;
+
+TA static void configure(int mc, int rows) {
+    if (cfg_mc == mc && cfg_rows == rows) return;
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = (uint8_t)rows; /* C: rows outputs x mc tokens, f32 */
+    c.colsb[0] = (uint16_t)(mc * 4);
+    c.rows[1] = (uint8_t)rows; /* A: rows outputs x 32 bf16 */
+    c.colsb[1] = 64;
+    c.rows[2] = 16; /* B: 16 pairs x mc tokens */
+    c.colsb[2] = (uint16_t)(mc * 4);
+    _tile_loadconfig(&c);
+    cfg_mc = mc;
+    cfg_rows = rows;
+}
+
+/* acc[r][i] = the AMX dot of W's row n + r with the chunk's token i, for the
+ * configured rows and mc tokens; xc: the chunk's packed activations, w: row n. */
+TA static void block(float *acc, const uint32_t *xc, int mc, const uint16_t *w, int K) {
+    _tile_zero(0);
+    for (int k = 0; k < K; k += 32) {
+        _tile_loadd(2, xc + (size_t)(k / 32) * 16 * mc, mc * 4);
+        _tile_loadd(1, w + k, (size_t)K * 2);
+        _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, acc, mc * 4);
+}
+
+void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
+    float acc[16 * 16]; /* [16 outputs][16 tokens] */
+    for (int n = n0; n < n1; n += 16) {
+        int rows = n1 - n < 16 ? n1 - n : 16;
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            int mc = M - m0 < 16 ? M - m0 : 16;
+            configure(mc, rows);
+            block(acc, xp + (size_t)m0 * (size_t)K / 2, mc, W + (size_t)n * K, K);
+            for (int i = 0; i < mc; i++) { /* y[m0 + i][n + r] (+)= acc[r][i] */
+                float *yr = y + (size_t)(m0 + i) * ldy + n;
+                for (int r = 0; r < rows; r++) yr[r] = add ? yr[r] + acc[r * mc + i] : acc[r * mc + i];
+            }
+        }
+    }
+}
+
+/* A product whose result is exact in any summation order: 32 ones times
+ * (1, 2, ..., 32) per output, for 16 outputs of 3 tokens. */
+TA static int amx_works(void) {
+    uint16_t w[16 * 32];
+    float x[3 * 32], y[3 * 16];
+    uint32_t xp[3 * 16];
+    for (int i = 0; i < 16 * 32; i++) w[i] = 0x3f80; /* 1.0 */
+    for (int m = 0; m < 3; m++)
+        for (int k = 0; k < 32; k++) x[m * 32 + k] = (float)(k + 1 + m);
+    td_amx_pack(xp, x, 32, 3, 32);
+    td_amx_matmul(y, 16, xp, 3, w, 32, 0, 16, 0);
+    for (int m = 0; m < 3; m++)
+        for (int n = 0; n < 16; n++)
+            if (y[m * 16 + n] != (float)(528 + 32 * m)) return 0;
+    return 1;
+}
+
+int td_amx_available(void) {
+    static _Atomic int ok = -1;
+    int v = atomic_load_explicit(&ok, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = 0;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) &&
+            syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
+            v = amx_works();
+        atomic_store_explicit(&ok, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+#else /* no AMX in this build */
+
+int td_amx_available(void) { return 0; }
+void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
+    (void)y; (void)ldy; (void)xp; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add;
+    TD_ASSERT(!"td_amx_matmul without AMX");
+}
+
+#endif

@@ -1,0 +1,46 @@
+/* amx — products of bf16 weights with bf16-rounded activations on Intel AMX
+ * tiles (act_type TD_ACT_AMX).
+ *
+ * The order ("AMX"): each activation row is rounded once to bf16 (nearest even,
+ * as td_from_f32); an output element y[m][n] starts from +0 in a tile
+ * accumulator and, for k0 = 0, 32, 64, ..., K - 32 in that order, takes one
+ * TDPBF16PS step over the 32 elements [k0, k0 + 32) of W's row n and x's row m.
+ * How the instruction sums the 32 products inside one step is the CPU's (the
+ * bits are those of this CPU's AMX unit, not portable); what fixes them is that
+ * an element of the result tile depends only on its own A row, B column and
+ * accumulator — test_kernels checks that a row's bits do not change with the
+ * number of tokens (B columns), the output range or the tail shapes — and that
+ * the sequence of steps depends only on K. So a position's logits are the same
+ * bits alone, in a block of T tokens or among B rows, as in the other orders.
+ *
+ * Layout: W is the model's [N][K] bf16 matrix, read in place (each A tile is 16
+ * rows x 64 bytes at a stride of K*2 bytes: the mmapped weights, no repacking).
+ * The activations are packed once per product (td_amx_pack) into the pair-
+ * interleaved B layout, in chunks of up to 16 tokens. A product runs only when
+ * K is a multiple of 32 (td_amx_fits); forward.c sends other widths to the B32
+ * order, a choice made by the shape alone. */
+#ifndef TD_AMX_H
+#define TD_AMX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when this CPU has AMX-TILE and AMX-BF16 and the kernel granted this process
+ * the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, process-wide). */
+int td_amx_available(void);
+/* 1 when a product of width K can run on the tiles (K > 0, a multiple of 32). */
+static inline int td_amx_fits(int K) { return K > 0 && K % 32 == 0; }
+/* uint32 words td_amx_pack writes for M rows of width K (K a multiple of 32). */
+static inline size_t td_amx_pack_words(int M, int K) { return (size_t)M * (size_t)K / 2; }
+/* Round x[m*ldx .. +K) for m in [0, M) to bf16 and lay them out for the tiles:
+ * token chunk c = m / 16 of Mc tokens (16, or the remainder) starts at word
+ * c*8*K; inside it, step s = k / 32, pair r = (k % 32) / 2 and token m % 16 is
+ * word s*16*Mc + r*Mc + m % 16, holding bf16(x[k]) | bf16(x[k+1]) << 16. */
+void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K);
+/* y[m*ldy + n] (+)= the AMX dot of packed row m with W[n*K .. +K), for n in
+ * [n0, n1), m in [0, M); add = 1 accumulates (the residual). Requires
+ * td_amx_available() and td_amx_fits(K). Loads this thread's tile configuration
+ * as needed (it is per thread; the pool's workers each keep their own). */
+void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add);
+
+#endif
