@@ -8,11 +8,13 @@
 # seconds, taken back to back) and whether every run was exact.
 #   bench/spec-cycles.sh OUT CYCLES BATCH REPS DRAFTER...
 #   e.g. bench/spec-cycles.sh /tmp/c.jsonl 3 1 2 model:models/tiny-code/draft,vocab=1024,lookup=3 ngram
-# Environment: LIMIT (prompts, default 20), TOKENS (default 128).
+# Environment: LIMIT (prompts, default 20), TOKENS (default 128), SPEC_ARGS (more
+# options for tandem bench spec, e.g. "--act-type amx"; the summary keys runs by
+# drafter and act_type).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 5 ]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 OUT=$1 CYCLES=$2 BATCH=$3 REPS=$4
@@ -23,7 +25,7 @@ for c in $(seq 1 "$CYCLES"); do
     i=$(( (k + c) % n + 1 ))
     d=${!i}
     build/tandem bench spec -m models/tiny-code/target --prompts bench/prompts/code.jsonl --limit "${LIMIT:-20}" \
-      -n "${TOKENS:-128}" --batch "$BATCH" --reps "$REPS" --draft "$d" --json |
+      -n "${TOKENS:-128}" --batch "$BATCH" --reps "$REPS" --draft "$d" ${SPEC_ARGS:-} --json |
       tail -n 1 | python3 -c 'import json, sys; j = json.loads(sys.stdin.read()); j["cycle"] = int(sys.argv[1]); print(json.dumps(j))' "$c" >> "$OUT"
   done
 done
@@ -33,7 +35,8 @@ runs = collections.OrderedDict()
 for line in open(sys.argv[1]):
     if line.strip():
         j = json.loads(line)
-        runs.setdefault(j["drafter"], []).append(j)
+        key = j["drafter"] + ("" if j.get("act_type", "f32") == "f32" else " (act " + j["act_type"] + ")")
+        runs.setdefault(key, []).append(j)
 print("| drafter | batch | runs | paired median | pairs (min-max) | mean accepted | exact |")
 print("|---|---|---|---|---|---|---|")
 for d, v in runs.items():

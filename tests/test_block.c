@@ -20,6 +20,7 @@
 #include "t.h"
 #include "spec/draft.h"
 #include "tspec.h"
+#include "nn/amx.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -774,6 +775,12 @@ int main(void) {
     test_checkpoints();
     /* speculative == plain with the trained block drafter and a bf16 target KV cache */
     ts_exact("block_exact_kv_bf16", g_m, "block:" BLK, TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
+    /* and with the target's products (and the drafter's bf16 ones) on AMX tiles, where the machine has them */
+    if (td_amx_available()) {
+        ts_act = TD_ACT_AMX;
+        ts_exact("block_exact_act_amx", g_m, "block:" BLK, TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
+        ts_act = TD_DTYPE_F32;
+    }
     cJSON_Delete(fx);
     td_ctx_free(g_c);
     td_model_free(g_m);

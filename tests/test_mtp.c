@@ -10,6 +10,7 @@
 #include "t.h"
 #include "spec/draft.h"
 #include "tspec.h"
+#include "nn/amx.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -192,6 +193,11 @@ done:
     t_end();
     /* speculative == plain with the trained head and a bf16 KV cache (target and head) */
     if (m && fx) ts_exact("mtp_exact_kv_bf16", m, "mtp:models/tiny-code/mtp", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
+    if (m && fx && td_amx_available()) { /* the target's and the head's products on AMX tiles */
+        ts_act = TD_ACT_AMX;
+        ts_exact("mtp_exact_act_amx", m, "mtp:models/tiny-code/mtp", TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
+        ts_act = TD_DTYPE_F32;
+    }
     cJSON_Delete(fx);
     td_model_free(m);
     return t_exit();

@@ -12,9 +12,12 @@
 
 #define TS_NTOK 32
 
+/* td_ctx_params.act_type of the contexts ts_ctx opens (a test sets it around calls) */
+static int ts_act = TD_DTYPE_F32;
 static inline td_ctx *ts_ctx(const td_model *m, int kv_type) {
     td_ctx_params p = td_ctx_default_params();
     p.max_rows = 2; p.max_ctx = 256; p.max_tokens = 128; p.max_logits = 128; p.n_threads = 2; p.kv_type = kv_type;
+    p.act_type = ts_act;
     td_ctx *c = NULL;
     td_err err = {0};
     if (td_ctx_open(&c, m, &p, &err) != 0) printf("  ctx: %s\n", err.msg);

@@ -39,7 +39,9 @@
  * same two dots as the full head's; sampled drafts (q) come from the N kept ids
  * and are zero beyond. The target's verification keeps the output exact.
  * Option quant=q8_0|q4_0 quantizes the drafter's own matrices (fc and its
- * layers') in memory; the shared LM head stays the target's. A checkpoint
+ * layers') in memory; the shared LM head stays the target's. When the target's
+ * context runs act_type amx, the products with bf16 weights run on the AMX
+ * tiles too (nn/amx.h). A checkpoint
  * holds projected K/V, so one taken under another quant= restores fine but
  * drafts slightly differently until its rows are re-projected (the output
  * stays exact either way).
@@ -64,6 +66,7 @@
 #include "spec/vocab.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "nn/amx.h"
 #include "nn/kernels.h"
 #include "nn/quant.h"
 #include "nn/pool.h"
@@ -126,6 +129,8 @@ typedef struct {
     float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
     float *tb;                /* [max_tok][n_taps*D] gathered taps of committed positions */
     float *ckv;               /* [2*n_layer][max_tok][KVH*hd] their K and V, by layer */
+    uint32_t *xp;             /* the target's act_type amx: [max_tok * kmax / 2] a product's input packed for
+                                 the AMX tiles (td_amx_pack), else NULL */
     blk_row **crow;           /* [max_rows] a commit's rows, */
     const float **ctap;       /* [max_rows] their taps */
     int *cn;                  /* [max_rows] and their position counts */
@@ -140,19 +145,43 @@ typedef struct {
                                  first of them in the round's stacked activations */
 } blk_group;
 
-/* ---- matrix products on the group's pool (outputs split in chunks of 8) */
-typedef struct { float *y; int ldy; const float *x; int ldx, M; const td_tensor *w; int K, N, add; } mm_job;
+/* ---- matrix products on the group's pool (outputs split in chunks of 8, 16 on
+ * AMX tiles). Under the target's act_type amx the products with bf16 weights
+ * take their input packed once (on the caller) for td_amx_matmul, as the
+ * target's do; drafts then move a little, the output stays exact. */
+typedef struct { float *y; int ldy; const float *x; int ldx, M; const td_tensor *w; int K, N, add; const uint32_t *xp; } mm_job;
+
+/* the packed input for a product of weights w and width K, or NULL */
+static const uint32_t *amx_in(blk_group *g, const float *x, int ldx, int M, int K, const td_tensor *w) {
+    if (!g->xp || w->dtype != TD_DTYPE_BF16 || !td_amx_fits(K)) return NULL;
+    td_amx_pack(g->xp, x, ldx, M, K);
+    return g->xp;
+}
+
+/* outputs [n0, n1) of N for chunk ith of nth, in blocks of blk */
+static void mm_range(int N, int blk, int ith, int nth, int *n0, int *n1) {
+    int blocks = (N + blk - 1) / blk;
+    *n0 = blocks * ith / nth * blk;
+    *n1 = blocks * (ith + 1) / nth * blk;
+    if (*n1 > N) *n1 = N;
+}
+
+static void mm_one(float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int n0, int n1, int add,
+                   const uint32_t *xp) {
+    if (n0 >= n1) return;
+    if (xp && w->dtype == TD_DTYPE_BF16) td_amx_matmul(y, ldy, xp, M, w->data, K, n0, n1, add);
+    else td_matmul(y, ldy, x, ldx, M, w->data, w->dtype, K, n0, n1, add);
+}
 
 static void mm_run(void *arg, int ith, int nth) {
     const mm_job *j = arg;
-    int blocks = (j->N + 7) / 8;
-    int n0 = blocks * ith / nth * 8, n1 = blocks * (ith + 1) / nth * 8;
-    if (n1 > j->N) n1 = j->N;
-    if (n0 < n1) td_matmul(j->y, j->ldy, j->x, j->ldx, j->M, j->w->data, j->w->dtype, j->K, n0, n1, j->add);
+    int n0, n1;
+    mm_range(j->N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
+    mm_one(j->y, j->ldy, j->x, j->ldx, j->M, j->w, j->K, n0, n1, j->add, j->xp);
 }
 /* y[M][N] (+)= x[M][K] W^T */
 static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int N, int add) {
-    mm_job j = {y, ldy, x, ldx, M, w, K, N, add};
+    mm_job j = {y, ldy, x, ldx, M, w, K, N, add, amx_in(g, x, ldx, M, K, w)};
     td_pool_run(g->pool, mm_run, &j);
 }
 
@@ -163,16 +192,20 @@ static size_t kv_at(const blk_group *g, int l, int h, int pos) {
 /* Several products of one input x [M][K] on the pool in one job: each thread
  * takes its share of every part's outputs. */
 typedef struct { float *y; int ldy; const td_tensor *w; int N; } mm_part;
-typedef struct { const float *x; int ldx, M, K, n; const mm_part *part; } mm_multi;
+typedef struct { const float *x; int ldx, M, K, n; const mm_part *part; const uint32_t *xp; } mm_multi;
 static void mm_multi_run(void *arg, int ith, int nth) {
     const mm_multi *j = arg;
     for (int i = 0; i < j->n; i++) {
         const mm_part *q = &j->part[i];
-        int blocks = (q->N + 7) / 8;
-        int n0 = blocks * ith / nth * 8, n1 = blocks * (ith + 1) / nth * 8;
-        if (n1 > q->N) n1 = q->N;
-        if (n0 < n1) td_matmul(q->y, q->ldy, j->x, j->ldx, j->M, q->w->data, q->w->dtype, j->K, n0, n1, 0);
+        int n0, n1;
+        mm_range(q->N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
+        mm_one(q->y, q->ldy, j->x, j->ldx, j->M, q->w, j->K, n0, n1, 0, j->xp);
     }
+}
+/* run the parts (their weights all of one dtype) as one pool job */
+static void mm_multi_go(blk_group *g, mm_multi *j) {
+    j->xp = amx_in(g, j->x, j->ldx, j->M, j->K, j->part[0].w);
+    td_pool_run(g->pool, mm_multi_run, j);
 }
 
 /* Append context positions to several rows at once: row rr[i] gets n[i]
@@ -197,8 +230,8 @@ static void project_batch(blk_group *g, int nr, blk_row *const *rr, const float 
         part[2 * l] = (mm_part){g->ckv + (size_t)(2 * l) * mt * KW, KW, &p->L[l].wk, KW};
         part[2 * l + 1] = (mm_part){g->ckv + (size_t)(2 * l + 1) * mt * KW, KW, &p->L[l].wv, KW};
     }
-    mm_multi job = {g->x, D, M, D, 2 * p->n_layer, part};
-    td_pool_run(g->pool, mm_multi_run, &job);
+    mm_multi job = {g->x, D, M, D, 2 * p->n_layer, part, NULL};
+    mm_multi_go(g, &job);
     int t = 0;
     for (int i = 0; i < nr; i++) {
         blk_row *r = rr[i];
@@ -440,8 +473,8 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->attn_norm.data, L->attn_norm.dtype, D, p->eps);
         mm_part qkv[3] = {{g->q, QW, &L->wq, QW}, {g->kb, KW, &L->wk, KW}, {g->vb, KW, &L->wv, KW}};
-        mm_multi jqkv = {g->n, D, T, D, 3, qkv};
-        td_pool_run(g->pool, mm_multi_run, &jqkv);
+        mm_multi jqkv = {g->n, D, T, D, 3, qkv, NULL};
+        mm_multi_go(g, &jqkv);
         for (int b = 0; b < nb; b++) {
             blk_row *r = &g->rows[g->brow[b]];
             for (int j = 0; j < g->bg[b]; j++) {
@@ -467,8 +500,8 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
         mm_part gu[2] = {{g->g, p->F, &L->w_gate, p->F}, {g->u, p->F, &L->w_up, p->F}};
-        mm_multi jgu = {g->n, D, T, D, 2, gu};
-        td_pool_run(g->pool, mm_multi_run, &jgu);
+        mm_multi jgu = {g->n, D, T, D, 2, gu, NULL};
+        mm_multi_go(g, &jgu);
         for (int t = 0; t < T; t++) td_swiglu(g->g + (size_t)t * p->F, g->g + (size_t)t * p->F, g->u + (size_t)t * p->F, p->F);
         mm(g, g->x, D, g->g, p->F, T, &L->w_down, p->F, D, 1);
     }
@@ -610,7 +643,7 @@ static void blk_free_group(void *gv) {
     td_sampler_free(g->smp);
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
-    free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn);
+    free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xp);
     free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
     free(g);
 }
@@ -682,6 +715,15 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
+    }
+    if (target_ctx && td_ctx_get_params(target_ctx).act_type == TD_ACT_AMX) { /* the target's products run on AMX: so do these */
+        int kmax = p->n_taps * D;
+        int ks[] = {W, p->F, p->rank};
+        for (int i = 0; i < 3; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
+        if (!(g->xp = malloc(sizeof(uint32_t) * td_amx_pack_words(g->max_tok, kmax)))) {
+            blk_free_group(g);
+            return td_seterr(err, TD_ENOMEM, "out of memory");
+        }
     }
     for (int pos = 0; pos < g->cap; pos++)
         for (int i = 0; i < half; i++) {
