@@ -6,7 +6,10 @@
 # node-llama-cpp (pinned in scripts/test-deps; bench/llamacpp.mjs); tandem is
 # `tandem bench forward -m FILE.gguf --json`.
 #
-#   bench/llamacpp.sh FILE.gguf [THREADS] [REPS]     (defaults 2 and 3)
+#   bench/llamacpp.sh FILE.gguf [THREADS] [REPS] [OPTION...]   (defaults 2 and 3)
+#
+# OPTIONs go to tandem bench forward (e.g. --act-type amx); the summary names
+# tandem's act_type.
 #
 # Prints three JSON lines: tandem's object, llama.cpp's, and a summary
 # {"model", "threads", "load_avg", "tandem": {...}, "llamacpp": {...},
@@ -22,7 +25,7 @@ bash scripts/test-deps llama >&2
 [ -x build/tandem ] || make >&2
 load0=$(cut -d' ' -f1 /proc/loadavg)
 l1=$(node bench/llamacpp.mjs "$model" "$threads" "$reps")
-td=$(build/tandem bench forward -m "$model" -t "$threads" --reps "$reps" --json)
+td=$(build/tandem bench forward -m "$model" -t "$threads" --reps "$reps" "${@:4}" --json)
 l2=$(node bench/llamacpp.mjs "$model" "$threads" "$reps")
 load1=$(cut -d' ' -f1 /proc/loadavg)
 echo "$td"
@@ -35,7 +38,7 @@ node -e '
   console.log(JSON.stringify(best));
   const tv = t.verify_ms || {};
   console.log(JSON.stringify({ model, threads: +threads, load_avg: [+load0, +load1],
-    tandem: { prefill_tps: t.prefill_tps, decode_tps: t.decode_tps, verify_ms_1: tv["1"], verify_ms_8: tv["8"],
+    tandem: { act_type: t.act_type, prefill_tps: t.prefill_tps, decode_tps: t.decode_tps, verify_ms_1: tv["1"], verify_ms_8: tv["8"],
               verify8_over_1: tv["1"] ? +(tv["8"] / tv["1"]).toFixed(2) : null, floor_fraction: t.floor_fraction, bandwidth_gbs: t.bandwidth_gbs },
     llamacpp: { prefill_tps: best.prefill_tps, decode_tps: best.decode_tps, verify_ms_1: best.verify_ms["1"], verify_ms_8: best.verify_ms["8"],
                 verify8_over_1: best.verify8_over_1 },

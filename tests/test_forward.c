@@ -212,39 +212,53 @@ done:
     t_end();
 }
 
+/* Logits of 16 tokens on the bf16-weight model mb with f32 activations and
+ * with act, and on the f32-weight model mf likewise (vocabularies vb, vf): act
+ * moves mb's logits, within 3e-2 of the largest, and leaves mf's bit for bit.
+ * Call inside a test (T_ checks); 0 when it could run. */
+static int check_act_moves(td_model *mb, int vb, td_model *mf, int vf, int act, uint64_t seed) {
+    const char *an = td_act_type_name(act);
+    td_ctx *c[4] = {0};
+    float *lg[4] = {0};
+    int32_t seq[16];
+    int rc = -1;
+    uint64_t st = seed;
+    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)(vb < vf ? vb : vf));
+    for (int k = 0; k < 4; k++) { /* bf16 model f32 / act, f32 model f32 / act */
+        tc_act = k & 1 ? act : TD_DTYPE_F32;
+        c[k] = tc_open_ctx(k < 2 ? mb : mf, 1, 2, TD_DTYPE_F32);
+        tc_act = TD_DTYPE_F32;
+        lg[k] = malloc(sizeof(float) * 16 * (k < 2 ? vb : vf));
+        T_REQUIRE(c[k] && lg[k], "ctx %d", k);
+        T_CHECK(td_ctx_get_params(c[k]).act_type == (k & 1 ? act : TD_DTYPE_F32), "act_type kept");
+        int r;
+        td_ctx_row_add(c[k], &r);
+        T_REQUIRE(tc_feed(c[k], r, seq, 16, lg[k]) == 0, "forward %d", k);
+    }
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)16 * vb; i++) {
+        double d = fabs((double)lg[1][i] - lg[0][i]);
+        md = d > md ? d : md;
+        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+    }
+    printf("  act %s: worst logit difference from f32 %.3g (max |logit| %.3g)\n", an, md, mx);
+    T_CHECK(md > 0, "act %s: logits equal f32's bit for bit: the mode is not in force", an);
+    T_CHECK(md <= 3e-2 * mx, "act %s: logits differ from f32 by %.3g (of %.3g)", an, md, mx);
+    T_CHECK(memcmp(lg[2], lg[3], sizeof(float) * 16 * vf) == 0, "act %s changed an f32 model's logits", an);
+    rc = 0;
+done:
+    for (int k = 0; k < 4; k++) { td_ctx_free(c[k]); free(lg[k]); }
+    return rc;
+}
+
 /* act_type bf16 is in force on a bf16 model (logits move, a little), leaves an
  * f32 model's logits unchanged bit for bit (only bf16 weights take it), and a
  * bad value is refused with a message. */
 static void test_act_types(const tm_shape *sb, const char *db, const tm_shape *sf, const char *df) {
     t_begin("act_types");
     td_model *mb = open_model(db, sb), *mf = open_model(df, sf);
-    td_ctx *c[4] = {0};
-    float *lg[4] = {0};
     T_REQUIRE(mb && mf, "models");
-    int32_t seq[16];
-    uint64_t st = 11;
-    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)sf->vocab);
-    for (int k = 0; k < 4; k++) { /* bf16 model f32 / bf16 act, f32 model f32 / bf16 act */
-        tc_act = k & 1 ? TD_DTYPE_BF16 : TD_DTYPE_F32;
-        c[k] = tc_open_ctx(k < 2 ? mb : mf, 1, 2, TD_DTYPE_F32);
-        tc_act = TD_DTYPE_F32;
-        lg[k] = malloc(sizeof(float) * 16 * sb->vocab);
-        T_REQUIRE(c[k] && lg[k], "ctx %d", k);
-        T_CHECK(td_ctx_get_params(c[k]).act_type == (k & 1 ? TD_DTYPE_BF16 : TD_DTYPE_F32), "act_type kept");
-        int r;
-        td_ctx_row_add(c[k], &r);
-        T_REQUIRE(tc_feed(c[k], r, seq, 16, lg[k]) == 0, "forward %d", k);
-    }
-    double md = 0, mx = 0;
-    for (size_t i = 0; i < (size_t)16 * sb->vocab; i++) {
-        double d = fabs((double)lg[1][i] - lg[0][i]);
-        md = d > md ? d : md;
-        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
-    }
-    printf("  act bf16: worst logit difference from f32 %.3g (max |logit| %.3g)\n", md, mx);
-    T_CHECK(md > 0, "act bf16: logits equal f32's bit for bit: the mode is not in force");
-    T_CHECK(md <= 3e-2 * mx, "act bf16: logits differ from f32 by %.3g (of %.3g)", md, mx);
-    T_CHECK(memcmp(lg[2], lg[3], sizeof(float) * 16 * sf->vocab) == 0, "act bf16 changed an f32 model's logits");
+    T_REQUIRE(check_act_moves(mb, sb->vocab, mf, sf->vocab, TD_DTYPE_BF16, 11) == 0, "bf16 activations");
     td_ctx_params p = td_ctx_default_params();
     T_CHECK(p.act_type == TD_DTYPE_F32, "default act type f32");
     td_ctx *bad = NULL;
@@ -257,7 +271,6 @@ static void test_act_types(const tm_shape *sb, const char *db, const tm_shape *s
             td_act_type_parse("f16") == -1 && td_act_type_parse(NULL) == -1 && !strcmp(td_act_type_name(TD_DTYPE_BF16), "bf16") &&
             td_act_type_name(TD_DTYPE_F16) == NULL, "act type names");
 done:
-    for (int k = 0; k < 4; k++) { td_ctx_free(c[k]); free(lg[k]); }
     td_model_free(mb);
     td_model_free(mf);
     t_end();
@@ -351,8 +364,6 @@ static void test_act_amx(const tm_shape *sa, const char *da, const tm_shape *sf,
     t_begin("act_type_amx");
     T_CHECK(td_act_type_parse("amx") == TD_ACT_AMX && !strcmp(td_act_type_name(TD_ACT_AMX), "amx"), "amx name");
     td_model *ma = open_model(da, sa), *mf = open_model(df, sf);
-    td_ctx *c[4] = {0};
-    float *lg[4] = {0};
     T_REQUIRE(ma && mf, "models");
     if (!td_amx_available()) {
         td_ctx_params p = td_ctx_default_params();
@@ -364,31 +375,8 @@ static void test_act_amx(const tm_shape *sa, const char *da, const tm_shape *sf,
         printf("  (no AMX-BF16 tiles here: act_type amx refused, as it should be)\n");
         goto done;
     }
-    int32_t seq[16];
-    uint64_t st = 17;
-    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)sf->vocab);
-    for (int k = 0; k < 4; k++) { /* bf16 model f32 / amx act, f32 model f32 / amx act */
-        tc_act = k & 1 ? TD_ACT_AMX : TD_DTYPE_F32;
-        c[k] = tc_open_ctx(k < 2 ? ma : mf, 1, 2, TD_DTYPE_F32);
-        tc_act = TD_DTYPE_F32;
-        lg[k] = malloc(sizeof(float) * 16 * sa->vocab);
-        T_REQUIRE(c[k] && lg[k], "ctx %d", k);
-        int r;
-        td_ctx_row_add(c[k], &r);
-        T_REQUIRE(tc_feed(c[k], r, seq, 16, lg[k]) == 0, "forward %d", k);
-    }
-    double md = 0, mx = 0;
-    for (size_t i = 0; i < (size_t)16 * sa->vocab; i++) {
-        double d = fabs((double)lg[1][i] - lg[0][i]);
-        md = d > md ? d : md;
-        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
-    }
-    printf("  act amx: worst logit difference from f32 %.3g (max |logit| %.3g)\n", md, mx);
-    T_CHECK(md > 0, "act amx: logits equal f32's bit for bit: the mode is not in force");
-    T_CHECK(md <= 3e-2 * mx, "act amx: logits differ from f32 by %.3g (of %.3g)", md, mx);
-    T_CHECK(memcmp(lg[2], lg[3], sizeof(float) * 16 * sf->vocab) == 0, "act amx changed an f32 model's logits");
+    T_REQUIRE(check_act_moves(ma, sa->vocab, mf, sf->vocab, TD_ACT_AMX, 17) == 0, "amx");
 done:
-    for (int k = 0; k < 4; k++) { td_ctx_free(c[k]); free(lg[k]); }
     td_model_free(ma);
     td_model_free(mf);
     t_end();

@@ -608,6 +608,23 @@ static void test_matmul_bf16a_edges(void) {
  * for M = 1..17, K not a multiple of 32 (and K long enough to be blocked), odd
  * N, split output ranges, add = 0 / 1; and it stays within bf16 rounding of the
  * exact product of the f32 activations (relative 2^-8 of the sum of |terms|). */
+/* 1 when every y[m][n] (m < M, n < N, row stride N) of a product with bf16
+ * activations lies within bf16 rounding (2^-8 relative to the sum of |terms|,
+ * plus f32 summation) of the exact product of the unrounded f32 inputs xf with
+ * bf16 weights W; else a failed check naming the first element off. */
+static int bf16_act_close(const float *y, const float *xf, const uint16_t *W, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double mag, d = ref_dot(xf + (size_t)m * K, W + (size_t)n * K, TD_DTYPE_BF16, K, &mag);
+            double tol = ldexp(1.0, -8) * mag + dot_tol(K, mag);
+            if (!(fabs(y[(size_t)m * N + n] - d) <= tol)) {
+                T_CHECK(0, "K=%d N=%d (%d,%d): %.9g vs exact %.9g (tol %.3g)", K, N, m, n, y[(size_t)m * N + n], d, tol);
+                return 0;
+            }
+        }
+    return 1;
+}
+
 static void test_matmul_bf16a(void) {
     tb("kernels_matmul_bf16a_equals_b32_definition");
     static const int KS[] = {1, 2, 31, 32, 33, 63, 100, 389, 2085};
@@ -636,15 +653,7 @@ static void test_matmul_bf16a(void) {
                         }
                     }
                 }
-            for (int m = 0; m < MMAX && ok; m++)
-                for (int n = 0; n < N && ok; n++) {
-                    double mag, d = ref_dot(xf + (size_t)m * K, W + (size_t)n * K, TD_DTYPE_BF16, K, &mag);
-                    double tol = ldexp(1.0, -8) * mag + dot_tol(K, mag);
-                    if (!(fabs(r[(size_t)m * N + n] - d) <= tol)) {
-                        T_CHECK(0, "K=%d N=%d (%d,%d): %.9g vs exact %.9g (tol %.3g)", K, N, m, n, r[(size_t)m * N + n], d, tol);
-                        ok = 0;
-                    }
-                }
+            if (ok) bf16_act_close(r, xf, W, MMAX, N, K);
             free(xf); free(base); free(x); free(W); free(y); free(r);
         }
     t_end();
@@ -700,15 +709,8 @@ static void test_amx(void) {
                     T_CHECK(0, "K=%d N=%d: token %d alone (split at %d) differs from among %d", K, N, m, sp, MMAX);
                     ok = 0;
                 }
-                for (int n = 0; n < N && ok; n++) {
-                    double mag, d = ref_dot(xf + (size_t)m * K, W + (size_t)n * K, TD_DTYPE_BF16, K, &mag);
-                    double tol = ldexp(1.0, -8) * mag + dot_tol(K, mag);
-                    if (!(fabs(y[(size_t)m * N + n] - d) <= tol)) {
-                        T_CHECK(0, "K=%d N=%d (%d,%d): %.9g vs exact %.9g (tol %.3g)", K, N, m, n, y[(size_t)m * N + n], d, tol);
-                        ok = 0;
-                    }
-                }
             }
+            if (ok) ok = bf16_act_close(y, xf, W, MMAX, N, K);
             /* add = 1 over 20 tokens (a chunk and a tail chunk) and a range from row 3 */
             float *ya = rand_f((size_t)MMAX * N);
             T_REQUIRE(ya != NULL, "memory");
