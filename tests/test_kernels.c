@@ -687,6 +687,27 @@ static void test_amx(void) {
         T_CHECK(pk[5 * 2 + 1] == ((uint32_t)f2bf(43.0f) | (uint32_t)f2bf(44.0f) << 16), "pack layout: %08x", pk[11]);
         T_CHECK(pk[0] == ((uint32_t)f2bf(1.0f) | (uint32_t)f2bf(2.0f) << 16), "pack layout: first word %08x", pk[0]);
     }
+    { /* every word of 19 tokens (a chunk of 16 and one of 3) x 64, rounded as td_f32_to_bf16 rounds:
+         ties, NaN (quieted), infinities, subnormals */
+        enum { PM = 19, PK = 64 };
+        float v[PM * PK];
+        uint32_t pk[PM * PK / 2];
+        static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7fc00001u, 0x7f800001u, 0xff800000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu};
+        for (int i = 0; i < PM * PK; i++) {
+            uint32_t u = i % 7 == 0 ? special[(i / 7) % 8] : rnd32();
+            memcpy(&v[i], &u, 4);
+        }
+        td_amx_pack(pk, v, PK, PM, PK);
+        int bad = 0;
+        for (int m = 0; m < PM; m++)
+            for (int k = 0; k < PK; k += 2) {
+                int c = m / 16, mc = c ? PM - 16 : 16;
+                uint32_t want = td_f32_to_bf16(v[m * PK + k]) | (uint32_t)td_f32_to_bf16(v[m * PK + k + 1]) << 16;
+                uint32_t got = pk[(size_t)c * 8 * PK + (size_t)(k / 32) * 16 * mc + (size_t)((k % 32) / 2) * mc + m % 16];
+                bad += got != want;
+            }
+        T_CHECK(bad == 0, "pack: %d of %d words differ from td_f32_to_bf16's rounding in amx.h's layout", bad, PM * PK / 2);
+    }
     for (int ki = 0; ki < (int)(sizeof KS / sizeof KS[0]); ki++)
         for (int ni = 0; ni < (int)(sizeof NS / sizeof NS[0]); ni++) {
             int K = KS[ki], N = NS[ni], ok = 1;

@@ -19,21 +19,6 @@
 
 #include <string.h>
 
-void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
-    for (int m0 = 0; m0 < M; m0 += 16) {
-        int mc = M - m0 < 16 ? M - m0 : 16;
-        uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
-        for (int i = 0; i < mc; i++) {
-            const float *xr = x + (size_t)(m0 + i) * ldx;
-            for (int k = 0; k < K; k += 32) {
-                uint32_t *step = chunk + (size_t)(k / 32) * 16 * mc + i;
-                for (int r = 0; r < 16; r++)
-                    step[r * mc] = td_f32_to_bf16(xr[k + 2 * r]) | (uint32_t)td_f32_to_bf16(xr[k + 2 * r + 1]) << 16;
-            }
-        }
-    }
-}
-
 #if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -41,7 +26,7 @@ void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define TA __attribute__((target("amx-tile,amx-bf16,avx512f")))
+#define TA __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -50,6 +35,32 @@ typedef struct {
     uint16_t colsb[16]; /* bytes per row of each tile */
     uint8_t rows[16];
 } amx_cfg;
+
+/* Round x[k .. k + 32) to bf16 as td_f32_to_bf16 does (nearest even, a NaN
+ * quieted) and store the 16 pairs at step[r * mc], r = 0..15. */
+TA static void pack_step(uint32_t *step, const float *x, int mc) {
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    __m256i h[2];
+    for (int e = 0; e < 2; e++) {
+        __m512i v = _mm512_loadu_si512(x + 16 * e), hi = _mm512_srli_epi32(v, 16);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(v, bias), _mm512_and_si512(hi, one)), 16);
+        r = _mm512_mask_or_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, abs), inf), hi, quiet);
+        h[e] = _mm512_cvtepi32_epi16(r);
+    }
+    __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1); /* dword r = (x[2r], x[2r+1]) */
+    if (mc == 1) _mm512_storeu_si512(step, pairs);
+    else _mm512_i32scatter_epi32(step, _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(mc)), pairs, 4);
+}
+
+void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
+    for (int m0 = 0; m0 < M; m0 += 16) {
+        int mc = M - m0 < 16 ? M - m0 : 16;
+        uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
+        for (int i = 0; i < mc; i++)
+            for (int k = 0; k < K; k += 32) pack_step(chunk + (size_t)(k / 32) * 16 * mc + i, x + (size_t)(m0 + i) * ldx + k, mc);
+    }
+}
 
 /* the shape this thread's tiles are configured for: tokens of the B and C
  * tiles, rows of the A and C tiles (0: none yet) */
@@ -154,7 +165,22 @@ int td_amx_available(void) {
     return v;
 }
 
-#else /* no AMX in this build */
+#else /* no AMX in this build: the layout in C (nothing calls it without tiles) */
+
+void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
+    for (int m0 = 0; m0 < M; m0 += 16) {
+        int mc = M - m0 < 16 ? M - m0 : 16;
+        uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
+        for (int i = 0; i < mc; i++) {
+            const float *xr = x + (size_t)(m0 + i) * ldx;
+            for (int k = 0; k < K; k += 32) {
+                uint32_t *step = chunk + (size_t)(k / 32) * 16 * mc + i;
+                for (int r = 0; r < 16; r++)
+                    step[r * mc] = td_f32_to_bf16(xr[k + 2 * r]) | (uint32_t)td_f32_to_bf16(xr[k + 2 * r + 1]) << 16;
+            }
+        }
+    }
+}
 
 int td_amx_available(void) { return 0; }
 void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
