@@ -1,17 +1,21 @@
 /* amx — bf16 products on Intel AMX tiles (the "AMX" order, amx.h).
  *
- * Three tiles per thread: 0 accumulates a block of 16 outputs x up to 16
- * tokens (f32), 1 takes the block's weights for one step (16 rows x 32 bf16,
- * read in place from W at a stride of K*2 bytes), 2 the packed activations of
- * the step (16 pairs x the tokens). One block of 16 rows at a time: measured on
- * a Xeon with AMX (2026-12-04, bench/forward-notes.md), four blocks in flight
- * (64 rows, one B load each step) ran the same in L2 but streamed weights from
- * L3 and DRAM 15-20% slower than one block of 16 rows. The last rows of a
- * range (< 16) run under a configuration whose A and C tiles have only that
- * many rows, never reading past row n1 - 1. A tile configuration is per thread
- * (LDTILECFG); each thread keeps the shape it last loaded and reloads only when
- * it changes. Which block or configuration computes an output never changes its
- * bits: an element of the result tile depends on its own row, column and
+ * A block is 16 outputs x up to 16 tokens: tile C accumulates it (f32), tile A
+ * takes the block's weights for one step (16 rows x 32 bf16, read in place
+ * from W at a stride of K*2 bytes), tile B the packed activations of the step
+ * (16 pairs x the tokens). Two sets of these three tiles (0-2, 3-5) serve
+ * alternate blocks, so a block's first steps need not wait for the previous
+ * block's result to leave its tile; while a range's block runs, the next
+ * block's rows are prefetched. The result tile is stored and gathered back
+ * into y one token at a time. One block of 16 rows at a time: measured on a
+ * Xeon with AMX (2026-12-04, bench/forward-notes.md "AMX tiles"), four blocks
+ * in flight (64 rows, one B load each step) ran the same in L2 but streamed
+ * weights from L3 and DRAM 15-20% slower. The last rows of a range (< 16) run
+ * under a configuration whose A and C tiles have only that many rows, never
+ * reading past row n1 - 1. A tile configuration is per thread (LDTILECFG);
+ * each thread keeps the shape it last loaded and reloads only when it changes.
+ * Which block, set or configuration computes an output never changes its bits:
+ * an element of the result tile depends on its own row, column and
  * accumulator alone. */
 #define _GNU_SOURCE
 #include "nn/amx.h"
@@ -85,10 +89,9 @@ TA static void configure(int mc, int rows) {
 }
 
 /* acc[r][i] = the AMX dot of W's row n + r with the chunk's token i, for the
- * configured rows and mc tokens; xc: the chunk's packed activations, w: row n.
- * Two copies on disjoint tiles (C, A, B = 0, 1, 2 or 3, 4, 5), used for
- * alternate blocks, so that a block's first steps need not wait for the
- * previous block's result to leave its tile. */
+ * configured rows and mc tokens; xc: the chunk's packed activations, w: row n,
+ * pf: the next block's first row (prefetched along) or NULL. One copy per tile
+ * set (C, A, B = 0, 1, 2 or 3, 4, 5). */
 #define AMX_BLOCK(NAME, TC, TA_, TB)                                                       \
     TA static void NAME(float *acc, const uint32_t *xc, int mc, const uint16_t *w, int K, const uint16_t *pf) { \
         _tile_zero(TC);                                                                     \

@@ -15,10 +15,9 @@
  * bf16, products with bf16 weights take their input rounded to bf16 once per
  * row, into xa, and run td_matmul_bf16a: again one order per K; act_type amx
  * packs that input for td_amx_matmul's tiles, whose order is again one per K);
- * attention for a
- * query scores keys 0..pos in order, takes the max, sums exponentials in order
- * and accumulates values in key order — independent of how many queries share
- * the call; threads split outputs, tokens or heads, never a reduction. So a
+ * attention for a query scores keys 0..pos in order, takes the max, sums
+ * exponentials in order and accumulates values in key order — independent of
+ * how many queries share the call; threads split outputs, tokens or heads, never a reduction. So a
  * position's logits are the same bits alone, in a block of T, or among B rows.
  *
  * Pool jobs per layer (each costs a synchronisation of all threads): q/k/v;
