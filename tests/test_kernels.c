@@ -661,9 +661,10 @@ static void test_matmul_bf16a(void) {
 
 /* The AMX order (act_type amx), where this machine has AMX-BF16 tiles: the pack
  * layout is the one amx.h states; row m of a product has the same bits computed
- * with M = 1 or among M = 37 tokens (three token chunks), over any split of the
- * output range (tails of fewer than 16 rows, ranges not on a 16-row boundary),
- * with add = 1 the bits of base + the sum; and each element is within bf16
+ * with M = 1 or among M = 37 tokens (three token chunks: 2x2 blocks of 32 rows x
+ * 32 tokens and single blocks), over any split of the output range (tails of
+ * fewer than 16 rows, ranges not on a 16-row boundary), with add = 1 the bits
+ * of base + the sum; and each element is within bf16
  * rounding of the exact product of the unrounded inputs. */
 static void test_amx(void) {
     tb("kernels_amx_invariant_and_accurate");
@@ -732,18 +733,21 @@ static void test_amx(void) {
                 }
             }
             if (ok) ok = bf16_act_close(y, xf, W, MMAX, N, K);
-            /* add = 1 over 20 tokens (a chunk and a tail chunk) and a range from row 3 */
+            /* add = 1 over 20 tokens (a chunk and a tail chunk: one block at a time) and
+             * over all 37 (32 of them in 2x2 blocks), a range from row 3 */
             float *ya = rand_f((size_t)MMAX * N);
             T_REQUIRE(ya != NULL, "memory");
-            memcpy(ya, base, sizeof(float) * MMAX * N);
-            int n0 = N > 3 ? 3 : 0;
-            td_amx_pack(xp, xf, K, 20, K); /* the layout depends on M: packed again for 20 */
-            td_amx_matmul(ya, N, xp, 20, W, K, n0, N, 1);
-            for (int i = 0; i < 20 * N && ok; i++) {
-                float e = i % N < n0 ? base[i] : base[i] + y[i];
-                if (memcmp(&e, ya + i, 4) != 0) {
-                    T_CHECK(0, "K=%d N=%d add: element %d: %a vs %a", K, N, i, ya[i], e);
-                    ok = 0;
+            for (int M = 20; M <= MMAX && ok; M += MMAX - 20) {
+                memcpy(ya, base, sizeof(float) * MMAX * N);
+                int n0 = N > 3 ? 3 : 0;
+                td_amx_pack(xp, xf, K, M, K); /* the layout depends on M: packed for M */
+                td_amx_matmul(ya, N, xp, M, W, K, n0, N, 1);
+                for (int i = 0; i < M * N && ok; i++) {
+                    float e = i % N < n0 ? base[i] : base[i] + y[i];
+                    if (memcmp(&e, ya + i, 4) != 0) {
+                        T_CHECK(0, "K=%d N=%d M=%d add: element %d: %a vs %a", K, N, M, i, ya[i], e);
+                        ok = 0;
+                    }
                 }
             }
             free(ya);
