@@ -40,6 +40,12 @@ typedef struct {
     uint8_t rows[16];
 } amx_cfg;
 
+/* LDTILECFG of the whole 64-byte configuration. GCC 12's _tile_loadconfig
+ * tells the compiler it reads 8 bytes, so the stores of the rows and column
+ * widths may be dropped as dead (they were, in a configuration function
+ * written like configure(): LDTILECFG then faulted on the zeros it found). */
+static inline void load_cfg(const amx_cfg *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
+
 /* Round x[k .. k + 32) to bf16 as td_f32_to_bf16 does (nearest even, a NaN
  * quieted) and store the 16 pairs at step[r * mc], r = 0..15. */
 TA static void pack_step(uint32_t *step, const float *x, int mc) {
@@ -83,7 +89,7 @@ TA static void configure(int mc, int rows) {
         c.rows[t + 2] = 16; /* B: 16 pairs x mc tokens */
         c.colsb[t + 2] = (uint16_t)(mc * 4);
     }
-    _tile_loadconfig(&c);
+    load_cfg(&c);
     cfg_mc = mc;
     cfg_rows = rows;
 }
@@ -152,7 +158,7 @@ TA static void configure_2x2(void) {
         c.rows[t] = 16;
         c.colsb[t] = 64;
     }
-    _tile_loadconfig(&c);
+    load_cfg(&c);
     cfg_mc = -1;
     cfg_rows = 16;
 }
