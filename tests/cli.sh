@@ -57,6 +57,16 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   a=$($T run -m $M -p 'def main(' -n 32 --act-type bf16 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
   b=$($T run -m $M -p 'def main(' -n 32 --act-type bf16 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
   [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_act_bf16_spec_equals_plain || bad cli_run_act_bf16_spec_equals_plain "plain [$a] spec [$b]"
+  # --act-type amx: where the CPU has the tiles, the block drafter (its bf16 products on them too)
+  # gives plain's ids; where it has none, run refuses the type, naming AMX
+  a=$($T run -m $M -p 'def main(' -n 32 --act-type amx --draft none --ids 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ]; then
+    a=$(echo "$a" | grep '^ids:')
+    b=$($T run -m $M -p 'def main(' -n 32 --act-type amx --draft block:models/tiny-code/block --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_act_amx_spec_equals_plain || bad cli_run_act_amx_spec_equals_plain "plain [$a] spec [$b]"
+  else
+    echo "$a" | grep -q 'AMX' && ok cli_run_act_amx_refused_without_tiles || bad cli_run_act_amx_refused_without_tiles "rc=$rc: $a"
+  fi
   out=$($T bench forward -m $M --act-type bf16 --bw-mib 16 --json 2>&1); rc=$?
   [ $rc -eq 0 ] && echo "$out" | grep -q '"act_type": "bf16"' && ok cli_bench_forward_act_type || bad cli_bench_forward_act_type "rc=$rc: $out"
   out=$($T bench forward -m $M --kv-type f16 --bw-mib 16 --json 2>&1); rc=$?
