@@ -17,8 +17,9 @@
  * packs that input for td_amx_matmul's tiles, whose order is again one per K);
  * attention for a query scores keys 0..pos in order, takes the max, sums
  * exponentials in order and accumulates values in key order — independent of
- * how many queries share the call; threads split outputs, tokens or heads, never a reduction. So a
- * position's logits are the same bits alone, in a block of T, or among B rows.
+ * how many queries share the call; threads split outputs, tokens or heads,
+ * never a reduction. So a position's logits are the same bits alone, in a
+ * block of T, or among B rows.
  *
  * Pool jobs per layer (each costs a synchronisation of all threads): q/k/v;
  * attention; o_proj (+ residual); gate/up (+ SwiGLU); down_proj (+ residual).
