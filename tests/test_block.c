@@ -779,6 +779,8 @@ int main(void) {
     if (td_amx_available()) {
         ts_act = TD_ACT_AMX;
         ts_exact("block_exact_act_amx", g_m, "block:" BLK, TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
+        /* its matrices in Q8_0 (quant=q8_0): R16 products over their repacks */
+        ts_exact("block_exact_act_amx_q8_0", g_m, "block:" BLK ",quant=q8_0", TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
         ts_act = TD_DTYPE_F32;
     }
     cJSON_Delete(fx);

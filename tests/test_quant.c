@@ -3,6 +3,7 @@
  * the quantizers' error bounds, every quantized product against td_matmul over
  * the dequantized f32 matrix (memcmp: quant.h promises the same bits) and
  * against the unquantized matrix (stated bounds), portable vs AVX-512 bits,
+ * the R16 order of act_type amx (nn/q8r.h) against its scalar statement,
  * ragged M and N, bad K, tensor size checks; then whole models quantized at
  * load: batch invariance (T=1 / inside T=7 / ragged B=5, memcmp), speculative
  * output == plain output, and the trained tiny target's top-1 agreement with
@@ -12,7 +13,9 @@
 #include "tmodel.h"
 #include "tctx.h"
 #include "model/model.h"
+#include "nn/amx.h"
 #include "nn/kernels.h"
+#include "nn/q8r.h"
 #include "nn/quant.h"
 #include "util/util.h"
 
@@ -465,6 +468,129 @@ static void test_matmul(void) {
     }
     T_CHECK(r[0] < 0.02 && r[1] < 0.2 && r[0] < r[2] && r[2] < r[1] && r[5] < 0.2 && r[4] < r[3] && r[3] < 0.2,
             "quantization error implausibly large (q8_0 < q5_0 < q4_0 and q5_1 < q4_1 expected)");
+    t_end();
+}
+
+/* The R16 order (act_type amx's Q8_0 products, q8r.h), where AVX-512 VNNI
+ * exists: the activation record holds td_quant_act_row's q and d and -128 times
+ * each block's sum of q; the kernel's outputs are the bits of a scalar
+ * statement of the order for every M (1 .. 130: token tiles of 4, 3, 2, 1 and
+ * two slabs), N (tails of fewer than 16 outputs), K, add = 0 / 1 and output
+ * ranges split on 16-output groups; they lie within quant.h's error bound of the
+ * product over the dequantized weights; a non-finite activation block makes its
+ * row's outputs NaN and leaves the other rows alone. */
+static float r16_ref(const int8_t *q, const float *d, const unsigned char *wrow, int K) {
+    float a = 0.0f;
+    for (int b = 0; b < K / 32; b++) {
+        /* volatile: GCC 12.2 with -march=native on AVX-VNNI CPUs vectorizes an
+         * int8 x int8 sum into VPDPBUSD, which takes one operand as unsigned
+         * (wrong sums; forward-notes "GCC 12 and int8 dot products") */
+        volatile int32_t p = 0;
+        for (int i = 0; i < 32; i++) p = p + (int8_t)wrow[34 * b + 2 + i] * q[32 * b + i];
+        uint16_t h;
+        memcpy(&h, wrow + 34 * b, 2);
+        a = fmaf(td_f16_to_f32(h) * d[b], (float)p, a);
+    }
+    return a;
+}
+
+static void test_q8r(void) {
+    t_begin("matmul_r16_order_amx");
+    if (!td_q8r_available()) {
+        printf("  (no AVX-512 VNNI here: act_type amx's R16 order is not tested)\n");
+        t_end();
+        return;
+    }
+    static const int Ms[] = {1, 2, 3, 4, 5, 7, 8, 13, 130};
+    static const int Ns[] = {1, 15, 16, 17, 45, 67};
+    static const int Ks[] = {32, 96, 1024};
+    enum { MMAX = 130 };
+    int fails = 0, checked = 0;
+    double worst = 0;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+            int K = Ks[ki], N = Ns[ni], ldy = N + 3;
+            size_t rb = td_dtype_row_bytes(TD_DTYPE_Q8_0, K), xb = td_q8r_row_bytes(K);
+            float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * MMAX * K);
+            unsigned char *Wq = malloc(rb * N), *xq = malloc(xb * MMAX);
+            void *R = aligned_alloc(64, td_q8r_bytes(N, K));
+            float *ref = malloc(sizeof(float) * MMAX * ldy), *got = malloc(sizeof(float) * MMAX * ldy), *dq = malloc(sizeof(float) * K);
+            int8_t *q = malloc(K);
+            float *d = malloc(sizeof(float) * K / 32);
+            for (int i = 0; i < N * K; i++) W[i] = frand();
+            for (int i = 0; i < MMAX * K; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
+            if (K >= 96) memset(x + K + 32, 0, sizeof(float) * 32); /* a zero block */
+            for (int n = 0; n < N; n++) td_quantize_row(TD_DTYPE_Q8_0, W + (size_t)n * K, Wq + n * rb, K);
+            for (int n = 0; n < N; n += 2) Wq[n * rb + 2 + (n * 7) % 32] = 0x80; /* weight bytes of -128 */
+            td_q8r_repack(R, Wq, N, K, 0, N);
+            td_q8r_act(xq, x, K, MMAX, K);
+            int rec_ok = 1;
+            for (int m = 0; m < MMAX; m++) {
+                td_quant_act_row(x + (size_t)m * K, K, q, d);
+                const unsigned char *row = xq + (size_t)m * xb;
+                rec_ok &= !memcmp(row, q, K) && !memcmp(row + K, d, sizeof(float) * K / 32);
+                for (int b = 0; b < K / 32; b++) {
+                    int32_t s = 0, got_s;
+                    for (int i = 0; i < 32; i++) s += q[32 * b + i];
+                    memcpy(&got_s, row + K + K / 8 + 4 * b, 4);
+                    rec_ok &= got_s == -128 * s;
+                }
+                for (int n = 0; n < N; n++) {
+                    float r = ref[m * ldy + n] = r16_ref(q, d, Wq + n * rb, K);
+                    /* within quant.h's bound of the product over the dequantized weights */
+                    td_dequantize_row(TD_DTYPE_Q8_0, Wq + n * rb, dq, K);
+                    double ex = 0, bound = 0, rnd = 0;
+                    for (int b = 0; b < K / 32; b++) {
+                        double aw = 0;
+                        for (int i = 0; i < 32; i++) {
+                            ex += (double)dq[32 * b + i] * x[(size_t)m * K + 32 * b + i];
+                            aw += fabs(dq[32 * b + i]);
+                            rnd += fabs((double)dq[32 * b + i] * d[b] * q[32 * b + i]);
+                        }
+                        bound += 0.5001 * d[b] * aw;
+                    }
+                    bound += (K / 32 + 6) * ldexp(1.0, -23) * rnd;
+                    if (fabs(r - ex) > bound && fails++ < 5) T_CHECK(0, "K %d: error %g over the bound %g", K, fabs(r - ex), bound);
+                    if (bound > 0 && fabs(r - ex) / bound > worst) worst = fabs(r - ex) / bound;
+                }
+            }
+            if (!rec_ok && fails++ < 5) T_CHECK(0, "K %d: the activation record is not q, d, -128 sum q", K);
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                int M = Ms[mi];
+                for (int add = 0; add < 2; add++) {
+                    for (int i = 0; i < MMAX * ldy; i++) got[i] = (float)i * 0.25f;
+                    /* one call, or three ranges split on 16-output groups */
+                    if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add);
+                    else {
+                        td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add);
+                        td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add);
+                    }
+                    checked++;
+                    int same = 1;
+                    for (int m = 0; m < MMAX; m++)
+                        for (int n = 0; n < ldy; n++) {
+                            float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
+                                                                             : add ? init + ref[m * ldy + n]
+                                                                                   : ref[m * ldy + n];
+                            same &= !memcmp(&want, &got[m * ldy + n], 4);
+                        }
+                    if (!same && fails++ < 5) T_CHECK(0, "M %d N %d K %d add %d: not the R16 order's bits", M, N, K, add);
+                }
+            }
+            if (K == 96 && N == 45) { /* a NaN in row 2's second block: that row NaN, the others unchanged */
+                x[2 * K + 40] = NAN;
+                td_q8r_act(xq, x, K, 5, K);
+                td_q8r_matmul(got, ldy, xq, 5, R, K, 0, N, 0);
+                int ok = 1;
+                for (int m = 0; m < 5; m++)
+                    for (int n = 0; n < N; n++)
+                        ok &= m == 2 ? isnan(got[m * ldy + n]) : !memcmp(&got[m * ldy + n], &ref[m * ldy + n], 4);
+                T_CHECK(ok, "a NaN activation: its row NaN, the other rows unchanged");
+            }
+            free(W); free(x); free(Wq); free(xq); free(R); free(ref); free(got); free(dq); free(q); free(d);
+        }
+    printf("  %d products compared with the scalar R16 order (memcmp); error vs dequantized weights, worst fraction "
+           "of the stated bound: %.2f\n", checked, worst);
     t_end();
 }
 
@@ -1067,7 +1193,8 @@ static const tm_shape KSHAPE = {.vocab = 301, .hidden = 256, .layers = 2, .heads
 /* logits at T=1 steps == inside one T=7 block == inside a ragged B=5 batch on 2 threads */
 static void test_invariance(int dt, int tied) {
     char name[96];
-    snprintf(name, sizeof name, "invariance_%s_%s_%s", td_dtype_name(dt), tied ? "tied" : "untied", td_kernels_path_name());
+    snprintf(name, sizeof name, "invariance_%s_%s_%s%s", td_dtype_name(dt), tied ? "tied" : "untied", td_kernels_path_name(),
+             tc_act == TD_ACT_AMX ? "_act_amx" : "");
     t_begin(name);
     tm_shape s = td_dtype_is_kquant(dt) ? KSHAPE : QSHAPE;
     s.tied = tied;
@@ -1090,6 +1217,8 @@ static void test_invariance(int dt, int tied) {
     /* T=1 steps (one thread) == one T=7 block == inside a ragged B=5 batch (two threads) */
     const char *bad = tc_invariance(m, V, seq, a, TD_DTYPE_F32);
     T_CHECK(bad == NULL, "%s", bad ? bad : "");
+    if (tc_act == TD_ACT_AMX && dt == TD_DTYPE_Q8_0) /* the contexts multiplied the R16 repacks */
+        T_CHECK(m->w.layers[0].wq.rp && m->w.lm_head.rp && !m->w.layers[0].attn_norm.rp, "Q8_0 matrices repacked");
     int finite = 1;
     for (int i = 0; i < 7 * V; i++) finite &= isfinite(a[i]);
     T_CHECK(finite, "non-finite logits");
@@ -1120,7 +1249,7 @@ done:
 /* plain decoding == speculative decoding (ngram drafter) on a quantized target */
 static void test_spec(int dt) {
     char name[64];
-    snprintf(name, sizeof name, "spec_equals_plain_%s", td_dtype_name(dt));
+    snprintf(name, sizeof name, "spec_equals_plain_%s%s", td_dtype_name(dt), tc_act == TD_ACT_AMX ? "_act_amx" : "");
     t_begin(name);
     tm_shape s = td_dtype_is_kquant(dt) ? KSHAPE : QSHAPE;
     s.seed = 11;
@@ -1139,7 +1268,7 @@ static void test_spec(int dt) {
         np[i] = 12 + 5 * i;
         for (int k = 0; k < np[i]; k++) pr[i][k] = (int32_t)(k % 4 == 3 ? tm_rng(&st) % 301 : (uint64_t)(7 + k % 3));
         td_ctx_params pp = td_ctx_default_params();
-        pp.max_ctx = 128; pp.n_threads = 2;
+        pp.max_ctx = 128; pp.n_threads = 2; pp.act_type = tc_act;
         T_REQUIRE(td_ctx_open(&cp, m, &pp, &err) == 0, "ctx: %s", err.msg);
         td_gen_stats gs;
         T_REQUIRE(cp && td_generate(cp, m, pr[i], np[i], &gp, NULL, NULL, ref[i], NT, &gs, &err) == 0, "plain: %s", err.msg);
@@ -1149,7 +1278,7 @@ static void test_spec(int dt) {
     }
     T_REQUIRE(td_drafter_open(&d, "ngram", m, &err) == 0, "drafter: %s", err.msg);
     td_ctx_params p = td_ctx_default_params();
-    p.max_rows = B + 1; p.max_ctx = 128; p.max_tokens = 64; p.max_logits = 64; p.n_threads = 2;
+    p.max_rows = B + 1; p.max_ctx = 128; p.max_tokens = 64; p.max_logits = 64; p.n_threads = 2; p.act_type = tc_act;
     T_REQUIRE(td_ctx_open(&c, m, &p, &err) == 0, "ctx: %s", err.msg);
     td_spec_params sp = td_spec_default_params();
     sp.max_depth = 6;
@@ -1268,6 +1397,7 @@ int main(void) {
     test_kq_layout();
     test_kq_ggml();
     test_kq_matmul();
+    test_q8r();
     int deflt = td_kernels_path();
     for (int path = 0; path < TD_KPATH_COUNT; path++) {
         if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
@@ -1297,6 +1427,13 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
+    if (td_amx_available() && td_q8r_available()) { /* act_type amx: Q8_0 in the R16 order */
+        tc_act = TD_ACT_AMX;
+        test_invariance(TD_DTYPE_Q8_0, 1);
+        test_invariance(TD_DTYPE_Q8_0, 0);
+        test_spec(TD_DTYPE_Q8_0);
+        tc_act = TD_DTYPE_F32;
+    }
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -986,6 +986,10 @@ int main(void) {
     snprintf(blk_all, sizeof blk_all, "block:%s/block,prune=off", g_dir);
     snprintf(same, sizeof same, "model:%s/draft_same", g_dir);
     snprintf(oth, sizeof oth, "model:%s/draft_other", g_dir);
+    char same_q8[620], mtp_q8[620], blk_q8[620];
+    snprintf(same_q8, sizeof same_q8, "%s,quant=q8_0", same);
+    snprintf(mtp_q8, sizeof mtp_q8, "%s,quant=q8_0", mtp);
+    snprintf(blk_q8, sizeof blk_q8, "%s,quant=q8_0", blk);
     int Bs[3] = {1, 3, 8};
     /* TD_TEST_QUICK=1 (tests/run.sh's runs on the other kernel paths): the
      * exactness runs at batch 3 and the rollback test only */
@@ -1033,6 +1037,10 @@ int main(void) {
             run_exact(oth, "model_other_act_amx", temp, 3, 3);
             run_exact(mtp, "mtp_random_act_amx", temp, 3, 3);
             run_exact(blk, "block_random_act_amx", temp, 3, 5);
+            /* the drafters' own matrices in Q8_0: R16 products over their repacks */
+            run_exact(same_q8, "model_same_q8_0_act_amx", temp, 3, 4);
+            run_exact(mtp_q8, "mtp_random_q8_0_act_amx", temp, 3, 3);
+            run_exact(blk_q8, "block_random_q8_0_act_amx", temp, 3, 5);
         }
     } else {
         printf("  (no AMX-BF16 tiles here: exactness with act_type amx not run)\n");

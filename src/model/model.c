@@ -29,12 +29,14 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "nn/kernels.h"
+#include "nn/q8r.h"
 #include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -439,6 +441,54 @@ int td_model_open_params(td_model **out, const char *dir, const td_model_params 
     return 0;
 }
 
+int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t *bytes_out, td_err *err) {
+    *arena_out = NULL;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i]->data && !ts[i]->rp && ts[i]->dtype == TD_DTYPE_Q8_0 && ts[i]->n_dims == 2 && ts[i]->shape[1] % 32 == 0)
+            total += td_q8r_bytes(ts[i]->shape[0], ts[i]->shape[1]);
+    if (bytes_out) *bytes_out = total;
+    if (!total) return 0;
+    char *arena = td_model_alloc_huge(total);
+    if (!arena) return td_seterr(err, TD_ENOMEM, "out of memory repacking %zu bytes of Q8_0 weights", total);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        td_tensor *t = ts[i];
+        if (!t->data || t->rp || t->dtype != TD_DTYPE_Q8_0 || t->n_dims != 2 || t->shape[1] % 32 != 0) continue;
+        td_q8r_repack(arena + off, t->data, t->shape[0], t->shape[1], 0, t->shape[0]);
+        t->rp = arena + off;
+        off += td_q8r_bytes(t->shape[0], t->shape[1]);
+    }
+    *arena_out = arena;
+    return 0;
+}
+
+int td_model_repack_q8r(td_model *m, td_err *err) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
+    int rc = 0;
+    if (!m->q8r_done) {
+        /* the matrices: every layer's projections and lm_head (tok_embd is looked up, not multiplied) */
+        enum { PER_LAYER = 7 };
+        int n = 0;
+        td_tensor **ts = malloc(((size_t)m->cfg.n_layer * PER_LAYER + 1) * sizeof *ts);
+        if (!ts) rc = td_seterr(err, TD_ENOMEM, "out of memory repacking Q8_0 weights");
+        for (int l = 0; ts && l < m->cfg.n_layer; l++) {
+            td_layer_w *L = &m->w.layers[l];
+            td_tensor *lt[PER_LAYER] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (int i = 0; i < PER_LAYER; i++) ts[n++] = lt[i];
+        }
+        if (ts) {
+            ts[n++] = &m->w.lm_head;
+            rc = td_tensors_repack_q8r(ts, n, &m->q8r_arena, &m->q8r_bytes, err);
+        }
+        free(ts);
+        if (!rc) m->q8r_done = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 void td_model_free(td_model *m) {
     if (!m) return;
     if (m->tok) td_tokenizer_free(m->tok);
@@ -448,6 +498,7 @@ void td_model_free(td_model *m) {
     free(m->w.layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    free(m->q8r_arena);
     free(m);
 }
 

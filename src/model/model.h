@@ -19,6 +19,8 @@ typedef struct td_tensor {
     int dtype;          /* TD_DTYPE_* */
     int n_dims;
     int64_t shape[4];   /* row-major, as stored (PyTorch [out, in] for linear) */
+    const void *rp;     /* Q8_0 matrices under act_type amx: the R16 repack (nn/q8r.h), owned by the
+                           model (td_model_repack_q8r); else NULL */
 } td_tensor;
 
 /* Row r of a 2-D tensor of n values per row, any dtype (quantized ones too),
@@ -88,7 +90,25 @@ struct td_model {
                               the copy of td_model_params.use_mmap = 0), owned */
     int n_owned;
     int copied;            /* 1: the weights were copied out of the files (use_mmap = 0) */
+    int q8r_done;          /* 1: td_model_repack_q8r has run (guarded by its process-wide lock) */
+    void *q8r_arena;       /* owned: the repacks it made (q8r_bytes), or NULL. A drafter's view of a model
+                              (a struct copy) that gets its own frees it itself */
+    size_t q8r_bytes;
 };
+
+/* Give every Q8_0 matrix the forward multiplies (layers' projections, lm_head)
+ * its R16 repack (nn/q8r.h) in one arena, m->q8r_arena; the first call
+ * does it, later ones return at once (a process-wide lock orders concurrent
+ * callers, so contexts on one model may open from several threads). Called by
+ * td_ctx_open for act_type amx: the model is otherwise read-only once open, and
+ * a context in another mode never reads rp. The mmapped Q8_0 views stay (the
+ * embedding lookup reads them). */
+int td_model_repack_q8r(td_model *m, td_err *err);
+/* Give each Q8_0 matrix of ts[0 .. n) (2-D, rows a multiple of 32 values; others
+ * and tensors already repacked are skipped) its R16 repack, in one 2 MiB-aligned
+ * arena: *arena_out (owned by the caller, free(); NULL when there was nothing to
+ * repack), *bytes_out (may be NULL) its size. On error no tensor has changed. */
+int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t *bytes_out, td_err *err);
 
 /* n bytes (rounded up to 2 MiB), 2 MiB-aligned and advised MADV_HUGEPAGE;
  * free() releases it. NULL when out of memory. */

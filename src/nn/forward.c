@@ -14,7 +14,8 @@
  * td_matmul, whose per-element dot order depends only on K (with p.act_type
  * bf16, products with bf16 weights take their input rounded to bf16 once per
  * row, into xa, and run td_matmul_bf16a: again one order per K; act_type amx
- * packs that input for td_amx_matmul's tiles, whose order is again one per K);
+ * packs that input for td_amx_matmul's tiles, whose order is again one per K,
+ * and quantizes it once, into xq, for the R16 products of Q8_0 weights, nn/q8r.h);
  * attention for a query scores keys 0..pos in order, takes the max, sums
  * exponentials in order and accumulates values in key order — independent of
  * how many queries share the call; threads split outputs, tokens or heads,
@@ -36,7 +37,9 @@
 #include "model/model.h"
 #include "nn/amx.h"
 #include "nn/kernels.h"
+#include "nn/mmx.h"
 #include "nn/pool.h"
+#include "nn/q8r.h"
 #include "nn/quant.h"
 #include "util/util.h"
 
@@ -80,6 +83,9 @@ struct td_ctx {
     float *xo;              /* [max_logits][n_embd] final-normed wanted positions */
     uint16_t *xa;           /* act_type bf16: [max_tokens][wbuf_stride] a product's input rounded to bf16;
                                amx: the same bytes as uint32 words, packed by td_amx_pack */
+    uint8_t *xq;            /* act_type amx over Q8_0 weights: [max(max_tokens, max_logits)] rows of
+                               td_q8r_row_bytes(wbuf_stride), a product's input quantized for
+                               td_q8r_matmul; else NULL */
     int *tok_row;           /* [T] row id of each token */
     int *tok_pos;           /* [T] absolute position of each token */
     int *out_tok;           /* [max_logits] token index of each wanted position */
@@ -183,7 +189,7 @@ void td_ctx_free(td_ctx *c) {
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
     free(c->hg); free(c->hu); free(c->xo); free(c->tok_row); free(c->tok_pos);
     free(c->out_tok); free(c->wbuf); free(c->scores); free(c->qg); free(c->og); free(c->nkg);
-    free(c->brow_t0); free(c->brow_n); free(c->xa);
+    free(c->brow_t0); free(c->brow_n); free(c->xa); free(c->xq);
     free(c);
 }
 
@@ -233,6 +239,17 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
                          TD_DTYPE_BF16, TD_ACT_AMX);
     if (p.act_type == TD_ACT_AMX && !td_amx_available())
         return td_seterr(err, TD_EUNSUPPORTED, "act_type amx: this CPU or kernel offers no AMX-BF16 tiles");
+    /* act_type amx multiplies Q8_0 matrices in the R16 order, over the model's repacks */
+    int q8r = 0;
+    if (p.act_type == TD_ACT_AMX && td_q8r_available()) {
+        int rc = td_model_repack_q8r((td_model *)(uintptr_t)m, err); /* the model's one lazily built cache */
+        if (rc) return rc;
+        q8r = m->w.lm_head.rp != NULL;
+        for (int l = 0; l < m->cfg.n_layer && !q8r; l++) {
+            const td_layer_w *L = &m->w.layers[l];
+            q8r = L->wq.rp || L->wk.rp || L->wv.rp || L->wo.rp || L->w_gate.rp || L->w_up.rp || L->w_down.rp;
+        }
+    }
     if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;
     if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;
@@ -278,6 +295,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->wbuf_stride = wmax;
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
     if (p.act_type != TD_DTYPE_F32) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
+    if (q8r) c->xq = alloc_e(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, td_q8r_row_bytes(wmax), 1, &fail);
     c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)p.max_ctx, &fail);
     c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
@@ -365,35 +383,21 @@ typedef struct {
     td_ctx *c;
     const float *x; int M; int K; int add; int swiglu;
     int n_out; mm_out o[3];
-    const uint16_t *xa; /* x rounded to bf16 (act_type bf16, set by mm_pool_run), or NULL */
-    const uint32_t *xp; /* x packed for the AMX tiles (act_type amx, td_amx_pack), or NULL */
+    td_mm_in in;        /* x prepared for the act type's kernels (mm_pool_run) */
 } mm_job;
-
-static void out_range(int N, int blk, int ith, int nth, int *n0, int *n1) {
-    /* split N in chunks of blk (8, or 16 for AMX tiles) outputs to keep threads on whole cache lines */
-    int blocks = (N + blk - 1) / blk;
-    int b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
-    *n0 = b0 * blk;
-    *n1 = b1 * blk < N ? b1 * blk : N;
-}
 
 static void mm_run(void *arg, int ith, int nth) {
     mm_job *j = arg;
+    int blk = td_mm_block(&j->in);
     for (int i = 0; i < j->n_out; i++) {
         const mm_out *o = &j->o[i];
         int n0, n1;
-        out_range(o->N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
-        if (n0 >= n1) continue;
-        if (j->xp && o->w->dtype == TD_DTYPE_BF16)
-            td_amx_matmul(o->y, o->ldy, j->xp, j->M, o->w->data, j->K, n0, n1, j->add);
-        else if (j->xa && o->w->dtype == TD_DTYPE_BF16)
-            td_matmul_bf16a(o->y, o->ldy, j->xa, j->K, j->M, o->w->data, j->K, n0, n1, j->add);
-        else
-            td_matmul(o->y, o->ldy, j->x, j->K, j->M, o->w->data, o->w->dtype, j->K, n0, n1, j->add);
+        td_mm_range(o->N, blk, ith, nth, &n0, &n1);
+        td_mm_run(&j->in, o->y, o->ldy, j->M, o->w, j->K, n0, n1, j->add);
     }
     if (j->swiglu) {
         int n0, n1;
-        out_range(j->o[0].N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
+        td_mm_range(j->o[0].N, blk, ith, nth, &n0, &n1);
         for (int m = 0; n0 < n1 && m < j->M; m++) {
             float *g = j->o[0].y + (size_t)m * j->o[0].ldy + n0;
             td_swiglu(g, g, j->o[1].y + (size_t)m * j->o[1].ldy + n0, n1 - n0);
@@ -402,31 +406,20 @@ static void mm_run(void *arg, int ith, int nth) {
 }
 
 /* Run a product job as mm_chunks chunks per thread (each a whole number of
- * 8-output (AMX: 16-output) blocks of every output, claimed dynamically, so a thread that falls
+ * 8-output (AMX, R16: 16-output) blocks of every output, claimed dynamically, so a thread that falls
  * behind — descheduled, or sharing memory bandwidth unevenly — leaves its
  * chunks to the other), but no chunk under mm_chunk_min weight bytes nor under
  * one block. Every output element is computed the same way whatever chunk it
  * falls in: the chunk count never changes a bit. */
 static void mm_pool_run(td_ctx *c, mm_job *j) {
-    /* act_type bf16 / amx: the input rounded once, on the caller, for the
-     * bf16-weight outputs (amx: packed for the tiles when K allows, else B32) */
-    j->xa = NULL;
-    j->xp = NULL;
-    for (int i = 0; i < j->n_out && c->xa; i++)
-        if (j->o[i].w->dtype == TD_DTYPE_BF16) {
-            if (c->p.act_type == TD_ACT_AMX && td_amx_fits(j->K)) {
-                td_amx_pack((uint32_t *)(void *)c->xa, j->x, j->K, j->M, j->K);
-                j->xp = (const uint32_t *)(const void *)c->xa;
-            } else {
-                td_from_f32(c->xa, j->x, TD_DTYPE_BF16, (size_t)j->M * j->K);
-                j->xa = c->xa;
-            }
-            break;
-        }
+    /* the input converted once, on the caller, for the act type's kernels */
+    const td_tensor *ws[3];
+    for (int i = 0; i < j->n_out; i++) ws[i] = j->o[i].w;
+    td_mm_prepare(&j->in, c->p.act_type, ws, j->n_out, j->x, j->K, j->M, j->K, c->xa, c->xq);
     if (c->serial) { mm_run(j, 0, 1); return; }
     int nth = td_pool_size(c->pool);
     size_t bytes = 0;
-    int blocks = 1, blk = j->xp ? 16 : 8;
+    int blocks = 1, blk = td_mm_block(&j->in);
     for (int i = 0; i < j->n_out; i++) {
         bytes += td_dtype_row_bytes(j->o[i].w->dtype, j->K) * (size_t)j->o[i].N;
         if ((j->o[i].N + blk - 1) / blk > blocks) blocks = (j->o[i].N + blk - 1) / blk;

@@ -81,19 +81,27 @@ int td_draft_quant_parse(const char *s) {
     return !strcmp(s, "q8_0") ? TD_DTYPE_Q8_0 : !strcmp(s, "q4_0") ? TD_DTYPE_Q4_0 : 0;
 }
 
+/* the seven matrices of each layer of L, then extra[]: a malloc'd list of n (0: out of memory) */
+static td_tensor **draft_matrices(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, int *n) {
+    td_tensor **ts = malloc(sizeof *ts * (size_t)(7 * n_layer + n_extra + 1));
+    *n = 0;
+    if (!ts) return NULL;
+    for (int l = 0; l < n_layer; l++) {
+        td_tensor *lt[] = {&L[l].wq, &L[l].wk, &L[l].wv, &L[l].wo, &L[l].w_gate, &L[l].w_up, &L[l].w_down};
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[(*n)++] = lt[i];
+    }
+    for (int i = 0; i < n_extra; i++) ts[(*n)++] = extra[i];
+    return ts;
+}
+
 int td_draft_quantize(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, int dtype,
                       void **arena, long long *delta, td_err *err) {
     *arena = NULL;
     *delta = 0;
-    int n = 0, cap = 7 * n_layer + n_extra;
-    td_tensor **ts = malloc(sizeof *ts * (size_t)(cap ? cap : 1));
-    int *dts = malloc(sizeof *dts * (size_t)(cap ? cap : 1));
+    int n;
+    td_tensor **ts = draft_matrices(L, n_layer, extra, n_extra, &n);
+    int *dts = malloc(sizeof *dts * (size_t)(n + 1));
     if (!ts || !dts) { free(ts); free(dts); return td_seterr(err, TD_ENOMEM, "out of memory quantizing the drafter"); }
-    for (int l = 0; l < n_layer; l++) {
-        td_tensor *lt[] = {&L[l].wq, &L[l].wk, &L[l].wv, &L[l].wo, &L[l].w_gate, &L[l].w_up, &L[l].w_down};
-        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
-    }
-    for (int i = 0; i < n_extra; i++) ts[n++] = extra[i];
     long long was = 0;
     for (int i = 0; i < n; i++) {
         dts[i] = dtype;
@@ -105,6 +113,16 @@ int td_draft_quantize(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra
     if (!rc) *delta = (long long)now - was;
     free(ts);
     free(dts);
+    return rc;
+}
+
+int td_draft_repack_q8r(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, void **arena, td_err *err) {
+    int n;
+    td_tensor **ts = draft_matrices(L, n_layer, extra, n_extra, &n);
+    *arena = NULL;
+    if (!ts) return td_seterr(err, TD_ENOMEM, "out of memory repacking the drafter");
+    int rc = td_tensors_repack_q8r(ts, n, arena, NULL, err);
+    free(ts);
     return rc;
 }
 

@@ -84,6 +84,7 @@ int td_draft_vocab_open(td_draft_vocab *v, const char *dir, int n_sub, td_tensor
     }
     v->ranked = 1;
     head->data = v->rows;
+    head->rp = NULL; /* a gathered copy: the full matrix's repack does not describe it */
     head->shape[0] = n_sub;
     return 0;
 }

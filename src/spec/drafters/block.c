@@ -66,10 +66,11 @@
 #include "spec/vocab.h"
 #include "io/safetensors.h"
 #include "model/model.h"
-#include "nn/amx.h"
 #include "nn/kernels.h"
-#include "nn/quant.h"
+#include "nn/mmx.h"
 #include "nn/pool.h"
+#include "nn/q8r.h"
+#include "nn/quant.h"
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
@@ -97,6 +98,8 @@ typedef struct {
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
     void *qarena;                      /* owned: the quantized matrices, or NULL */
+    void *rarena;                      /* owned: their R16 repacks (a target context of act_type amx), or NULL */
+    int repacked;                      /* 1: td_draft_repack_q8r ran (the first group under act_type amx) */
     td_tensor head;                    /* the target's LM head cut to the draft vocabulary
                                           (a view, or voc's gathered rows) [n_sub][D] */
     td_draft_vocab voc;                /* the draft vocabulary over the LM head (spec/vocab.h) */
@@ -129,8 +132,11 @@ typedef struct {
     float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
     float *tb;                /* [max_tok][n_taps*D] gathered taps of committed positions */
     float *ckv;               /* [2*n_layer][max_tok][KVH*hd] their K and V, by layer */
-    uint32_t *xp;             /* the target's act_type amx: [max_tok * kmax / 2] a product's input packed for
-                                 the AMX tiles (td_amx_pack), else NULL */
+    int act;                  /* TD_ACT_AMX when the target's context runs it, else TD_DTYPE_F32 */
+    uint16_t *xa;             /* act amx: [td_mm_xa_elems(max_tok, kmax)] a product's input packed for the
+                                 AMX tiles, else NULL */
+    uint8_t *xq;              /* act amx, quant=q8_0: [max_tok] rows of td_q8r_row_bytes(kmax), a product's
+                                 input quantized for the R16 repacks, else NULL */
     blk_row **crow;           /* [max_rows] a commit's rows, */
     const float **ctap;       /* [max_rows] their taps */
     int *cn;                  /* [max_rows] and their position counts */
@@ -145,67 +151,39 @@ typedef struct {
                                  first of them in the round's stacked activations */
 } blk_group;
 
-/* ---- matrix products on the group's pool (outputs split in chunks of 8, 16 on
- * AMX tiles). Under the target's act_type amx the products with bf16 weights
- * take their input packed once (on the caller) for td_amx_matmul, as the
- * target's do; drafts then move a little, the output stays exact. */
-typedef struct { float *y; int ldy; const float *x; int ldx, M; const td_tensor *w; int K, N, add; const uint32_t *xp; } mm_job;
-
-/* the packed input for a product of weights w and width K, or NULL */
-static const uint32_t *amx_in(blk_group *g, const float *x, int ldx, int M, int K, const td_tensor *w) {
-    if (!g->xp || w->dtype != TD_DTYPE_BF16 || !td_amx_fits(K)) return NULL;
-    td_amx_pack(g->xp, x, ldx, M, K);
-    return g->xp;
-}
-
-/* outputs [n0, n1) of N for chunk ith of nth, in blocks of blk */
-static void mm_range(int N, int blk, int ith, int nth, int *n0, int *n1) {
-    int blocks = (N + blk - 1) / blk;
-    *n0 = blocks * ith / nth * blk;
-    *n1 = blocks * (ith + 1) / nth * blk;
-    if (*n1 > N) *n1 = N;
-}
-
-static void mm_one(float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int n0, int n1, int add,
-                   const uint32_t *xp) {
-    if (n0 >= n1) return;
-    if (xp && w->dtype == TD_DTYPE_BF16) td_amx_matmul(y, ldy, xp, M, w->data, K, n0, n1, add);
-    else td_matmul(y, ldy, x, ldx, M, w->data, w->dtype, K, n0, n1, add);
-}
-
-static void mm_run(void *arg, int ith, int nth) {
-    const mm_job *j = arg;
-    int n0, n1;
-    mm_range(j->N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
-    mm_one(j->y, j->ldy, j->x, j->ldx, j->M, j->w, j->K, n0, n1, j->add, j->xp);
-}
-/* y[M][N] (+)= x[M][K] W^T */
-static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int N, int add) {
-    mm_job j = {y, ldy, x, ldx, M, w, K, N, add, amx_in(g, x, ldx, M, K, w)};
-    td_pool_run(g->pool, mm_run, &j);
-}
-
-static size_t kv_at(const blk_group *g, int l, int h, int pos) {
-    return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
-}
-
-/* Several products of one input x [M][K] on the pool in one job: each thread
- * takes its share of every part's outputs. */
+/* ---- matrix products on the group's pool (nn/mmx.h: outputs split in chunks
+ * of 8, 16 on AMX tiles and R16). Under the target's act_type amx the products
+ * with bf16 weights take their input packed once (on the caller) for the tiles,
+ * and Q8_0 weights (quant=q8_0) their R16 repacks, as the target's do; drafts
+ * then move a little, the output stays exact. */
 typedef struct { float *y; int ldy; const td_tensor *w; int N; } mm_part;
-typedef struct { const float *x; int ldx, M, K, n; const mm_part *part; const uint32_t *xp; } mm_multi;
+typedef struct { int M, K, n, add; const mm_part *part; td_mm_in in; } mm_multi;
 static void mm_multi_run(void *arg, int ith, int nth) {
     const mm_multi *j = arg;
     for (int i = 0; i < j->n; i++) {
         const mm_part *q = &j->part[i];
         int n0, n1;
-        mm_range(q->N, j->xp ? 16 : 8, ith, nth, &n0, &n1);
-        mm_one(q->y, q->ldy, j->x, j->ldx, j->M, q->w, j->K, n0, n1, 0, j->xp);
+        td_mm_range(q->N, td_mm_block(&j->in), ith, nth, &n0, &n1);
+        td_mm_run(&j->in, q->y, q->ldy, j->M, q->w, j->K, n0, n1, j->add);
     }
 }
-/* run the parts (their weights all of one dtype) as one pool job */
-static void mm_multi_go(blk_group *g, mm_multi *j) {
-    j->xp = amx_in(g, j->x, j->ldx, j->M, j->K, j->part[0].w);
-    td_pool_run(g->pool, mm_multi_run, j);
+/* the parts' products of one input x [M][K] (ldx apart) as one pool job: each
+ * thread takes its share of every part's outputs */
+static void mm_multi_go(blk_group *g, const float *x, int ldx, int M, int K, const mm_part *part, int n, int add) {
+    mm_multi j = {M, K, n, add, part, {0}};
+    const td_tensor *ws[2 * BLK_MAX_LAYERS];
+    for (int i = 0; i < n; i++) ws[i] = part[i].w;
+    td_mm_prepare(&j.in, g->act, ws, n, x, ldx, M, K, g->xa, g->xq);
+    td_pool_run(g->pool, mm_multi_run, &j);
+}
+/* y[M][N] (+)= x[M][K] W^T */
+static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int N, int add) {
+    mm_part part = {y, ldy, w, N};
+    mm_multi_go(g, x, ldx, M, K, &part, 1, add);
+}
+
+static size_t kv_at(const blk_group *g, int l, int h, int pos) {
+    return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
 }
 
 /* Append context positions to several rows at once: row rr[i] gets n[i]
@@ -230,8 +208,7 @@ static void project_batch(blk_group *g, int nr, blk_row *const *rr, const float 
         part[2 * l] = (mm_part){g->ckv + (size_t)(2 * l) * mt * KW, KW, &p->L[l].wk, KW};
         part[2 * l + 1] = (mm_part){g->ckv + (size_t)(2 * l + 1) * mt * KW, KW, &p->L[l].wv, KW};
     }
-    mm_multi job = {g->x, D, M, D, 2 * p->n_layer, part, NULL};
-    mm_multi_go(g, &job);
+    mm_multi_go(g, g->x, D, M, D, part, 2 * p->n_layer, 0);
     int t = 0;
     for (int i = 0; i < nr; i++) {
         blk_row *r = rr[i];
@@ -473,8 +450,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->attn_norm.data, L->attn_norm.dtype, D, p->eps);
         mm_part qkv[3] = {{g->q, QW, &L->wq, QW}, {g->kb, KW, &L->wk, KW}, {g->vb, KW, &L->wv, KW}};
-        mm_multi jqkv = {g->n, D, T, D, 3, qkv, NULL};
-        mm_multi_go(g, &jqkv);
+        mm_multi_go(g, g->n, D, T, D, qkv, 3, 0);
         for (int b = 0; b < nb; b++) {
             blk_row *r = &g->rows[g->brow[b]];
             for (int j = 0; j < g->bg[b]; j++) {
@@ -500,8 +476,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
         mm_part gu[2] = {{g->g, p->F, &L->w_gate, p->F}, {g->u, p->F, &L->w_up, p->F}};
-        mm_multi jgu = {g->n, D, T, D, 2, gu, NULL};
-        mm_multi_go(g, &jgu);
+        mm_multi_go(g, g->n, D, T, D, gu, 2, 0);
         for (int t = 0; t < T; t++) td_swiglu(g->g + (size_t)t * p->F, g->g + (size_t)t * p->F, g->u + (size_t)t * p->F, p->F);
         mm(g, g->x, D, g->g, p->F, T, &L->w_down, p->F, D, 1);
     }
@@ -643,7 +618,7 @@ static void blk_free_group(void *gv) {
     td_sampler_free(g->smp);
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
-    free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xp);
+    free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xa); free(g->xq);
     free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
     free(g);
 }
@@ -720,9 +695,17 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         int kmax = p->n_taps * D;
         int ks[] = {W, p->F, p->rank};
         for (int i = 0; i < 3; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
-        if (!(g->xp = malloc(sizeof(uint32_t) * td_amx_pack_words(g->max_tok, kmax)))) {
+        g->act = TD_ACT_AMX;
+        int rc = 0;
+        if (td_q8r_available() && !p->repacked) { /* quant=q8_0: the R16 repacks, made once */
+            td_tensor *extra[] = {&p->fc};
+            rc = td_draft_repack_q8r(p->L, p->n_layer, extra, 1, &p->rarena, err);
+            p->repacked = !rc;
+        }
+        if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
+            (p->rarena && !(g->xq = malloc(td_q8r_row_bytes(kmax) * (size_t)g->max_tok)))) {
             blk_free_group(g);
-            return td_seterr(err, TD_ENOMEM, "out of memory");
+            return rc ? rc : td_seterr(err, TD_ENOMEM, "out of memory");
         }
     }
     for (int pos = 0; pos < g->cap; pos++)
@@ -746,6 +729,7 @@ static void blk_free(void *self) {
     if (!p) return;
     free(p->L);
     free(p->qarena);
+    free(p->rarena);
     td_draft_vocab_free(&p->voc);
     td_draft_vocab_free(&p->mvoc);
     td_draft_weights_free(&p->w);

@@ -406,6 +406,7 @@ static void mtp_free(void *self) {
     mtp_provider *p = self;
     if (!p) return;
     free(p->head.w.layers);
+    free(p->head.q8r_arena); /* the head's repacks (act_type amx), made by td_ctx_open */
     free(p->qarena);
     td_draft_vocab_free(&p->voc);
     td_st_free(p->file);

@@ -1,0 +1,40 @@
+/* mmx — a product's input per activation type, and the kernel per tensor (mmx.h). */
+#include "nn/mmx.h"
+#include "nn/amx.h"
+#include "nn/kernels.h"
+#include "nn/q8r.h"
+#include "tandem.h"
+
+void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
+                   uint16_t *xa_buf, uint8_t *xq_buf) {
+    in->x = x;
+    in->ldx = ldx;
+    in->xa = NULL;
+    in->xp = NULL;
+    in->xq = NULL;
+    int bf16 = 0, rp = 0;
+    for (int i = 0; i < n_w; i++) {
+        bf16 |= w[i]->dtype == TD_DTYPE_BF16;
+        rp |= w[i]->rp != NULL;
+    }
+    if (rp && xq_buf && act_type == TD_ACT_AMX) {
+        td_q8r_act(xq_buf, x, ldx, M, K);
+        in->xq = xq_buf;
+    }
+    if (!bf16 || !xa_buf || act_type == TD_DTYPE_F32) return;
+    if (act_type == TD_ACT_AMX && td_amx_fits(K)) {
+        td_amx_pack((uint32_t *)(void *)xa_buf, x, ldx, M, K);
+        in->xp = (const uint32_t *)(const void *)xa_buf;
+        return;
+    }
+    for (int m = 0; m < M; m++) td_from_f32(xa_buf + (size_t)m * K, x + (size_t)m * ldx, TD_DTYPE_BF16, (size_t)K);
+    in->xa = xa_buf;
+}
+
+void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w, int K, int n0, int n1, int add) {
+    if (n0 >= n1) return;
+    if (in->xq && w->rp) td_q8r_matmul(y, ldy, in->xq, M, w->rp, K, n0, n1, add);
+    else if (in->xp && w->dtype == TD_DTYPE_BF16) td_amx_matmul(y, ldy, in->xp, M, w->data, K, n0, n1, add);
+    else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a(y, ldy, in->xa, K, M, w->data, K, n0, n1, add);
+    else td_matmul(y, ldy, in->x, in->ldx, M, w->data, w->dtype, K, n0, n1, add);
+}

@@ -1,0 +1,176 @@
+/* q8r — the R16 order of Q8_0 products over repacked weights (q8r.h).
+ *
+ * A register tile is T tokens x G groups of 16 outputs: per block it starts T x G
+ * integer accumulators at -128 * (sum of the token's q), runs 8 VPDPBUSD steps
+ * (one 64-byte vector of the group's record against 4 bytes of the token's q,
+ * broadcast), and folds each accumulator into its f32 chain with one FMA. The
+ * weights of a group are read once per token tile, from cache after the first;
+ * tokens are taken in slabs of 128 so a slab's activations stay in L2 while
+ * the thread's output range streams past. The tile shape never changes a bit
+ * (the integer sums are exact; the f32 chain is per output). */
+#include "nn/q8r.h"
+#include "nn/quant.h"
+#include "util/util.h"
+
+#include <string.h>
+
+size_t td_q8r_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * (size_t)(K / 32) * TD_Q8R_REC; }
+
+void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, int64_t r1) {
+    int64_t nb = K / 32;
+    const uint8_t *src = W;
+    for (int64_t g = r0 / 16; g * 16 < r1; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *rec = (uint8_t *)dst + (size_t)(g * nb + b) * TD_Q8R_REC;
+            float *dw = (float *)(void *)rec;
+            uint8_t *v = rec + 64;
+            for (int n = 0; n < 16; n++) {
+                int64_t row = g * 16 + n;
+                if (row >= N) {
+                    dw[n] = 0.0f;
+                    for (int j = 0; j < 8; j++) memset(v + 64 * j + 4 * n, 128, 4);
+                    continue;
+                }
+                const uint8_t *blk = src + (size_t)(row * nb + b) * 34;
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                dw[n] = td_f16_to_f32(h);
+                for (int k = 0; k < 32; k++) v[64 * (k / 4) + 4 * n + k % 4] = (uint8_t)((int8_t)blk[2 + k] + 128);
+            }
+        }
+}
+
+void td_q8r_act(void *xq, const float *x, int ldx, int M, int K) {
+    size_t rb = td_q8r_row_bytes(K);
+    int nb = K / 32;
+    for (int m = 0; m < M; m++) {
+        uint8_t *row = (uint8_t *)xq + (size_t)m * rb;
+        int8_t *q = (int8_t *)row;
+        float *d = (float *)(void *)(row + K);
+        int32_t *ns = (int32_t *)(void *)(row + K + 4 * nb);
+        td_quant_act_row(x + (size_t)m * ldx, K, q, d);
+        for (int b = 0; b < nb; b++) {
+            int32_t s = 0;
+            for (int i = 0; i < 32; i++) s += q[32 * b + i];
+            ns[b] = -128 * s;
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
+#include <immintrin.h>
+
+#define TV __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+int td_q8r_available(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* T tokens (rows of xq, rb bytes apart) x G groups (records gs bytes apart,
+ * from wr) over all nb blocks; writes y[t * ldy + 16 g + lane] for lanes below
+ * nv[g]. T and G are constants at every call, so the arrays live in registers. */
+TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, const uint8_t *xq, size_t rb, int T,
+                                                            const uint8_t *wr, size_t gs, int G, int nb, int K,
+                                                            const int *nv, int add) {
+    __m512 f[4][8];
+    __m512i a[4][8];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; g++) f[t][g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *rec = wr + (size_t)b * TD_Q8R_REC;
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512i s = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b));
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++) a[t][g] = s;
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m512i w[8];
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++) w[g] = _mm512_load_si512((const void *)(rec + g * gs + 64 + 64 * j));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                __m512i xb = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + 32 * b + 4 * j));
+#pragma GCC unroll 8
+                for (int g = 0; g < G; g++) a[t][g] = _mm512_dpbusd_epi32(a[t][g], w[g], xb);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++) {
+                __m512 c = _mm512_mul_ps(_mm512_load_ps((const void *)(rec + g * gs)), dx);
+                f[t][g] = _mm512_fmadd_ps(c, _mm512_cvtepi32_ps(a[t][g]), f[t][g]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            __mmask16 k = nv[g] >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv[g]) - 1);
+            float *yy = y + (size_t)t * ldy + 16 * g;
+            __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(k, yy), f[t][g]) : f[t][g];
+            _mm512_mask_storeu_ps(yy, k, v);
+        }
+}
+
+/* tokens [0, M) of a slab against the G groups at wg, 4 at a time */
+#define TOK_TILES(G)                                                                                               \
+    do {                                                                                                           \
+        int m = 0;                                                                                                 \
+        for (; m + 4 <= M; m += 4) tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 4, wg, gs, G, nb, K, nv, add); \
+        switch (M - m) {                                                                                           \
+        case 3: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 3, wg, gs, G, nb, K, nv, add); break;            \
+        case 2: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 2, wg, gs, G, nb, K, nv, add); break;            \
+        case 1: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 1, wg, gs, G, nb, K, nv, add); break;            \
+        }                                                                                                          \
+    } while (0)
+
+TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
+    int nb = K / 32;
+    size_t rb = td_q8r_row_bytes(K), gs = (size_t)nb * TD_Q8R_REC;
+    const uint8_t *W = Wr;
+    for (int s0 = 0; s0 < Mall; s0 += 128) {
+        int M = Mall - s0 < 128 ? Mall - s0 : 128;
+        const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
+        float *ys = y + (size_t)s0 * ldy;
+        for (int n = n0; n < n1;) {
+            int left = (n1 - n + 15) / 16, G = M == 1 ? (left < 8 ? left : 8) : (left < 3 ? left : 3);
+            int nv[8];
+            for (int g = 0; g < G; g++) nv[g] = n1 - (n + 16 * g) < 16 ? n1 - (n + 16 * g) : 16;
+            const uint8_t *wg = W + (size_t)(n / 16) * gs;
+            float *yg = ys + n;
+            if (M == 1) {
+                switch (G) {
+                case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add); break;
+                case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add); break;
+                case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add); break;
+                case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add); break;
+                case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add); break;
+                case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add); break;
+                case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add); break;
+                default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add); break;
+                }
+            } else if (G == 3) TOK_TILES(3);
+            else if (G == 2) TOK_TILES(2);
+            else TOK_TILES(1);
+            n += 16 * G;
+        }
+    }
+}
+
+#else
+int td_q8r_available(void) { return 0; }
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add) {
+    (void)y; (void)ldy; (void)xq; (void)M; (void)Wr; (void)K; (void)n0; (void)n1; (void)add;
+    TD_ASSERT(!"td_q8r_matmul without AVX-512 VNNI");
+}
+#endif

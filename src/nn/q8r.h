@@ -1,0 +1,57 @@
+/* q8r — products of Q8_0 weights under act_type amx, over a repacked copy of
+ * the weights (the "R16" order).
+ *
+ * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
+ * block and output, which suits a vector of one output's 32 bytes, but makes
+ * every extra token cost nearly as much as the first (T = 8 verify ~1.9x T = 1
+ * on the Qwen3-0.6B shape, prefill below llama.cpp's). R16 sums a whole block
+ * in exact integers first, so 16 outputs can share one vector, one lane each.
+ * act_type amx is its own order family already (bf16 weights on the tiles), so
+ * R16 serves only there: the f32 and bf16 modes keep Q16 on every path.
+ *
+ * The order of y[m][n] = sum_k x[m][k] W[n][k] (K/32 blocks b; w the block's
+ * int8 values, dw its f16 scale as f32; x quantized per block exactly as
+ * td_quant_act_row does, q the int8 values, d the f32 scale):
+ *   P_b = sum_{i<32} w[i] q[32b+i]        (exact int32, |P_b| < 2^20)
+ *   c_b = dw_b * d_b                       (f32 multiply)
+ *   a_0 = +0;  a_{b+1} = fma(c_b, (float)P_b, a_b)   (b ascending)
+ *   y = a_{K/32}, or y + a_{K/32} when add.
+ * The integer sum is exact in any grouping, so the kernels may compute it in
+ * any order; the f32 steps are one chain per output, the same on every path,
+ * for every M, output range and thread count (batch invariance).
+ *
+ * Repacked layout (td_q8r_repack): output group g (rows 16g .. 16g+15; a last
+ * group of fewer rows is padded with zero weights), block b is one record of
+ * TD_Q8R_REC bytes at ((g * (K/32)) + b) * TD_Q8R_REC: 16 f32 scales dw[n],
+ * then 8 x 64 bytes where byte (j, n, i) = w[n][4j + i] + 128 (unsigned), so
+ * one 64-byte vector holds 4 consecutive values of each of the 16 rows — the
+ * unsigned operand of VPDPBUSD. The +128 is taken back exactly through the
+ * activation record's -128 * (sum of the block's q).
+ * Kernel: AVX-512 VNNI (td_q8r_available); register tiles of up to 4 tokens x
+ * 3 groups (1 x 8 for a single token). */
+#ifndef TD_Q8R_H
+#define TD_Q8R_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { TD_Q8R_REC = 576 }; /* bytes of one (group, block) record: 64 of scales, 512 of values */
+
+/* 1 when the CPU has AVX-512 VNNI (the one kernel path of this order). */
+int td_q8r_available(void);
+/* Bytes of the repack of an [N][K] Q8_0 matrix (K a multiple of 32). */
+size_t td_q8r_bytes(int64_t N, int64_t K);
+/* Repack rows [r0, r1) of W ([N][K] GGUF Q8_0 blocks) into dst (td_q8r_bytes,
+ * 64-byte aligned); r0 a multiple of 16; a range ending at N pads the group. */
+void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, int64_t r1);
+/* Bytes of one quantized activation row of width K: K int8 q, then K/32 f32 d,
+ * then K/32 int32 -128 * (sum of the block's q); rounded up to 64. */
+static inline size_t td_q8r_row_bytes(int K) { return ((size_t)K + (size_t)K / 4 + 63) / 64 * 64; }
+/* Quantize rows x[m * ldx .. + K), m in [0, M), into xq (M * td_q8r_row_bytes(K)). */
+void td_q8r_act(void *xq, const float *x, int ldx, int M, int K);
+/* y[m * ldy + n] (+)= the R16 product of activation row m (xq) with row n of
+ * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16. Requires
+ * td_q8r_available(). */
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add);
+
+#endif
