@@ -12,31 +12,68 @@
 #include "nn/quant.h"
 #include "util/util.h"
 
+#include <stdint.h>
 #include <string.h>
 
 size_t td_q8r_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * (size_t)(K / 32) * TD_Q8R_REC; }
 
+/* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights) of block b */
+static void repack_rec(uint8_t *rec, const uint8_t *src, int64_t N, int64_t nb, int64_t row0, int64_t b) {
+    float *dw = (float *)(void *)rec;
+    uint8_t *v = rec + 64;
+    for (int n = 0; n < 16; n++) {
+        int64_t row = row0 + n;
+        if (row >= N) {
+            dw[n] = 0.0f;
+            for (int j = 0; j < 8; j++) memset(v + 64 * j + 4 * n, 128, 4);
+            continue;
+        }
+        const uint8_t *blk = src + (size_t)(row * nb + b) * 34;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        dw[n] = td_f16_to_f32(h);
+        for (int j = 0; j < 8; j++) {
+            uint32_t w;
+            memcpy(&w, blk + 2 + 4 * j, 4);
+            w ^= 0x80808080u; /* each byte: int8 value + 128 as uint8 */
+            memcpy(v + 64 * j + 4 * n, &w, 4);
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
+#include <immintrin.h>
+/* a full record (16 rows in range) by 8 dword gathers: dword j of row n is
+ * 4 bytes at blk(n) + 2 + 4j, blk(n) = the row's block b, nb * 34 bytes apart */
+__attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *rec, const uint8_t *blk0, int64_t nb) {
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)(nb * 34)));
+    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    __m512i h = _mm512_and_si512(_mm512_i32gather_epi32(rows, (const void *)blk0, 1), _mm512_set1_epi32(0xffff));
+    _mm512_store_ps((void *)rec, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    for (int j = 0; j < 8; j++)
+        _mm512_store_si512((void *)(rec + 64 + 64 * j),
+                           _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk0 + 2 + 4 * j), 1), flip));
+}
+static int repack_fast(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+#else
+static void repack_rec16(uint8_t *rec, const uint8_t *blk0, int64_t nb) { (void)rec; (void)blk0; (void)nb; }
+static int repack_fast(void) { return 0; }
+#endif
+
 void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, int64_t r1) {
     int64_t nb = K / 32;
     const uint8_t *src = W;
+    /* the gathers' offsets (15 rows of nb * 34 bytes) must fit an int32 */
+    int fast = repack_fast() && nb * 34 * 15 < INT32_MAX;
     for (int64_t g = r0 / 16; g * 16 < r1; g++)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *rec = (uint8_t *)dst + (size_t)(g * nb + b) * TD_Q8R_REC;
-            float *dw = (float *)(void *)rec;
-            uint8_t *v = rec + 64;
-            for (int n = 0; n < 16; n++) {
-                int64_t row = g * 16 + n;
-                if (row >= N) {
-                    dw[n] = 0.0f;
-                    for (int j = 0; j < 8; j++) memset(v + 64 * j + 4 * n, 128, 4);
-                    continue;
-                }
-                const uint8_t *blk = src + (size_t)(row * nb + b) * 34;
-                uint16_t h;
-                memcpy(&h, blk, 2);
-                dw[n] = td_f16_to_f32(h);
-                for (int k = 0; k < 32; k++) v[64 * (k / 4) + 4 * n + k % 4] = (uint8_t)((int8_t)blk[2 + k] + 128);
-            }
+            if (fast && g * 16 + 16 <= N) repack_rec16(rec, src + (size_t)(g * 16 * nb + b) * 34, nb);
+            else repack_rec(rec, src, N, nb, g * 16, b);
         }
 }
 
