@@ -240,7 +240,11 @@ typedef struct td_ctx_params {
                         activations as with TD_DTYPE_BF16, the products on Intel AMX tiles
                         (TDPBF16PS, src/nn/amx.h, "AMX"): batch invariant and exact like the
                         others, but the bits are this CPU's AMX unit's, not portable; products
-                        whose input width is not a multiple of 32 take the bf16 order.
+                        whose input width is not a multiple of 32 take the bf16 order. Q8_0
+                        weights take the "R16" order in this mode (src/nn/q8r.h: the same Q8
+                        activations as td_matmul's, each 32-value block's integer sum whole
+                        before its scale; AVX-512 VNNI over a repacked copy of the weights
+                        the model builds at the first such context, ~1.06x the Q8_0 bytes).
                         TD_EUNSUPPORTED where the CPU or kernel offers no AMX-BF16 tiles.
                         Other values: TD_EINVAL. */
     const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads

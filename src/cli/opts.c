@@ -134,7 +134,8 @@ void cli_gen_opts_help(void) {
            "      --act-type T       activations entering bf16-weight products: f32 (default) |\n"
            "                         bf16 (rounded to bf16, bf16 dot products: faster, logits move\n"
            "                         by ~1e-2 relative; a model drafter follows it) | amx (bf16 on\n"
-           "                         Intel AMX tiles, where the CPU has them: bits are the CPU's)\n"
+           "                         Intel AMX tiles, where the CPU has them: bits are the CPU's;\n"
+           "                         Q8_0 weights repacked for 16-output VNNI products)\n"
            "  -t, --threads N        threads (default: physical cores)\n"
            CLI_MMAP_HELP);
 }
