@@ -372,6 +372,24 @@ static int kernel_paths(int *paths) {
     return n;
 }
 
+/* got ([Mmax][ldy], first filled by init_got) holds a product of M rows and N
+ * outputs with the reference's bits ref[m * ldy + n] (add = 1: added to the
+ * fill), and the fill elsewhere */
+static void init_got(float *got, int n) {
+    for (int i = 0; i < n; i++) got[i] = (float)i * 0.25f;
+}
+static int same_as_ref(const float *got, const float *ref, int M, int N, int ldy, int Mmax, int add) {
+    int same = 1;
+    for (int m = 0; m < Mmax; m++)
+        for (int n = 0; n < ldy; n++) {
+            float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
+                                                             : add ? init + ref[m * ldy + n]
+                                                                   : ref[m * ldy + n];
+            same &= !memcmp(&want, &got[m * ldy + n], 4);
+        }
+    return same;
+}
+
 /* td_matmul of M rows on every path in paths, with add = 0 and 1 and over an
  * inner output sub-range, against ref (the reference order's bits, memcmp):
  * rows past M and columns past N untouched. Returns the products run; failures
@@ -382,18 +400,10 @@ static int paths_vs_ref(const float *x, int ldx, int M, const char *Wq, int dt, 
     for (int p = 0; p < npaths; p++) {
         td_kernels_set_path(paths[p]);
         for (int add = 0; add < 2; add++) {
-            for (int i = 0; i < Mmax * ldy; i++) got[i] = (float)i * 0.25f;
+            init_got(got, Mmax * ldy);
             td_matmul(got, ldy, x, ldx, M, Wq, dt, K, 0, N, add);
             run++;
-            int same = 1;
-            for (int m = 0; m < Mmax; m++)
-                for (int n = 0; n < ldy; n++) {
-                    float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
-                                                                     : add ? init + ref[m * ldy + n]
-                                                                           : ref[m * ldy + n];
-                    same &= !memcmp(&want, &got[m * ldy + n], 4);
-                }
-            if (!same && (*fails)++ < 5)
+            if (!same_as_ref(got, ref, M, N, ldy, Mmax, add) && (*fails)++ < 5)
                 T_CHECK(0, "%s path %d M %d N %d K %d add %d: not the reference order's bits", td_dtype_name(dt), paths[p],
                         M, N, K, add);
         }
@@ -558,23 +568,15 @@ static void test_q8r(void) {
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                 int M = Ms[mi];
                 for (int add = 0; add < 2; add++) {
-                    for (int i = 0; i < MMAX * ldy; i++) got[i] = (float)i * 0.25f;
-                    /* one call, or three ranges split on 16-output groups */
+                    init_got(got, MMAX * ldy);
+                    /* one call, or two ranges split on a 16-output group, the later first */
                     if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add);
                     else {
                         td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add);
                         td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add);
                     }
                     checked++;
-                    int same = 1;
-                    for (int m = 0; m < MMAX; m++)
-                        for (int n = 0; n < ldy; n++) {
-                            float init = (float)(m * ldy + n) * 0.25f, want = m >= M || n >= N ? init
-                                                                             : add ? init + ref[m * ldy + n]
-                                                                                   : ref[m * ldy + n];
-                            same &= !memcmp(&want, &got[m * ldy + n], 4);
-                        }
-                    if (!same && fails++ < 5) T_CHECK(0, "M %d N %d K %d add %d: not the R16 order's bits", M, N, K, add);
+                    if (!same_as_ref(got, ref, M, N, ldy, MMAX, add) && fails++ < 5) T_CHECK(0, "M %d N %d K %d add %d: not the R16 order's bits", M, N, K, add);
                 }
             }
             if (K == 96 && N == 45) { /* a NaN in row 2's second block: that row NaN, the others unchanged */
