@@ -19,8 +19,9 @@ typedef struct td_tensor {
     int dtype;          /* TD_DTYPE_* */
     int n_dims;
     int64_t shape[4];   /* row-major, as stored (PyTorch [out, in] for linear) */
-    const void *rp;     /* Q8_0 matrices under act_type amx: the R16 repack (nn/q8r.h), owned by the
-                           model (td_model_repack_q8r); else NULL */
+    const void *rp;     /* Q8_0 matrices under act_type amx: the R16 repack (nn/q8r.h), owned by whoever
+                           made it (the model's q8r_arena, a drafter's arena); else NULL. Written
+                           once, before any amx context reads it; other modes never read it */
 } td_tensor;
 
 /* Row r of a 2-D tensor of n values per row, any dtype (quantized ones too),

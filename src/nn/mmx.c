@@ -15,9 +15,10 @@ void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_
     int bf16 = 0, rp = 0;
     for (int i = 0; i < n_w; i++) {
         bf16 |= w[i]->dtype == TD_DTYPE_BF16;
-        rp |= w[i]->rp != NULL;
+        /* rp is read only in amx mode: another context's first amx open may be writing it */
+        if (act_type == TD_ACT_AMX) rp |= w[i]->rp != NULL;
     }
-    if (rp && xq_buf && act_type == TD_ACT_AMX) {
+    if (rp && xq_buf) {
         td_q8r_act(xq_buf, x, ldx, M, K);
         in->xq = xq_buf;
     }
