@@ -31,7 +31,7 @@ for c in "run -p x" "bench forward" "bench spec --random 1" "serve"; do
   [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not f32, bf16 or f16" && ok "$n" || bad "$n" "rc=$rc: $out"
   out=$($T $c --act-type f16 2>&1); rc=$?
   n=cli_err_act_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
-  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32, bf16 or amx" && ok "$n" || bad "$n" "rc=$rc: $out"
+  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32, bf16, amx or auto" && ok "$n" || bad "$n" "rc=$rc: $out"
 done
 out=$($T frobnicate 2>&1); rc=$?
 [ $rc -ne 0 ] && ok cli_err_unknown_command || bad cli_err_unknown_command "rc=$rc"
@@ -67,6 +67,11 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   else
     echo "$a" | grep -q 'AMX' && ok cli_run_act_amx_refused_without_tiles || bad cli_run_act_amx_refused_without_tiles "rc=$rc: $a"
   fi
+  # --act-type auto runs everywhere (amx where the tiles are, else f32), and a drafter whose matrices are
+  # Q8_0 (R16 products over their repacks in amx mode) still gives plain's ids
+  a=$($T run -m $M -p 'def main(' -n 32 --act-type auto --draft none --ids 2>&1 >/dev/null | grep '^ids:')
+  b=$($T run -m $M -p 'def main(' -n 32 --act-type auto --draft block:models/tiny-code/block,quant=q8_0 --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_act_auto_q8_drafter_spec_equals_plain || bad cli_run_act_auto_q8_drafter_spec_equals_plain "plain [$a] spec [$b]"
   out=$($T bench forward -m $M --act-type bf16 --bw-mib 16 --json 2>&1); rc=$?
   [ $rc -eq 0 ] && echo "$out" | grep -q '"act_type": "bf16"' && ok cli_bench_forward_act_type || bad cli_bench_forward_act_type "rc=$rc: $out"
   out=$($T bench forward -m $M --kv-type f16 --bw-mib 16 --json 2>&1); rc=$?

@@ -363,6 +363,8 @@ done:
 static void test_act_amx(const tm_shape *sa, const char *da, const tm_shape *sf, const char *df) {
     t_begin("act_type_amx");
     T_CHECK(td_act_type_parse("amx") == TD_ACT_AMX && !strcmp(td_act_type_name(TD_ACT_AMX), "amx"), "amx name");
+    T_CHECK(td_act_type_parse("auto") == (td_amx_available() ? TD_ACT_AMX : TD_DTYPE_F32) && td_act_type_parse("Auto") == -1,
+            "auto: amx exactly where the tiles are");
     td_model *ma = open_model(da, sa), *mf = open_model(df, sf);
     T_REQUIRE(ma && mf, "models");
     if (!td_amx_available()) {

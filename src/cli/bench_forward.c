@@ -44,7 +44,8 @@ static void bf_help(void) {
            "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
            "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
-           "                         (amx: bf16 weights on AMX tiles, Q8_0 weights in the R16 order)\n"
+           "                         | auto (amx: bf16 weights on AMX tiles, Q8_0 weights in the R16\n"
+           "                         order; auto: amx where the CPU has the tiles, else f32)\n"
            CLI_MMAP_HELP
            "      --json             print one JSON object\n"
            "  -h, --help             this help\n");

@@ -95,7 +95,7 @@ static int parse_type(const char *s, const char *opt, int (*parse)(const char *)
     return 1;
 }
 int cli_parse_kv_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_kv_type_parse, "f32, bf16 or f16", out); }
-int cli_parse_act_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_act_type_parse, "f32, bf16 or amx", out); }
+int cli_parse_act_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_act_type_parse, "f32, bf16, amx or auto", out); }
 
 void cli_gen_opts_init(cli_gen_opts *o) {
     memset(o, 0, sizeof *o);
@@ -135,7 +135,8 @@ void cli_gen_opts_help(void) {
            "                         bf16 (rounded to bf16, bf16 dot products: faster, logits move\n"
            "                         by ~1e-2 relative; a model drafter follows it) | amx (bf16 on\n"
            "                         Intel AMX tiles, where the CPU has them: bits are the CPU's;\n"
-           "                         Q8_0 weights repacked for 16-output VNNI products)\n"
+           "                         Q8_0 weights repacked for 16-output VNNI products) | auto (amx\n"
+           "                         where the CPU has the tiles, else f32)\n"
            "  -t, --threads N        threads (default: physical cores)\n"
            CLI_MMAP_HELP);
 }
