@@ -5,8 +5,11 @@
  * (one 64-byte vector of the group's record against 4 bytes of the token's q,
  * broadcast), and folds each accumulator into its f32 chain with one FMA. The
  * weights of a group are read once per token tile, from cache after the first;
- * tokens are taken in slabs of 128 so a slab's activations stay in L2 while
- * the thread's output range streams past. The tile shape never changes a bit
+ * during the last token tile over a chunk of groups, the next chunk's records
+ * are prefetched toward L2, so that DRAM keeps streaming while the tile
+ * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
+ * a forward); tokens are taken in slabs of 128 so a slab's activations stay in
+ * L2 while the thread's output range streams past. The tile shape never changes a bit
  * (the integer sums are exact; the f32 chain is per output). */
 #include "nn/q8r.h"
 #include "nn/quant.h"
@@ -110,7 +113,7 @@ int td_q8r_available(void) {
  * nv[g]. T and G are constants at every call, so the arrays live in registers. */
 TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, const uint8_t *xq, size_t rb, int T,
                                                             const uint8_t *wr, size_t gs, int G, int nb, int K,
-                                                            const int *nv, int add) {
+                                                            const int *nv, int add, const uint8_t *pf, int pfg) {
     __m512 f[4][8];
     __m512i a[4][8];
 #pragma GCC unroll 4
@@ -119,6 +122,9 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
         for (int g = 0; g < G; g++) f[t][g] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *rec = wr + (size_t)b * TD_Q8R_REC;
+        for (int g = 0; g < pfg; g++) /* the next groups' block b, toward L2, while these compute */
+            for (int i = 0; i < TD_Q8R_REC / 64; i++)
+                _mm_prefetch((const char *)(pf + g * gs + (size_t)b * TD_Q8R_REC + 64 * i), _MM_HINT_T1);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m512i s = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b));
@@ -162,11 +168,13 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 #define TOK_TILES(G)                                                                                               \
     do {                                                                                                           \
         int m = 0;                                                                                                 \
-        for (; m + 4 <= M; m += 4) tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 4, wg, gs, G, nb, K, nv, add); \
+        for (; m + 4 <= M; m += 4)                                                                                 \
+            tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 4, wg, gs, G, nb, K, nv, add, m + 4 == M ? pf : NULL,   \
+                 m + 4 == M ? pfg : 0);                                                                            \
         switch (M - m) {                                                                                           \
-        case 3: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 3, wg, gs, G, nb, K, nv, add); break;            \
-        case 2: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 2, wg, gs, G, nb, K, nv, add); break;            \
-        case 1: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 1, wg, gs, G, nb, K, nv, add); break;            \
+        case 3: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 3, wg, gs, G, nb, K, nv, add, pf, pfg); break;   \
+        case 2: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 2, wg, gs, G, nb, K, nv, add, pf, pfg); break;   \
+        case 1: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 1, wg, gs, G, nb, K, nv, add, pf, pfg); break;   \
         }                                                                                                          \
     } while (0)
 
@@ -185,16 +193,19 @@ TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *W
             for (int g = 0; g < G; g++) nv[g] = n1 - (n + 16 * g) < 16 ? n1 - (n + 16 * g) : 16;
             const uint8_t *wg = W + (size_t)(n / 16) * gs;
             float *yg = ys + n;
+            /* the next chunk's groups (in this range), prefetched during the last token tile */
+            int nxt = (n1 - (n + 16 * G) + 15) / 16, pfg = M > 1 ? (nxt < 3 ? nxt : 3) : 0;
+            const uint8_t *pf = pfg > 0 ? wg + (size_t)G * gs : NULL;
             if (M == 1) {
                 switch (G) {
-                case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add); break;
-                case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add); break;
-                case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add); break;
-                case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add); break;
-                case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add); break;
-                case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add); break;
-                case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add); break;
-                default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add); break;
+                case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0); break;
+                case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0); break;
+                case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0); break;
+                case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0); break;
+                case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0); break;
+                case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0); break;
+                case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0); break;
+                default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0); break;
                 }
             } else if (G == 3) TOK_TILES(3);
             else if (G == 2) TOK_TILES(2);
