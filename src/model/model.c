@@ -463,21 +463,32 @@ int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t 
     return 0;
 }
 
+void td_layer_matrices(td_layer_w *L, td_tensor *out[TD_LAYER_MATRICES]) {
+    td_tensor *lt[TD_LAYER_MATRICES] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    memcpy(out, lt, sizeof lt);
+}
+
+int td_model_has_repack(const td_model *m) {
+    if (m->w.lm_head.rp) return 1;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        td_tensor *lt[TD_LAYER_MATRICES];
+        td_layer_matrices(&m->w.layers[l], lt);
+        for (int i = 0; i < TD_LAYER_MATRICES; i++)
+            if (lt[i]->rp) return 1;
+    }
+    return 0;
+}
+
 int td_model_repack_q8r(td_model *m, td_err *err) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&lock);
     int rc = 0;
     if (!m->q8r_done) {
         /* the matrices: every layer's projections and lm_head (tok_embd is looked up, not multiplied) */
-        enum { PER_LAYER = 7 };
         int n = 0;
-        td_tensor **ts = malloc(((size_t)m->cfg.n_layer * PER_LAYER + 1) * sizeof *ts);
+        td_tensor **ts = malloc(((size_t)m->cfg.n_layer * TD_LAYER_MATRICES + 1) * sizeof *ts);
         if (!ts) rc = td_seterr(err, TD_ENOMEM, "out of memory repacking Q8_0 weights");
-        for (int l = 0; ts && l < m->cfg.n_layer; l++) {
-            td_layer_w *L = &m->w.layers[l];
-            td_tensor *lt[PER_LAYER] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            for (int i = 0; i < PER_LAYER; i++) ts[n++] = lt[i];
-        }
+        for (int l = 0; ts && l < m->cfg.n_layer; l++, n += TD_LAYER_MATRICES) td_layer_matrices(&m->w.layers[l], ts + n);
         if (ts) {
             ts[n++] = &m->w.lm_head;
             rc = td_tensors_repack_q8r(ts, n, &m->q8r_arena, &m->q8r_bytes, err);

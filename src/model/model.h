@@ -105,6 +105,11 @@ struct td_model {
  * a context in another mode never reads rp. The mmapped Q8_0 views stay (the
  * embedding lookup reads them). */
 int td_model_repack_q8r(td_model *m, td_err *err);
+/* The seven matrices of a layer (q, k, v, o, gate, up, down) into out[TD_LAYER_MATRICES]. */
+enum { TD_LAYER_MATRICES = 7 };
+void td_layer_matrices(td_layer_w *L, td_tensor *out[TD_LAYER_MATRICES]);
+/* 1 when one of the matrices the forward multiplies (layers' and lm_head) has an R16 repack. */
+int td_model_has_repack(const td_model *m);
 /* Give each Q8_0 matrix of ts[0 .. n) (2-D, rows a multiple of 32 values; others
  * and tensors already repacked are skipped) its R16 repack, in one 2 MiB-aligned
  * arena: *arena_out (owned by the caller, free(); NULL when there was nothing to

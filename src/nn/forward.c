@@ -245,11 +245,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (p.act_type == TD_ACT_AMX && td_q8r_available()) {
         int rc = td_model_repack_q8r((td_model *)(uintptr_t)m, err); /* the model's one lazily built cache */
         if (rc) return rc;
-        q8r = m->w.lm_head.rp != NULL;
-        for (int l = 0; l < m->cfg.n_layer && !q8r; l++) {
-            const td_layer_w *L = &m->w.layers[l];
-            q8r = L->wq.rp || L->wk.rp || L->wv.rp || L->wo.rp || L->w_gate.rp || L->w_up.rp || L->w_down.rp;
-        }
+        q8r = td_model_has_repack(m);
     }
     if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;

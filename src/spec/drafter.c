@@ -83,13 +83,10 @@ int td_draft_quant_parse(const char *s) {
 
 /* the seven matrices of each layer of L, then extra[]: a malloc'd list of n (0: out of memory) */
 static td_tensor **draft_matrices(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, int *n) {
-    td_tensor **ts = malloc(sizeof *ts * (size_t)(7 * n_layer + n_extra + 1));
+    td_tensor **ts = malloc(sizeof *ts * (size_t)(TD_LAYER_MATRICES * n_layer + n_extra + 1));
     *n = 0;
     if (!ts) return NULL;
-    for (int l = 0; l < n_layer; l++) {
-        td_tensor *lt[] = {&L[l].wq, &L[l].wk, &L[l].wv, &L[l].wo, &L[l].w_gate, &L[l].w_up, &L[l].w_down};
-        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[(*n)++] = lt[i];
-    }
+    for (int l = 0; l < n_layer; l++, *n += TD_LAYER_MATRICES) td_layer_matrices(&L[l], ts + *n);
     for (int i = 0; i < n_extra; i++) ts[(*n)++] = extra[i];
     return ts;
 }
