@@ -875,6 +875,58 @@ static void test_path_equal(int path) {
     t_end();
 }
 
+/* td_panel16_addmv against its definition (one fmaf per term, k ascending,
+ * from y) and td_argmax against the scalar loop it replaces (ties to the first,
+ * NaN never chosen past index 0, -0 and +0 equal), on every path the CPU has. */
+static void test_panel_argmax(void) {
+    t_begin("panel16_addmv_and_argmax_every_path");
+    static const int KS[] = {1, 7, 32, 33};
+    static const int NS[] = {1, 15, 16, 17, 100, 1024};
+    for (int p = 0; p < TD_KPATH_COUNT; p++) {
+        if (p != TD_KPATH_PORTABLE && !td_kernels_supported(p)) continue;
+        td_kernels_set_path(p);
+        for (int dt = 0; dt < 3; dt++)
+            for (int ki = 0; ki < 4; ki++)
+                for (int ni = 0; ni < 6; ni++) {
+                    int K = KS[ki], N = NS[ni];
+                    void *W = rand_w((size_t)N * K, dt);
+                    float *x = rand_f((size_t)K), *y = rand_f((size_t)N), *ref = malloc(sizeof(float) * N);
+                    float *wp = malloc(sizeof(float) * td_panel16_elems(K, N));
+                    for (int n = 0; n < N; n++) {
+                        float a = y[n];
+                        for (int k = 0; k < K; k++) {
+                            float w;
+                            if (dt == TD_DTYPE_F32) w = ((float *)W)[(size_t)n * K + k];
+                            else if (dt == TD_DTYPE_BF16) w = td_bf16_to_f32(((uint16_t *)W)[(size_t)n * K + k]);
+                            else w = td_f16_to_f32(((uint16_t *)W)[(size_t)n * K + k]);
+                            a = fmaf(x[k], w, a);
+                        }
+                        ref[n] = a;
+                    }
+                    td_panel16_pack(wp, W, dt, K, N);
+                    td_panel16_addmv(y, wp, x, K, N);
+                    T_CHECK(memcmp(y, ref, sizeof(float) * N) == 0, "panel16 %s path %s K=%d N=%d differs", dtn(dt), PNAME[p], K, N);
+                    free(W); free(x); free(y); free(ref); free(wp);
+                }
+        for (int n = 1; n <= 200; n += n < 40 ? 1 : 37)
+            for (int c = 0; c < 6; c++) {
+                float *x = rand_f((size_t)n);
+                if (c == 1) for (int i = 0; i < n; i++) x[i] = (float)(i % 3); /* ties: the first 2 */
+                if (c == 2) { x[0] = NAN; }                                   /* NaN at 0: stays 0 */
+                if (c == 3) for (int i = 1; i < n; i += 5) x[i] = NAN;        /* NaNs skipped */
+                if (c == 4) { for (int i = 0; i < n; i++) x[i] = -1.0f; x[n / 2] = -0.0f; x[n - 1] = 0.0f; }
+                if (c == 5) for (int i = 0; i < n; i++) x[i] = -INFINITY;
+                int b = 0;
+                for (int j = 1; j < n; j++) if (x[j] > x[b]) b = j;
+                int got = td_argmax(x, n);
+                T_CHECK(got == b, "argmax path %s n=%d case %d: %d, expected %d", PNAME[p], n, c, got, b);
+                free(x);
+            }
+    }
+    td_kernels_set_path(TD_KPATH_PORTABLE);
+    t_end();
+}
+
 int main(void) {
     int best = td_kernels_path();
     printf("  kernel path: %s\n", td_kernels_path_name());
@@ -892,6 +944,7 @@ int main(void) {
     test_matmul_bf16a();
     test_matmul_bf16a_edges();
     test_amx();
+    test_panel_argmax();
     /* every other path the CPU supports: the same bits as portable, and the
      * reference comparison again on it */
     for (int p = 0; p < TD_KPATH_COUNT; p++) {

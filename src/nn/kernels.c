@@ -831,6 +831,56 @@ void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W,
     matmul_p(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add);
 }
 
+int td_argmax(const float *x, int n) {
+    int b = 0, j = 1;
+#ifdef TD_HAVE_AVX512
+    if (FAST() && n >= 32 && x[0] == x[0]) {
+        /* the maximum (vmaxps keeps its second operand when the first is NaN),
+         * then the first index that holds it (-0 and +0 tie, as > has them) */
+        __m512 vm = _mm512_set1_ps(x[0]);
+        for (j = 0; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(x + j), vm);
+        float mx = _mm512_reduce_max_ps(vm);
+        for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+        for (j = 0; j + 16 <= n; j += 16) {
+            __mmask16 e = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), _mm512_set1_ps(mx), _CMP_EQ_OQ);
+            if (e) return j + __builtin_ctz(e);
+        }
+        for (; j < n; j++) if (x[j] == mx) return j;
+        return 0; /* not reached */
+    }
+#endif
+    for (; j < n; j++) if (x[j] > x[b]) b = j;
+    return b;
+}
+
+size_t td_panel16_elems(int K, int N) { return (size_t)((N + 15) / 16) * 16 * (size_t)K; }
+
+void td_panel16_pack(float *wp, const void *W, int dtype, int K, int N) {
+    memset(wp, 0, sizeof(float) * td_panel16_elems(K, N));
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) wp[((size_t)(n / 16) * K + k) * 16 + n % 16] = wval(W, (size_t)n * K + k, dtype);
+}
+
+void td_panel16_addmv(float *y, const float *wp, const float *x, int K, int N) {
+    int n = 0;
+#ifdef TD_HAVE_AVX512
+    if (FAST())
+        for (; n < N; n += 16) {
+            const float *w = wp + (size_t)(n / 16) * K * 16;
+            __mmask16 m = N - n >= 16 ? (__mmask16)0xFFFF : tailmask(N - n);
+            __m512 acc = _mm512_maskz_loadu_ps(m, y + n);
+            for (int k = 0; k < K; k++) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_loadu_ps(w + (size_t)k * 16), acc);
+            _mm512_mask_storeu_ps(y + n, m, acc);
+        }
+#endif
+    for (; n < N; n++) {
+        const float *w = wp + (size_t)(n / 16) * K * 16 + n % 16;
+        float acc = y[n];
+        for (int k = 0; k < K; k++) acc = fmaf(x[k], w[(size_t)k * 16], acc);
+        y[n] = acc;
+    }
+}
+
 void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int dtype,
                     int K, int n0, int n1, float *wbuf) {
     (void)wbuf;

@@ -93,6 +93,21 @@ int td_kernels_bf16_native(void);
 #define TD_BF16_PROBES 3
 void td_bf16_probe_lanes(float acc[16], uint16_t x[32], uint16_t w[32]);
 
+/* A narrow matrix-vector product added in place, over a panel layout:
+ * y[n] = fma(x[K-1], Wp(n, K-1), ... fma(x[0], Wp(n, 0), y[n])) for n < N, where
+ * Wp(n, k) = wp[((n / 16) * K + k) * 16 + n % 16] (panels of 16 rows, each
+ * stored column by column; the last panel zero-padded). One fma per term in k
+ * order, so every path gives the same bits. For small K (a low-rank bias over a
+ * vocabulary) where a dot per row would spend more on its reduction than on the
+ * multiplies. td_panel16_pack lays W [N][K] (dtype f32/bf16/f16) out so. */
+void td_panel16_addmv(float *y, const float *wp, const float *x, int K, int N);
+size_t td_panel16_elems(int K, int N);
+void td_panel16_pack(float *wp, const void *W, int dtype, int K, int N);
+
+/* The index of the first largest of x[0..n) (n >= 1), NaNs never chosen past
+ * index 0: what `b = 0; for (j) if (x[j] > x[b]) b = j;` returns. */
+int td_argmax(const float *x, int n);
+
 /* The older interface: td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
  * wbuf is unused (may be NULL). */
 void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int dtype,

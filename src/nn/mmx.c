@@ -2,6 +2,7 @@
 #include "nn/mmx.h"
 #include "nn/amx.h"
 #include "nn/kernels.h"
+#include "nn/pool.h"
 #include "nn/q8r.h"
 #include "tandem.h"
 
@@ -38,4 +39,30 @@ void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w,
     else if (in->xp && w->dtype == TD_DTYPE_BF16) td_amx_matmul(y, ldy, in->xp, M, w->data, K, n0, n1, add);
     else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a(y, ldy, in->xa, K, M, w->data, K, n0, n1, add);
     else td_matmul(y, ldy, in->x, in->ldx, M, w->data, w->dtype, K, n0, n1, add);
+}
+
+typedef struct { int M, K, n, add; const td_mm_part *part; td_mm_in in; } parts_job;
+static void parts_run(void *arg, int ith, int nth) {
+    const parts_job *j = arg;
+    for (int i = 0; i < j->n; i++) {
+        const td_mm_part *q = &j->part[i];
+        int n0, n1;
+        td_mm_range(q->N, td_mm_block(&j->in), ith, nth, &n0, &n1);
+        td_mm_run(&j->in, q->y, q->ldy, j->M, q->w, j->K, n0, n1, j->add);
+    }
+}
+
+void td_mm_parts(td_pool *pool, int act_type, const float *x, int ldx, int M, int K, const td_mm_part *parts, int n,
+                 int add, uint16_t *xa_buf, uint8_t *xq_buf) {
+    parts_job j = {M, K, n, add, parts, {0}};
+    /* what td_mm_prepare asks of the weights: is one bf16, has one a repack */
+    const td_tensor *ws[2];
+    int nw = 0, bf = 0, rp = 0;
+    for (int i = 0; i < n; i++) {
+        const td_tensor *w = parts[i].w;
+        if (!bf && w->dtype == TD_DTYPE_BF16) { ws[nw++] = w; bf = 1; }
+        else if (!rp && act_type == TD_ACT_AMX && w->rp) { ws[nw++] = w; rp = 1; }
+    }
+    td_mm_prepare(&j.in, act_type, ws, nw, x, ldx, M, K, xa_buf, xq_buf);
+    td_pool_run(pool, parts_run, &j);
 }

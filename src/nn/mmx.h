@@ -50,4 +50,20 @@ static inline void td_mm_range(int N, int blk, int ith, int nth, int *n0, int *n
     if (*n1 > N) *n1 = N;
 }
 
+/* One weight of a group of products with the same input: y[M][ldy] (+)= x W^T
+ * over W's N outputs. */
+typedef struct td_mm_part {
+    float *y;           /* borrowed */
+    int ldy;
+    const td_tensor *w; /* borrowed */
+    int N;
+} td_mm_part;
+struct td_pool;
+/* The products of x ([M][ldx], width K) with every part's weights as one job on
+ * pool (its threads each take their share of every part's outputs): the input
+ * prepared once (td_mm_prepare, scratch xa_buf / xq_buf as there). For drafters
+ * that run their own products on the target's threads. */
+void td_mm_parts(struct td_pool *pool, int act_type, const float *x, int ldx, int M, int K, const td_mm_part *parts,
+                 int n, int add, uint16_t *xa_buf, uint8_t *xq_buf);
+
 #endif

@@ -139,15 +139,14 @@ void td_draft_ctxids_note(const td_draft_vocab *v, td_draft_ctxids *c, const int
     }
 }
 
-void td_draft_ctxids_logits(const td_draft_vocab *v, const td_draft_ctxids *c, const float *x, float *out, int add) {
-    if (!c || !c->n) return;
+void td_draft_ctxids_logits(const td_draft_vocab *v, const td_draft_ctxids *c, const float *x, int M, float *out, int add) {
+    if (!c || !c->n || M <= 0) return;
     int K = (int)v->full.shape[1];
-    td_matmul(out, c->n, x, K, 1, c->rows, v->full.dtype, K, 0, c->n, add);
+    td_matmul(out, c->n, x, K, M, c->rows, v->full.dtype, K, 0, c->n, add);
 }
 
 int32_t td_draft_vocab_best(const td_draft_vocab *v, const float *lg, const td_draft_ctxids *c, const float *cl) {
-    int b = 0;
-    for (int j = 1; j < v->n_sub; j++) if (lg[j] > lg[b]) b = j;
+    int b = td_argmax(lg, v->n_sub);
     int32_t best = td_draft_vocab_id(v, b);
     if (!c || !c->n) return best;
     float bv = lg[b];
@@ -159,6 +158,6 @@ int32_t td_draft_vocab_best(const td_draft_vocab *v, const float *lg, const td_d
 int32_t td_draft_vocab_pick(const td_draft_vocab *v, const float *lg, const td_draft_ctxids *c, const float *hn,
                             float *scratch) {
     if (!c || !c->n || !hn) return td_draft_vocab_best(v, lg, NULL, NULL);
-    td_draft_ctxids_logits(v, c, hn, scratch, 0);
+    td_draft_ctxids_logits(v, c, hn, 1, scratch, 0);
     return td_draft_vocab_best(v, lg, c, scratch);
 }

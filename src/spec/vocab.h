@@ -71,10 +71,11 @@ void td_draft_ctxids_note(const td_draft_vocab *v, td_draft_ctxids *c, const int
 int32_t td_draft_vocab_pick(const td_draft_vocab *v, const float *lg, const td_draft_ctxids *c, const float *hn,
                             float *scratch);
 
-/* The context ids' logits from the full head's rows: out[j] (+)= rows_j . x for
- * j < c->n (add = 1 accumulates, as a second matrix's bias would). x has the
- * head's row width. */
-void td_draft_ctxids_logits(const td_draft_vocab *v, const td_draft_ctxids *c, const float *x, float *out, int add);
+/* The context ids' logits from the full head's rows for M inputs:
+ * out[m*c->n + j] (+)= rows_j . x_m for j < c->n (add = 1 accumulates, as a
+ * second matrix's bias would). x: [M][head's row width]. Each value is the same
+ * whatever M (td_matmul is batch invariant). */
+void td_draft_ctxids_logits(const td_draft_vocab *v, const td_draft_ctxids *c, const float *x, int M, float *out, int add);
 /* The greedy pick given the kept logits lg[n_sub] and the context ids' logits
  * cl[c->n] (c NULL or empty: the kept ids only); ties as td_draft_vocab_pick. */
 int32_t td_draft_vocab_best(const td_draft_vocab *v, const float *lg, const td_draft_ctxids *c, const float *cl);

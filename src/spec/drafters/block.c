@@ -104,6 +104,7 @@ typedef struct {
                                           (a view, or voc's gathered rows) [n_sub][D] */
     td_draft_vocab voc;                /* the draft vocabulary over the LM head (spec/vocab.h) */
     td_draft_vocab mvoc;               /* the same ids over markov.out (mk_out cut likewise) */
+    float *mkp;                        /* owned: mk_out's n_sub rows as f32 panels (td_panel16_pack) */
     int n_sub;                         /* = voc.n_sub (V when no vocab=N) */
     int lookup;                        /* option lookup=N: prompt lookup of n-grams of N..TD_LOOKUP_MAX tokens first; 0 = off */
 } blk_provider;
@@ -143,7 +144,7 @@ typedef struct {
     float *lg;                /* [max_rows*(G-1)][n_sub] logits of kept positions */
     float *a;                 /* [rank] Markov input */
     float *qsub;              /* [n_sub] q over the draft vocabulary, before it is spread */
-    float *cl;                /* [TD_DRAFT_CTXIDS] context ids' logits */
+    float *cl;                /* [BLK_MAX_G][TD_DRAFT_CTXIDS] context ids' logits, per draft position */
     float *scratch;           /* [pool threads][TD_ATTEND_QMAX][cap] attention scores */
     int *brow;                /* [max_rows] rows drafting this round */
     int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
@@ -156,30 +157,10 @@ typedef struct {
  * with bf16 weights take their input packed once (on the caller) for the tiles,
  * and Q8_0 weights (quant=q8_0) their R16 repacks, as the target's do; drafts
  * then move a little, the output stays exact. */
-typedef struct { float *y; int ldy; const td_tensor *w; int N; } mm_part;
-typedef struct { int M, K, n, add; const mm_part *part; td_mm_in in; } mm_multi;
-static void mm_multi_run(void *arg, int ith, int nth) {
-    const mm_multi *j = arg;
-    for (int i = 0; i < j->n; i++) {
-        const mm_part *q = &j->part[i];
-        int n0, n1;
-        td_mm_range(q->N, td_mm_block(&j->in), ith, nth, &n0, &n1);
-        td_mm_run(&j->in, q->y, q->ldy, j->M, q->w, j->K, n0, n1, j->add);
-    }
-}
-/* the parts' products of one input x [M][K] (ldx apart) as one pool job: each
- * thread takes its share of every part's outputs */
-static void mm_multi_go(blk_group *g, const float *x, int ldx, int M, int K, const mm_part *part, int n, int add) {
-    mm_multi j = {M, K, n, add, part, {0}};
-    const td_tensor *ws[2 * BLK_MAX_LAYERS];
-    for (int i = 0; i < n; i++) ws[i] = part[i].w;
-    td_mm_prepare(&j.in, g->act, ws, n, x, ldx, M, K, g->xa, g->xq);
-    td_pool_run(g->pool, mm_multi_run, &j);
-}
 /* y[M][N] (+)= x[M][K] W^T */
 static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int N, int add) {
-    mm_part part = {y, ldy, w, N};
-    mm_multi_go(g, x, ldx, M, K, &part, 1, add);
+    td_mm_part part = {y, ldy, w, N};
+    td_mm_parts(g->pool, g->act, x, ldx, M, K, &part, 1, add, g->xa, g->xq);
 }
 
 static size_t kv_at(const blk_group *g, int l, int h, int pos) {
@@ -202,13 +183,13 @@ static void project_batch(blk_group *g, int nr, blk_row *const *rr, const float 
     mm(g, g->x, D, g->tb, TW, M, &p->fc, TW, D, 0);
     for (int t = 0; t < M; t++)
         td_rmsnorm(g->x + (size_t)t * D, g->x + (size_t)t * D, p->hidden_norm.data, p->hidden_norm.dtype, D, p->eps);
-    mm_part part[2 * BLK_MAX_LAYERS];
+    td_mm_part part[2 * BLK_MAX_LAYERS];
     size_t mt = (size_t)g->max_tok;
     for (int l = 0; l < p->n_layer; l++) {
-        part[2 * l] = (mm_part){g->ckv + (size_t)(2 * l) * mt * KW, KW, &p->L[l].wk, KW};
-        part[2 * l + 1] = (mm_part){g->ckv + (size_t)(2 * l + 1) * mt * KW, KW, &p->L[l].wv, KW};
+        part[2 * l] = (td_mm_part){g->ckv + (size_t)(2 * l) * mt * KW, KW, &p->L[l].wk, KW};
+        part[2 * l + 1] = (td_mm_part){g->ckv + (size_t)(2 * l + 1) * mt * KW, KW, &p->L[l].wv, KW};
     }
-    mm_multi_go(g, g->x, D, M, D, part, 2 * p->n_layer, 0);
+    td_mm_parts(g->pool, g->act, g->x, D, M, D, part, 2 * p->n_layer, 0, g->xa, g->xq);
     int t = 0;
     for (int i = 0; i < nr; i++) {
         blk_row *r = rr[i];
@@ -398,10 +379,40 @@ static void att_run(void *arg, int ith, int nth) {
     }
 }
 
+/* Layer l's q/k norms and RoPE for every block entry of the drafting rows, and
+ * the entries' K/V into their rows' context (positions len..len+g-1), on the
+ * pool: entries dealt round-robin (each one's values are its own). */
+static void qk_run(void *arg, int ith, int nth) {
+    const att_job *j = arg;
+    blk_group *g = j->g;
+    const blk_provider *p = g->p;
+    const td_layer_w *L = &p->L[j->l];
+    int hd = p->hd, half = hd / 2, QW = p->H * hd, KW = p->KVH * hd, b = 0;
+    for (int t = ith; b < j->nb; t += nth) {
+        while (b < j->nb && t >= g->boff[b] + g->bg[b]) b++;
+        if (b == j->nb) break;
+        blk_row *r = &g->rows[g->brow[b]];
+        int pos = r->len + t - g->boff[b];
+        const float *cs = g->rcos + (size_t)pos * half, *sn = g->rsin + (size_t)pos * half;
+        for (int h = 0; h < p->H; h++) {
+            float *qq = g->q + (size_t)t * QW + (size_t)h * hd;
+            td_rmsnorm(qq, qq, L->q_norm.data, L->q_norm.dtype, hd, p->eps);
+            td_rope(qq, cs, sn, hd);
+        }
+        for (int h = 0; h < p->KVH; h++) {
+            float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
+            td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
+            td_rope(k, cs, sn, hd);
+            memcpy(r->K + kv_at(g, j->l, h, pos), k, sizeof(float) * (size_t)hd);
+            memcpy(r->V + kv_at(g, j->l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
 static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     blk_group *g = gv;
     const blk_provider *p = g->p;
-    int D = p->D, G = p->G, hd = p->hd, half = hd / 2, H = p->H, KVH = p->KVH, V = p->V, Vs = p->n_sub;
+    int D = p->D, G = p->G, hd = p->hd, H = p->H, KVH = p->KVH, V = p->V, Vs = p->n_sub;
     int QW = H * hd, KW = KVH * hd;
     if (q->n_rows != g->n_rows) return td_seterr(err, TD_ESTATE, "block: draft for %d rows, group has %d", q->n_rows, g->n_rows);
     q->has_probs = q->probs != NULL;
@@ -449,34 +460,16 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         const td_layer_w *L = &p->L[l];
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->attn_norm.data, L->attn_norm.dtype, D, p->eps);
-        mm_part qkv[3] = {{g->q, QW, &L->wq, QW}, {g->kb, KW, &L->wk, KW}, {g->vb, KW, &L->wv, KW}};
-        mm_multi_go(g, g->n, D, T, D, qkv, 3, 0);
-        for (int b = 0; b < nb; b++) {
-            blk_row *r = &g->rows[g->brow[b]];
-            for (int j = 0; j < g->bg[b]; j++) {
-                int t = g->boff[b] + j, pos = r->len + j;
-                const float *cs = g->rcos + (size_t)pos * half, *sn = g->rsin + (size_t)pos * half;
-                for (int h = 0; h < H; h++) {
-                    float *qq = g->q + (size_t)t * QW + (size_t)h * hd;
-                    td_rmsnorm(qq, qq, L->q_norm.data, L->q_norm.dtype, hd, p->eps);
-                    td_rope(qq, cs, sn, hd);
-                }
-                for (int h = 0; h < KVH; h++) {
-                    float *k = g->kb + (size_t)t * KW + (size_t)h * hd;
-                    td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
-                    td_rope(k, cs, sn, hd);
-                    memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
-                    memcpy(r->V + kv_at(g, l, h, pos), g->vb + (size_t)t * KW + (size_t)h * hd, sizeof(float) * (size_t)hd);
-                }
-            }
-        }
+        td_mm_part qkv[3] = {{g->q, QW, &L->wq, QW}, {g->kb, KW, &L->wk, KW}, {g->vb, KW, &L->wv, KW}};
+        td_mm_parts(g->pool, g->act, g->n, D, T, D, qkv, 3, 0, g->xa, g->xq);
         att_job aj = {g, l, nb, scale};
+        td_pool_run(g->pool, qk_run, &aj);
         td_pool_run(g->pool, att_run, &aj);
         mm(g, g->x, D, g->o, QW, T, &L->wo, QW, D, 1);
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
-        mm_part gu[2] = {{g->g, p->F, &L->w_gate, p->F}, {g->u, p->F, &L->w_up, p->F}};
-        mm_multi_go(g, g->n, D, T, D, gu, 2, 0);
+        td_mm_part gu[2] = {{g->g, p->F, &L->w_gate, p->F}, {g->u, p->F, &L->w_up, p->F}};
+        td_mm_parts(g->pool, g->act, g->n, D, T, D, gu, 2, 0, g->xa, g->xq);
         for (int t = 0; t < T; t++) td_swiglu(g->g + (size_t)t * p->F, g->g + (size_t)t * p->F, g->u + (size_t)t * p->F, p->F);
         mm(g, g->x, D, g->g, p->F, T, &L->w_down, p->F, D, 1);
     }
@@ -507,12 +500,15 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         int i = g->brow[b], k = q->n_tokens[i];
         const blk_row *r = &g->rows[i];
         int32_t prev = q->pending[i];
+        /* the context ids' head logits of all k positions as one product (their
+         * markov parts follow each draft) */
+        if (!q->probs && r->cx.n) td_draft_ctxids_logits(&p->voc, &r->cx, g->n + off * D, k, g->cl, 0);
         for (int j = 0; j < k; j++, off++) {
             float *lg = g->lg + off * Vs;
             if (p->rank) {
                 td_to_f32(g->a, (const char *)p->mk_embed.data + (size_t)prev * p->rank * (p->mk_embed.dtype == TD_DTYPE_F32 ? 4 : 2),
                           p->mk_embed.dtype, (size_t)p->rank);
-                mm(g, lg, Vs, g->a, p->rank, 1, &p->mk_out, p->rank, Vs, 1);
+                td_panel16_addmv(lg, p->mkp, g->a, p->rank, Vs); /* rank-wide: on the caller */
             }
             int32_t d;
             if (q->probs) {
@@ -526,11 +522,9 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
             } else {
                 /* the best of the kept ids and the row's context ids, each
                  * logit = its LM-head row . z + its markov.out row . a */
-                if (r->cx.n) {
-                    td_draft_ctxids_logits(&p->voc, &r->cx, g->n + off * D, g->cl, 0);
-                    if (p->rank) td_draft_ctxids_logits(&p->mvoc, &r->mx, g->a, g->cl, 1);
-                }
-                d = td_draft_vocab_best(&p->voc, lg, &r->cx, g->cl);
+                float *cl = g->cl + (size_t)j * r->cx.n;
+                if (r->cx.n && p->rank) td_draft_ctxids_logits(&p->mvoc, &r->mx, g->a, 1, cl, 1);
+                d = td_draft_vocab_best(&p->voc, lg, &r->cx, cl);
             }
             q->tokens[(size_t)i * q->max_depth + j] = d;
             prev = d;
@@ -679,7 +673,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->cn = malloc(sizeof(int) * (size_t)max_rows);
     g->a = malloc(sizeof(float) * (size_t)(p->rank ? p->rank : 1));
     g->qsub = malloc(sizeof(float) * (size_t)p->n_sub);
-    g->cl = malloc(sizeof(float) * TD_DRAFT_CTXIDS);
+    g->cl = malloc(sizeof(float) * BLK_MAX_G * TD_DRAFT_CTXIDS);
     g->brow = malloc(sizeof(int) * (size_t)max_rows);
     g->bdepth = malloc(sizeof(int) * (size_t)max_rows);
     g->bg = malloc(sizeof(int) * (size_t)max_rows);
@@ -732,6 +726,7 @@ static void blk_free(void *self) {
     free(p->rarena);
     td_draft_vocab_free(&p->voc);
     td_draft_vocab_free(&p->mvoc);
+    free(p->mkp);
     td_draft_weights_free(&p->w);
     free(p);
 }
@@ -905,6 +900,11 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     if (!rc) rc = td_draft_vocab_open(&p->voc, dir, (int)n_sub, &p->head, err);
     if (!rc && p->rank) rc = td_draft_vocab_open(&p->mvoc, dir, (int)n_sub, &p->mk_out, err);
     if (!rc) p->n_sub = p->voc.n_sub;
+    if (!rc && p->rank) {
+        if (!(p->mkp = malloc(sizeof(float) * td_panel16_elems(p->rank, p->n_sub))))
+            rc = td_seterr(err, TD_ENOMEM, "block: out of memory for the Markov bias");
+        else td_panel16_pack(p->mkp, p->mk_out.data, p->mk_out.dtype, p->rank, p->n_sub);
+    }
     long long delta = 0;
     td_tensor *extra[] = {&p->fc};
     if (!rc && quant) rc = td_draft_quantize(p->L, p->n_layer, extra, 1, quant, &p->qarena, &delta, err);

@@ -37,6 +37,9 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "nn/kernels.h"
+#include "nn/mmx.h"
+#include "nn/pool.h"
+#include "nn/q8r.h"
 #include "nn/quant.h"
 #include "util/util.h"
 
@@ -56,6 +59,8 @@ typedef struct {
     int tap;                  /* target layer tapped (= n_layer) */
     int lookup;               /* option lookup=N (prompt lookup first, td_draft_lookup); 0 = off */
     void *qarena;             /* owned: the quantized matrices (quant=), or NULL */
+    void *farena;             /* owned: fc's R16 repack (quant=q8_0 under act_type amx, made by the
+                                 first such group), or NULL */
     td_draft_vocab voc;       /* the draft vocabulary (spec/vocab.h) */
     int n_sub;                /* = voc.n_sub */
 } mtp_provider;
@@ -77,7 +82,11 @@ typedef struct {
     int V;                    /* logits per draft position (the draft vocabulary) */
     int n_vocab;              /* the target's full vocabulary */
     float *u;                 /* [max_tokens][D] head inputs */
-    float *cat;               /* [2D] scratch */
+    float *cat;               /* [max_tokens][2D] fc inputs */
+    int act;                  /* the head context's act_type */
+    td_pool *pool;            /* borrowed: the head context's (the target's) threads */
+    uint16_t *xa;             /* [td_mm_xa_elems(max_tokens, 2D)] fc's input for bf16 products, or NULL */
+    uint8_t *xq;              /* [max_tokens] rows of td_q8r_row_bytes(2D): fc's R16 input, or NULL */
     float *emb;               /* [D] scratch */
     float *logits;            /* [max_rows][V] */
     float *qsub;              /* [V] q over the draft vocabulary, before it is spread */
@@ -88,15 +97,20 @@ typedef struct {
     int *mdepth;              /* [max_rows] this round's head depth per row (0 where a lookup served) */
 } mtp_group;
 
-/* u = fc([norm_emb(E[x]); norm_hid(h)]) for one position. */
-static void head_input(mtp_group *g, int32_t x, const float *h, float *u) {
+/* fc's input row k: [norm_emb(E[x]); norm_hid(h)] for one position. */
+static void head_cat(mtp_group *g, int k, int32_t x, const float *h) {
     const mtp_provider *p = g->p;
-    const td_tensor *E = &p->target->w.tok_embd;
     int D = g->D;
-    td_tensor_row_f32(E, x, D, g->emb);
-    td_rmsnorm(g->cat, g->emb, p->norm_emb.data, p->norm_emb.dtype, D, p->head.cfg.rms_eps);
-    td_rmsnorm(g->cat + D, h, p->norm_hid.data, p->norm_hid.dtype, D, p->head.cfg.rms_eps);
-    td_matmul(u, D, g->cat, 2 * D, 1, p->fc.data, p->fc.dtype, 2 * D, 0, D, 0);
+    float *c = g->cat + (size_t)k * 2 * D;
+    td_tensor_row_f32(&p->target->w.tok_embd, x, D, g->emb);
+    td_rmsnorm(c, g->emb, p->norm_emb.data, p->norm_emb.dtype, D, p->head.cfg.rms_eps);
+    td_rmsnorm(c + D, h, p->norm_hid.data, p->norm_hid.dtype, D, p->head.cfg.rms_eps);
+}
+/* u[0 .. n) = fc(cat rows 0 .. n): the head's inputs, one product on the pool
+ * (R16 under act_type amx with quant=q8_0, as the head's layer) */
+static void head_fc(mtp_group *g, int n, float *u) {
+    td_mm_part part = {u, g->D, &g->p->fc, g->D};
+    td_mm_parts(g->pool, g->act, g->cat, 2 * g->D, n, 2 * g->D, &part, 1, 0, g->xa, g->xq);
 }
 
 static int feed(mtp_group *g, int nb, td_err *err);
@@ -147,8 +161,9 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
         if (back > g->max_tokens) back = g->max_tokens;
         for (int k = 0; k < back; k++) {
             int pos = r->kv_len + k;
-            head_input(g, r->stream[pos + 1], r->h + (size_t)pos * g->D, g->u + (size_t)k * g->D);
+            head_cat(g, k, r->stream[pos + 1], r->h + (size_t)pos * g->D);
         }
+        head_fc(g, back, g->u);
         g->bidx[0] = g->n_rows;
         g->bn[0] = back;
         int rc = feed(g, 1, err);
@@ -204,11 +219,12 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
             if (nt + n > g->max_tokens) break;
             for (int k = 0; k < n; k++) {
                 int pos = r->kv_len + k;
-                head_input(g, r->stream[pos + 1], r->h + (size_t)pos * D, g->u + (size_t)(nt + k) * D);
+                head_cat(g, nt + k, r->stream[pos + 1], r->h + (size_t)pos * D);
             }
             g->bidx[nb] = i; g->bn[nb] = n; nb++; nt += n;
         }
         if (!nb) break;
+        head_fc(g, nt, g->u);
         if ((rc = feed(g, nb, err)) != 0) return rc;
         for (int b = 0; b < nb; b++) g->rows[g->bidx[b]].kv_len += g->bn[b];
     }
@@ -225,16 +241,16 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
             int back = j == 0 ? r->len - 1 - r->kv_len : 0;
             for (int k = 0; k < back; k++) {
                 int pos = r->kv_len + k;
-                head_input(g, r->stream[pos + 1], r->h + (size_t)pos * D, g->u + (size_t)(nt + k) * D);
+                head_cat(g, nt + k, r->stream[pos + 1], r->h + (size_t)pos * D);
             }
-            float *u = g->u + (size_t)(nt + back) * D;
             if (j == 0)
-                head_input(g, q->pending[i], r->h + (size_t)(r->len - 1) * D, u);
+                head_cat(g, nt + back, q->pending[i], r->h + (size_t)(r->len - 1) * D);
             else
-                head_input(g, q->tokens[(size_t)i * q->max_depth + j - 1], g->y + (size_t)i * D, u);
+                head_cat(g, nt + back, q->tokens[(size_t)i * q->max_depth + j - 1], g->y + (size_t)i * D);
             g->bidx[nb] = i; g->bn[nb] = back + 1; nb++; nt += back + 1;
         }
         if (!nb) break;
+        head_fc(g, nt, g->u);
         if ((rc = feed(g, nb, err)) != 0) return rc;
         for (int b = nb - 1; b >= 0; b--) {
             int i = g->bidx[b];
@@ -340,7 +356,7 @@ static void mtp_free_group(void *gv) {
     for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].h); td_draft_ctxids_free(&g->rows[i].cx); }
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
-    free(g->rows); free(g->u); free(g->cat); free(g->emb); free(g->logits); free(g->qsub); free(g->hn); free(g->cxl); free(g->y);
+    free(g->rows); free(g->u); free(g->cat); free(g->xa); free(g->xq); free(g->emb); free(g->logits); free(g->qsub); free(g->hn); free(g->cxl); free(g->y);
     free(g->brow); free(g->bn); free(g->bidx); free(g->mdepth);
     free(g);
 }
@@ -376,7 +392,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
     g->u = malloc(sizeof(float) * (size_t)g->max_tokens * g->D);
-    g->cat = malloc(sizeof(float) * 2 * (size_t)g->D);
+    g->cat = malloc(sizeof(float) * 2 * (size_t)g->max_tokens * g->D);
     g->emb = malloc(sizeof(float) * (size_t)g->D);
     g->logits = malloc(sizeof(float) * (size_t)max_rows * g->V);
     g->qsub = malloc(sizeof(float) * (size_t)g->V);
@@ -389,6 +405,18 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->mdepth = malloc(sizeof(int) * (size_t)max_rows);
     if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->qsub || !g->hn || !g->cxl || !g->y || !g->brow || !g->bn || !g->bidx || !g->mdepth ||
         td_sampler_open(&g->smp, g->V) != 0) {
+        mtp_free_group(g);
+        return td_seterr(err, TD_ENOMEM, "out of memory");
+    }
+    g->pool = td_ctx_pool(g->ctx);
+    g->act = td_ctx_get_params(g->ctx).act_type;
+    if (g->act == TD_ACT_AMX && p->fc.dtype == TD_DTYPE_Q8_0 && !p->farena && td_q8r_available()) {
+        td_tensor *fc = &p->fc; /* fc's R16 repack (the head's layer has its own, made by td_ctx_open) */
+        if ((rc = td_tensors_repack_q8r(&fc, 1, &p->farena, NULL, err)) != 0) { mtp_free_group(g); return rc; }
+    }
+    if ((g->act != TD_DTYPE_F32 && p->fc.dtype == TD_DTYPE_BF16 &&
+         !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tokens, 2 * g->D)))) ||
+        (g->act == TD_ACT_AMX && p->farena && !(g->xq = malloc(td_q8r_row_bytes(2 * g->D) * (size_t)g->max_tokens)))) {
         mtp_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
@@ -408,6 +436,7 @@ static void mtp_free(void *self) {
     free(p->head.w.layers);
     free(p->head.q8r_arena); /* the head's repacks (act_type amx), made by td_ctx_open */
     free(p->qarena);
+    free(p->farena);
     td_draft_vocab_free(&p->voc);
     td_st_free(p->file);
     free(p);
