@@ -23,7 +23,8 @@
  * tokens); proposals then come from them only, which verification makes
  * harmless to the output. The head's KV cache has the target context's kv_type.
  * ",quant=q8_0|q4_0" quantizes the head's own matrices (its layer and fc) in
- * memory; the shared embedding and LM head stay the target's. ",lookup=N":
+ * memory, and with ",vocab=N" its copy of the N kept LM-head rows; the shared
+ * embedding and the target's LM head stay as they are. ",lookup=N":
  * prompt lookup first, as the draft model's (td_draft_lookup); a row a copy
  * serves sits the head out that round and its backlog waits for the next.
  *
@@ -527,8 +528,11 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant,
     if (!rc) rc = bind(p, &L->w_up, "mtp.layers.0.mlp.up_proj.weight", F, D, path, err);
     if (!rc) rc = bind(p, &L->w_down, "mtp.layers.0.mlp.down_proj.weight", D, F, path, err);
     long long delta = 0;
-    td_tensor *extra[] = {&p->fc};
-    if (!rc && quant) rc = td_draft_quantize(L, 1, extra, 1, quant, &p->qarena, &delta, err);
+    /* with a draft vocabulary the LM head a step reads is the head's own copy of
+     * n_sub rows: quant= quantizes it with the layer (the target's stays as it is) */
+    td_tensor *extra[] = {&p->fc, &h->w.lm_head};
+    int n_extra = n_sub > 0 && p->n_sub < tc->n_vocab ? 2 : 1;
+    if (!rc && quant) rc = td_draft_quantize(L, 1, extra, n_extra, quant, &p->qarena, &delta, err);
     if (rc) { mtp_free(p); free(d); return rc; }
     d->vt = &mtp_vt;
     d->self = p;
