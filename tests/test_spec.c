@@ -629,6 +629,32 @@ static void test_checkpoints(void) {
         T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft");
         T_CHECK(n_tok == 3 && tok[0] == 8 && tok[1] == 5 && tok[2] == 6, "%s: lookup drafts %d tokens: %d %d %d", spec, n_tok,
                 tok[0], tok[1], tok[2]);
+        /* own = 1 (the group declined the copy for this row): the drafter drafts
+         * exactly as the same drafter without lookup does */
+        {
+            char spec_n[512];
+            snprintf(spec_n, sizeof spec_n, "%.*s", (int)(strstr(spec, ",lookup=2") - spec), spec);
+            td_drafter *dn = NULL;
+            td_draft_rows bn = {0};
+            int32_t tn[4] = {0};
+            int nn = -1;
+            T_REQUIRE(td_drafter_open(&dn, spec_n, g_target, &err) == 0, "%s: %s", spec_n, err.msg);
+            if (dn->vt->open_rows(dn->self, 1, 128, 4, NULL, &bn, &err) == 0 && td_draft_rows_append(&bn, st, 6, taps, NULL, &err) == 0) {
+                td_draft_req qn = q;
+                qn.tokens = tn;
+                qn.n_tokens = &nn;
+                unsigned char own = 1;
+                T_CHECK(td_draft_rows_draft(&bn, &qn, &err) == 0, "draft without lookup: %s", err.msg);
+                q.own = &own;
+                T_CHECK(td_draft_rows_draft(&a, &q, &err) == 0, "draft, own: %s", err.msg);
+                q.own = NULL;
+                T_CHECK(n_tok == nn && nn == 3 && memcmp(tok, tn, sizeof tn[0] * 3) == 0,
+                        "%s: own=1 drafts %d (%d %d %d), without lookup %d (%d %d %d)", spec, n_tok, tok[0], tok[1], tok[2], nn,
+                        tn[0], tn[1], tn[2]);
+            } else T_CHECK(0, "%s: rows: %s", spec_n, err.msg);
+            td_draft_rows_free(&bn);
+            td_drafter_free(dn);
+        }
         /* the same copy is on offer before planning (up to max_depth, into the
          * pending token itself), with the length of the match behind it */
         int32_t otok[4] = {0};

@@ -53,6 +53,9 @@ typedef struct td_draft_req {
     const td_sampling *const *sampling; /* [n_rows] borrowed: each row's sampling (for
                                  drafters that sample under the rejection rule) */
     const uint64_t *out_pos;  /* [n_rows] output position of the row's next token */
+    const unsigned char *own; /* [n_rows] or NULL: 1 = draft the row with the drafter itself,
+                                 skipping its own prompt lookup (the group declined the
+                                 lookup's offer for it: the drafter's drafts pay better) */
     int steps;                /* out, optional: the draft steps this call ran, in the unit of
                                  td_drafter.step_extra (the block drafter: the entries of its
                                  longest row block; 0 when no forward ran). The group sets -1

@@ -96,6 +96,7 @@ struct td_spec {
     int *match;                /* [max_rows] context match length behind each offer */
     unsigned char *free_row;   /* [max_rows] the row drafts from its offer this round */
     int *ddepth;               /* [max_rows] depth asked of draft(): 0 where the offer serves */
+    unsigned char *own;        /* [max_rows] the row's weak offer was declined: its drafter drafts */
     double draft_s;            /* seconds per draft step (running): one position for all rows */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
     int measured;              /* draft_s has been measured (else it is the drafter's hint) */
@@ -104,6 +105,20 @@ struct td_spec {
                                   TD_PROBE_BUDGET of it */
     td_spec_stats total;
 };
+
+/* The most tokens a second one row alone makes of proposals accepted as c
+ * estimates: (1 + E(k)) / (verify(1 + k) + (k + extra) draft steps of step_s)
+ * over k = 0..maxk (step_s 0: proposals already made). */
+static double row_rate(const td_depth_ctl *c, int maxk, const td_cost_curve *cv, double step_s, int extra) {
+    double best = 1.0 / td_cost_at(cv, 1), reach = 1.0, E = 1.0;
+    for (int k = 1; k <= maxk && k <= TD_SPEC_MAX_DEPTH; k++) {
+        reach *= c->a[k - 1];
+        E += reach;
+        double r = E / (td_cost_at(cv, 1 + k) + step_s * (k + extra));
+        if (r > best) best = r;
+    }
+    return best;
+}
 
 td_spec_params td_spec_default_params(void) {
     td_spec_params p = {.max_depth = 8, .fixed_depth = 0, .accept = TD_ACCEPT_MATCH};
@@ -201,6 +216,7 @@ void td_spec_free(td_spec *g) {
     free(g->match);
     free(g->free_row);
     free(g->ddepth);
+    free(g->own);
     free(g);
 }
 
@@ -269,13 +285,14 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
     g->match = malloc(sizeof(int) * (size_t)R);
     g->free_row = malloc((size_t)R);
     g->ddepth = malloc(sizeof(int) * (size_t)R);
+    g->own = malloc((size_t)R);
     /* all ones, for any forward of the context: verify windows (R x W) and
      * tapped prefill chunks (up to max_tokens, which is >= R x W) */
     g->want = malloc((size_t)cp.max_tokens);
     if (g->want) memset(g->want, 1, (size_t)cp.max_tokens);
     if (!g->rows || !g->logits || (p.accept == TD_ACCEPT_REJECTION && D > 0 && !g->q) || !g->pbuf || !g->pending ||
         !g->depth || !g->drafts || !g->n_drafts || !g->samp || !g->out_pos || !g->dr_slot || !g->keep ||
-        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || !g->offer || !g->n_offer || !g->match || !g->free_row || !g->ddepth || (n_taps && (!g->vtaps || !g->ptaps)) ||
+        !g->commits || !g->vtok || !g->vrows || !g->vn || !g->vslot || !g->emitted || !g->want || !g->ctl || !g->maxk || !g->offer || !g->n_offer || !g->match || !g->free_row || !g->ddepth || !g->own || (n_taps && (!g->vtaps || !g->ptaps)) ||
         td_sampler_open(&g->smp, g->n_vocab) != 0) {
         td_spec_free(g);
         return td_seterr(err, TD_ENOMEM, "out of memory opening a speculative group of %d rows", R);
@@ -505,6 +522,19 @@ int td_spec_step(td_spec *g, td_err *err) {
         sp_row *r = &g->rows[g->dr_slot[d]];
         g->free_row[d] = offers && g->n_offer[d] > 0;
         r->offered = g->free_row[d] ? 1 + (g->match[d] >= TD_OFFER_STRONG) : 0;
+        g->own[d] = 0;
+        /* a weak offer (a short context match) is declined where the drafter's
+         * own drafts, at their price, promise the row more tokens a second */
+        if (r->offered == 1 && !g->drafter->offers_all) {
+            int kd = g->drafter->max_drafts > 0 && g->maxk[d] > g->drafter->max_drafts ? g->drafter->max_drafts : g->maxk[d];
+            int ko = g->maxk[d] < g->n_offer[d] ? g->maxk[d] : g->n_offer[d];
+            if (row_rate(&r->depth, kd, &g->cv, g->draft_s, g->drafter->step_extra) >
+                row_rate(&r->depth_lk[0], ko, &g->cv, 0.0, 0)) {
+                g->free_row[d] = 0;
+                r->offered = 0;
+                g->own[d] = 1;
+            }
+        }
         if (offers && !r->offered && g->drafter->offers_all) g->maxk[d] = 0;
         if (!r->offered && g->drafter->max_drafts > 0 && g->maxk[d] > g->drafter->max_drafts)
             g->maxk[d] = g->drafter->max_drafts;
@@ -532,7 +562,7 @@ int td_spec_step(td_spec *g, td_err *err) {
     if (any) {
         td_draft_req q = {.n_rows = n_dr, .pending = g->pending, .depth = g->ddepth, .max_depth = D,
                           .tokens = g->drafts, .n_tokens = g->n_drafts, .probs = g->q,
-                          .sampling = g->samp, .out_pos = g->out_pos, .steps = -1};
+                          .sampling = g->samp, .out_pos = g->out_pos, .own = g->own, .steps = -1};
         double t0 = td_now();
         if ((rc = td_draft_rows_draft(&g->dr, &q, err)) != 0) return rc;
         double dt = td_now() - t0;

@@ -423,7 +423,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         depth[i] = q->depth[i];
         /* prompt lookup first (lookup=N, greedy drafts only), as the draft model's */
         blk_row *r = &g->rows[i];
-        if (p->lookup && !q->probs && depth[i] > 0 && r->slen <= r->cap - 1 &&
+        if (p->lookup && !q->probs && depth[i] > 0 && !(q->own && q->own[i]) && r->slen <= r->cap - 1 &&
             (q->n_tokens[i] = td_draft_lookup(r->stream, r->slen, q->pending[i], p->lookup, depth[i],
                                               q->tokens + (size_t)i * q->max_depth, NULL)) > 0)
             depth[i] = 0;

@@ -163,7 +163,7 @@ static int dm_draft(void *gv, td_draft_req *q, td_err *err) {
          * tokens ending at the pending token that occurred before proposes what
          * followed it, and the model skips the row this round */
         dm_row *r = &g->rows[i];
-        if (g->p->lookup && !q->probs && depth[i] > 0 &&
+        if (g->p->lookup && !q->probs && depth[i] > 0 && !(q->own && q->own[i]) &&
             (q->n_tokens[i] = td_draft_lookup(r->stream, r->len, q->pending[i], g->p->lookup, depth[i],
                                               q->tokens + (size_t)i * q->max_depth, NULL)) > 0)
             depth[i] = 0;

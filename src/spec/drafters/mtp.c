@@ -201,7 +201,7 @@ static int mtp_draft(void *gv, td_draft_req *q, td_err *err) {
             r->kv_len = r->len - 1;
         }
         /* prompt lookup first (lookup=N, greedy drafts only), as the draft model's */
-        if (g->p->lookup && !q->probs && depth[i] > 0 &&
+        if (g->p->lookup && !q->probs && depth[i] > 0 && !(q->own && q->own[i]) &&
             (q->n_tokens[i] = td_draft_lookup(r->stream, r->len, q->pending[i], g->p->lookup, depth[i],
                                               q->tokens + (size_t)i * q->max_depth, NULL)) > 0)
             depth[i] = 0;
