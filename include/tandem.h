@@ -398,8 +398,10 @@ typedef struct td_drafter td_drafter;
  * "block:DIR[,prune=on|off][,vocab=N]" (a DFlash/DSpark block drafter over tapped target layers;
  * prune=off ignores its confidence thresholds; vocab=N cuts the shared LM head and its Markov output
  * to the N most frequent ids).
- * model:, mtp: and block: also take ",quant=q8_0|q4_0" (their own matrices quantized at load)
- * and ",lookup=N" (prompt lookup of n-grams of N..8 tokens first, greedy drafts).
+ * model:, mtp: and block: also take ",quant=q8_0|q4_0" (their own matrices quantized at load;
+ * with vocab=N, mtp: quantizes its copy of the N kept LM-head rows too) and ",lookup=N" (prompt
+ * lookup of n-grams of N..8 tokens first, greedy drafts; a copy behind a short match is declined
+ * for a row whose drafter's own drafts promise more).
  * target is borrowed and must outlive the drafter. */
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 void td_drafter_free(td_drafter *d);
