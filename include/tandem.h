@@ -399,7 +399,7 @@ typedef struct td_drafter td_drafter;
  * prune=off ignores its confidence thresholds; vocab=N cuts the shared LM head and its Markov output
  * to the N most frequent ids).
  * model:, mtp: and block: also take ",quant=q8_0|q4_0" (their own matrices quantized at load;
- * with vocab=N, mtp: quantizes its copy of the N kept LM-head rows too) and ",lookup=N" (prompt
+ * with vocab=N, mtp: and block: quantize their copy of the N kept LM-head rows too) and ",lookup=N" (prompt
  * lookup of n-grams of N..8 tokens first, greedy drafts; a copy behind a short match is declined
  * for a row whose drafter's own drafts promise more).
  * target is borrowed and must outlive the drafter. */

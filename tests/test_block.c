@@ -646,6 +646,9 @@ static void test_refusals(void) {
     }
     expect_refusal("ffn", "\"intermediate_size\": 1280", "\"intermediate_size\": 1024", TD_EFORMAT, "shape");
     expect_refusal("rank", "\"markov_rank\": 32", "\"markov_rank\": 16", TD_EFORMAT, "markov");
+    /* the chain head: a width its weights do not have, and a bad value */
+    expect_refusal("chain_w", "\"chain_hidden\": 512", "\"chain_hidden\": 256", TD_EFORMAT, "chain.inp");
+    expect_refusal("chain_neg", "\"chain_hidden\": 512", "\"chain_hidden\": -1", TD_EFORMAT, "chain_hidden");
     /* shard indexes naming files outside the directory, or none */
     {
         static const struct { const char *name, *index, *msg; } bad[] = {

@@ -946,7 +946,7 @@ static void test_bad_input(void) {
         snprintf(dir, sizeof dir, "%s/block_badrank", g_dir);
         tm_shape tgt = {.llama = 0, .vocab = 301, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16,
                         .ffn = 96, .ctx = 256, .tied = 1, .bf16 = 1, .seed = 11};
-        tm_write_block(dir, &tgt, tgt.layers, "[1, 2]", 2, "[]", 43);
+        tm_write_block(dir, &tgt, tgt.layers, "[1, 2]", 2, "[]", 43, 0);
         snprintf(path, sizeof path, "%s/draft_vocab.json", dir);
         FILE *f = fopen(path, "w");
         T_REQUIRE(f, "ranking file");
@@ -998,15 +998,19 @@ int main(void) {
     snprintf(d1, sizeof d1, "%s/mtp_wrong", g_dir);
     tm_write_mtp(d1, &tgt, tgt.layers + 1, 32);
     snprintf(d1, sizeof d1, "%s/block", g_dir);
-    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41);
+    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41, 0);
     snprintf(d1, sizeof d1, "%s/block_ranked", g_dir);
-    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41);
+    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 41, 0);
     write_reverse_ranking(d1, tgt.vocab);
     snprintf(d1, sizeof d1, "%s/block_wrong", g_dir);
-    tm_write_block(d1, &tgt, tgt.layers + 3, "[1, 2]", 2, "[]", 42);
+    tm_write_block(d1, &tgt, tgt.layers + 3, "[1, 2]", 2, "[]", 42, 0);
+    /* with a chain head: its drafts run step by step, rows stopping apart */
+    snprintf(d1, sizeof d1, "%s/block_chain", g_dir);
+    tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 44, 24);
     if (!g_target || !g_target_small_vocab) return 1;
     test_checkpoint_ngram_empty();
-    char same[600], oth[600], mtp[600], blk[600], blk_all[600];
+    char same[600], oth[600], mtp[600], blk[600], blk_all[600], chn[600];
+    snprintf(chn, sizeof chn, "block:%s/block_chain", g_dir);
     snprintf(mtp, sizeof mtp, "mtp:%s/mtp", g_dir);
     snprintf(blk, sizeof blk, "block:%s/block", g_dir);
     snprintf(blk_all, sizeof blk_all, "block:%s/block,prune=off", g_dir);
@@ -1029,6 +1033,7 @@ int main(void) {
             run_exact(mtp, "mtp_random", temp, Bs[bi], 3);
             run_exact(blk, "block_random", temp, Bs[bi], 5);
             run_exact(blk_all, "block_random_unpruned", temp, Bs[bi], 4);
+            run_exact(chn, "block_chain_random", temp, Bs[bi], 5);
         }
     test_rollback();
     /* a bf16 KV cache (target, and the model/mtp drafters' caches that follow it):
@@ -1067,6 +1072,7 @@ int main(void) {
             run_exact(same_q8, "model_same_q8_0_act_amx", temp, 3, 4);
             run_exact(mtp_q8, "mtp_random_q8_0_act_amx", temp, 3, 3);
             run_exact(blk_q8, "block_random_q8_0_act_amx", temp, 3, 5);
+            run_exact(chn, "block_chain_random_act_amx", temp, 3, 5);
         }
     } else {
         printf("  (no AMX-BF16 tiles here: exactness with act_type amx not run)\n");

@@ -169,8 +169,9 @@ static inline int tm_write_mtp(const char *dir, const tm_shape *s, int layers_cl
  * confidence head, pruning thresholds `thr`: a JSON array or "[]") for a
  * target of shape s; layers_claim is written as target_num_hidden_layers;
  * taps: a JSON array of target layers. */
+/* A random block drafter; chain > 0 adds a chain head of that width. */
 static inline int tm_write_block(const char *dir, const tm_shape *s, int layers_claim, const char *taps, int n_taps,
-                                 const char *thr, uint64_t seed) {
+                                 const char *thr, uint64_t seed, int chain) {
     mkdir(dir, 0755);
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -180,8 +181,8 @@ static inline int tm_write_block(const char *dir, const tm_shape *s, int layers_
                "\"target_vocab_size\": %d, \"tap_layers\": %s, \"block_size\": 6, \"mask_token_id\": 3, "
                "\"num_hidden_layers\": 2, \"hidden_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
                "\"head_dim\": %d, \"intermediate_size\": %d, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, "
-               "\"markov_rank\": 4, \"confidence_head\": true, \"prune_thresholds\": %s}\n",
-            s->hidden, layers_claim, s->vocab, taps, s->hidden, s->heads, s->kv_heads, s->head_dim, s->ffn, thr);
+               "\"markov_rank\": 4, \"chain_hidden\": %d, \"confidence_head\": true, \"prune_thresholds\": %s}\n",
+            s->hidden, layers_claim, s->vocab, taps, s->hidden, s->heads, s->kv_heads, s->head_dim, s->ffn, chain, thr);
     fclose(f);
     tm_t t[40];
     int n = 0;
@@ -194,6 +195,12 @@ static inline int tm_write_block(const char *dir, const tm_shape *s, int layers_
     ADD("markov.out.weight", s->vocab, 4, 0);
     ADD("confidence.weight", 1, s->hidden, 0);
     ADD("confidence.bias", 1, 0, 1);
+    if (chain) {
+        ADD("chain.enorm.weight", s->hidden, 0, 1);
+        ADD("chain.inp.weight", chain, 2L * s->hidden, 0);
+        ADD("chain.rec.weight", chain, chain, 0);
+        ADD("chain.out.weight", s->hidden, chain, 0);
+    }
     tm_layer_tensors(s, "layers.0", 1, t, &n);
     tm_layer_tensors(s, "layers.1", 1, t, &n);
 #undef ADD

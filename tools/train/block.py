@@ -18,8 +18,13 @@ Block (one forward per round): G = block_size entries at positions L..L+G-1,
                    (bidirectional within the block, no causal mask);  x += Wo attn;
                    x += down(silu(gate(m)) * up(m)),  m = post_attention_layernorm(x)
     z_j = norm(x_j) for j = 1..G-1 (the anchor's output is unused)
-    confidence_j = sigmoid(confidence.w . z_j + confidence.b)  (trained as P(drafts 1..j all accepted))
-    logits_j = W_lm z_j + markov.out @ markov.embed[prev_j],  prev_1 = t, prev_j = d_{j-1}
+    Chain (optional, config "chain_hidden" C > 0): a small recurrent head that lets position j see the
+    token drafted before it (the block's positions are otherwise drafted in parallel), s_0 = 0,
+        s_j = silu(chain.inp([z_j ; chain.enorm(E[prev_j])]) + chain.rec(s_{j-1}))      [C]
+        u_j = z_j + chain.out(s_j)                                                      [H]
+    (without a chain u_j = z_j)
+    confidence_j = sigmoid(confidence.w . u_j + confidence.b)  (trained as P(drafts 1..j all accepted))
+    logits_j = W_lm u_j + markov.out @ markov.embed[prev_j],  prev_1 = t, prev_j = d_{j-1}
     d_j = argmax logits_j (lowest id on ties)
 Pruning (DSpark confidence schedule): with thresholds thr[0..G-2] in config.json ("prune_thresholds"),
 the round keeps the leading drafts j with confidence_j >= thr[j-1], stopping at the first that fails;
@@ -113,6 +118,13 @@ class BlockDrafter(nn.Module):
             self.markov = nn.Module()
             self.markov.embed = nn.Embedding(c["target_vocab_size"], r)
             self.markov.out = nn.Linear(r, c["target_vocab_size"], bias=False)
+        C = c.get("chain_hidden", 0)
+        if C:
+            self.chain = nn.Module()
+            self.chain.enorm = RMSNorm(H, c["rms_norm_eps"])
+            self.chain.inp = nn.Linear(2 * H, C, bias=False)
+            self.chain.rec = nn.Linear(C, C, bias=False)
+            self.chain.out = nn.Linear(C, H, bias=False)
         if c.get("confidence_head"):
             self.confidence = nn.Linear(H, 1)
 
@@ -140,11 +152,29 @@ class BlockDrafter(nn.Module):
         """prev [...] token ids -> [..., V] logit bias (zeros when the head has no Markov term)."""
         return self.markov.out(self.markov.embed(prev))
 
+    def chain_step(self, z, prev, s, E):
+        """One chain step: z [..., H], prev [...] ids, s [..., C] or None (s_0 = 0) -> (u, s')."""
+        a = self.chain.inp(torch.cat([z, self.chain.enorm(F.embedding(prev, E).to(z.dtype))], -1))
+        if s is not None:
+            a = a + self.chain.rec(s)
+        s = F.silu(a)
+        return z + self.chain.out(s), s
+
+    def heads_in(self, z, prev, E):
+        """z [..., G-1, H], prev [..., G-1] (teacher-forced previous tokens) -> u [..., G-1, H]."""
+        if not hasattr(self, "chain"):
+            return z
+        us, s = [], None
+        for j in range(z.shape[-2]):
+            u, s = self.chain_step(z[..., j, :], prev[..., j], s, E)
+            us.append(u)
+        return torch.stack(us, -2)
+
     def conf_logit(self, z):
         return self.confidence(z).squeeze(-1)
 
 
-def make_config(target_cfg, tap_layers, block_size, n_layers, intermediate, markov_rank, mask_id):
+def make_config(target_cfg, tap_layers, block_size, n_layers, intermediate, markov_rank, mask_id, chain_hidden=0):
     tc = target_cfg
     theta = (tc.get("rope_parameters") or {}).get("rope_theta", tc.get("rope_theta", 10000.0))
     return {"architectures": ["TandemBlockDrafter"], "model_type": "tandem_block",
@@ -153,7 +183,8 @@ def make_config(target_cfg, tap_layers, block_size, n_layers, intermediate, mark
             "mask_token_id": mask_id, "num_hidden_layers": n_layers, "hidden_size": tc["hidden_size"],
             "num_attention_heads": tc["num_attention_heads"], "num_key_value_heads": tc["num_key_value_heads"],
             "head_dim": tc["head_dim"], "intermediate_size": intermediate, "rms_norm_eps": tc["rms_norm_eps"],
-            "rope_theta": float(theta), "markov_rank": markov_rank, "confidence_head": True,
+            "rope_theta": float(theta), "markov_rank": markov_rank, "chain_hidden": chain_hidden,
+            "confidence_head": True,
             "prune_thresholds": []}
 
 
@@ -175,6 +206,8 @@ def init_from_target(m, target):
         if hasattr(m, "confidence"):
             m.confidence.weight.zero_()
             m.confidence.bias.zero_()
+        if hasattr(m, "chain"):
+            m.chain.out.weight.zero_()  # starts as no chain: u = z
 
 
 def save(m, d):
@@ -249,28 +282,31 @@ def train_forward(m, taps, stream, anchors, E, W_lm):
 @torch.no_grad()
 def draft_round(m, ctx_kv, L, t, E, W_lm, depth=None, prune=True):
     """One block forward for one row: ctx_kv = per-layer (k, v) [1,nkv,L,hd] of the committed positions
-    0..L-1, t = the pending token at position L.  Returns (drafts, logits rows [n][V], confidences [G-1])."""
+    0..L-1, t = the pending token at position L.  Returns (drafts, logits rows [n][V], the confidences of the positions computed: n, or n + 1 when pruning stopped
+    the round)."""
     G = m.c["block_size"]
     dev = E.device
     ids = torch.tensor([t] + [m.c["mask_token_id"]] * (G - 1), device=dev)
     z = m.block_hidden(F.embedding(ids, E)[None], torch.arange(L, L + G, device=dev), ctx_kv)[0, 1:]
-    conf = torch.sigmoid(m.conf_logit(z)) if hasattr(m, "confidence") else torch.ones(G - 1, device=dev)
     n = G - 1 if depth is None else min(depth, G - 1)
-    thr = m.c.get("prune_thresholds") or []
-    if prune and thr:
-        k = 0
-        while k < n and float(conf[k]) >= thr[k]:
-            k += 1
-        n = k
-    base = F.linear(z[:n], W_lm)
-    ds, rows, prev = [], [], t
-    for j in range(n):
-        lg = base[j] + (m.markov_bias(torch.tensor([prev], device=dev))[0] if hasattr(m, "markov") else 0)
+    thr = (m.c.get("prune_thresholds") or []) if prune else []
+    ds, rows, confs, prev, s = [], [], [], t, None
+    for j in range(n):  # in order: with a chain, u_j needs d_{j-1}
+        pv = torch.tensor([prev], device=dev)
+        if hasattr(m, "chain"):
+            u, s = m.chain_step(z[j:j + 1], pv, s, E)
+        else:
+            u = z[j:j + 1]
+        c = float(torch.sigmoid(m.conf_logit(u))[0]) if hasattr(m, "confidence") else 1.0
+        confs.append(c)
+        if thr and c < thr[j]:
+            break
+        lg = F.linear(u, W_lm)[0] + (m.markov_bias(pv)[0] if hasattr(m, "markov") else 0)
         d = int(torch.argmax(lg))
         ds.append(d)
         rows.append(lg)
         prev = d
-    return ds, rows, conf
+    return ds, rows, torch.tensor(confs)
 
 
 # ------------------------------------------------------------------------ labels from the target itself
@@ -298,7 +334,7 @@ def accepted_per_anchor(m, taps, stream, anchors, E, W_lm):
     equal to stream[a+1..a+G-1] (prev_j = stream[a+j-1] = d_{j-1} on that prefix, so this IS what an
     unpruned depth-(G-1) round from anchor a accepts).  taps [1,N,n_taps*H], stream [1,N] -> [A] ints."""
     z, lab, prev = train_forward(m, taps, stream, anchors[None], E, W_lm)
-    lg = F.linear(z, W_lm) + (m.markov_bias(prev) if hasattr(m, "markov") else 0)
+    lg = F.linear(m.heads_in(z, prev, E), W_lm) + (m.markov_bias(prev) if hasattr(m, "markov") else 0)
     return (lg.argmax(-1) == lab).int().cumprod(-1).sum(-1)[0]
 
 

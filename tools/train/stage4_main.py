@@ -3,7 +3,9 @@ its confidence-pruning thresholds, and compute the reference fixture tests/fixtu
 
 Usage: python3 stage4_main.py WORK_DIR      (driven by tools/train/stage4.sh; honours STAGE_DEADLINE)
 Environment: STAGE4_LAYERS, STAGE4_INIT, STAGE4_PEAK_LR, STAGE4_SEED, STAGE4_GEN_S, STAGE4_POST_S, STAGE4_WPOS_TAU
-(loss weight of block position j = exp(-(j-1)/tau), default 5), STAGE4_GEN_BATCH, STAGE4_N_BENCH.
+(loss weight of block position j = exp(-(j-1)/tau), default 5), STAGE4_GEN_BATCH, STAGE4_N_BENCH,
+STAGE4_CHAIN (the chain head's width C, block.py; default 0 = none; a warm start without one starts it as
+the identity, u = z).
 Needs models/tiny-code/target (committed), models/tiny-code/mtp (for the comparison only) and
 bench/prompts/code.jsonl.  Writes into $OUT: block/config.json + block/model.safetensors (the drafter),
 metrics.json, ref.json, logits.f32, alt.tar (the variant not chosen, for the record).
@@ -24,8 +26,9 @@ Both sources use the same labels (block.anchor_labels; on generations they are t
 Training (common.train_loop): target frozen (bf16); each step takes BSZ sequences, computes the target's taps
 of every position (forward hooks on the tapped layers: residual stream after k layers, before the final
 norm); each block is [stream[a], mask x (G-1)] at positions a..a+G-1 with the context positions < a; loss =
-position-weighted (exp(-j/5)) CE of the block's logits (shared lm_head + Markov bias of the teacher-forced
-previous token) against the labels, weighted by the label weights, + 0.2 * BCE(confidence_j, drafts 1..j
+position-weighted (exp(-(j-1)/WPOS_TAU)) CE of the block's logits (shared lm_head over u, the chain head's
+output with the teacher-forced previous tokens where there is one (STAGE4_CHAIN), else z; + Markov bias of the
+teacher-forced previous token) against the labels, weighted by the label weights, + 0.2 * BCE(confidence_j, drafts 1..j
 all correct) on detached hiddens, also weighted.  VARIANTS drafters (layer counts) train side by side on the
 same blocks (one optimiser, independent parameters).  Drafter fp32 master weights under bf16 autocast.
 Warm start (STAGE4_INIT=DIR, relative to the repository root): every variant starts from DIR's trained
@@ -54,6 +57,7 @@ PROMPTS = os.path.join(ROOT, "bench", "prompts", "code.jsonl")
 OUT = os.environ.get("OUT") or os.path.join(WORK, "out")
 DL = common.Deadline(560)
 TAPS, G, INTER, RANK = [2, 6, 10], 8, 1280, 32
+CHAIN = int(os.environ.get("STAGE4_CHAIN", "0"))
 VARIANTS = [int(x) for x in os.environ.get("STAGE4_LAYERS", "2,3").split(",")]  # drafter layer counts
 DEEPER_MARGIN = 0.05
 INIT = os.environ.get("STAGE4_INIT")  # a trained block drafter's directory (relative to the repository root)
@@ -92,7 +96,7 @@ def main():
     os.makedirs(os.path.join(OUT, "block"), exist_ok=True)
     dev = os.environ.get("STAGE_DEVICE", "cuda")
     metrics = {"tap_layers": TAPS, "block_size": G, "variants (layers)": VARIANTS, "intermediate": INTER,
-               "markov_rank": RANK, "sequence_groups (prompt, generated)": SPECS, "corpus_window": REAL_N,
+               "markov_rank": RANK, "chain_hidden": CHAIN, "sequence_groups (prompt, generated)": SPECS, "corpus_window": REAL_N,
                "step_sources": "generations and corpus windows in turn", "batch_sequences": BSZ,
                "anchors_per_sequence": ANCH, "peak_lr": PEAK_LR, "warmup": WARMUP, "prune_tau": TAU,
                "position_weight": f"exp(-(j-1)/{WPOS_TAU})", "seed": SEED}
@@ -136,7 +140,7 @@ def main():
 
     drs = {}
     for nl in VARIANTS:
-        cfg = BK.make_config(tcfg, TAPS, G, nl, INTER, RANK, common.MASK_ID)
+        cfg = BK.make_config(tcfg, TAPS, G, nl, INTER, RANK, common.MASK_ID, CHAIN)
         torch.manual_seed(SEED + nl)
         dr = BK.BlockDrafter(cfg)
         BK.init_from_target(dr, tgt)
@@ -154,7 +158,8 @@ def main():
                 for l in dr.layers[len(src.layers):]:
                     l.self_attn.o_proj.weight.zero_()
                     l.mlp.down_proj.weight.zero_()
-            metrics["init"] = f"{INIT} ({len(src.layers)} layers); layers {len(src.layers)}..{nl - 1}: target layers, o_proj and down_proj zero"
+            metrics["init"] = f"{INIT} ({len(src.layers)} layers)" + (
+                f"; layers {len(src.layers)}..{nl - 1}: target layers, o_proj and down_proj zero" if nl > len(src.layers) else "")
         drs[nl] = dr.float().to(dev).train()
         metrics[f"params_L{nl}"] = sum(p.numel() for p in dr.parameters())
         metrics[f"params_by_part_L{nl}"] = {n: sum(p.numel() for p in mod.parameters()) for n, mod in dr.named_children()}
@@ -180,8 +185,9 @@ def main():
         for nl, dr in drs.items():
             with torch.autocast(dev.split(":")[0], dtype=torch.bfloat16):
                 z, _, prev = BK.train_forward(dr, taps, seq, anchors, E, W)
-                logits = F.linear(z, W) + dr.markov_bias(prev)
-                cl = dr.conf_logit(z.detach())
+                u = dr.heads_in(z, prev, E)
+                logits = F.linear(u, W) + dr.markov_bias(prev)
+                cl = dr.conf_logit(u.detach())
             ce = F.cross_entropy(logits.float().reshape(-1, V), lab.reshape(-1), reduction="none").view(lab.shape)
             loss_ce = (ce * ww).sum() / ww.sum().clamp(min=1e-6)
             with torch.no_grad():
@@ -314,9 +320,10 @@ def main():
                 taps = tp.of(seq)
                 an = torch.arange(P - 1, P + n_new - G + 1, 3, device=dev)[None].expand(seq.shape[0], -1).contiguous()
                 z, lab, prev = BK.train_forward(m, taps, seq, an, E32, W32)
-                lg = F.linear(z, W32) + m.markov_bias(prev)
+                u = m.heads_in(z, prev, E32)
+                lg = F.linear(u, W32) + m.markov_bias(prev)
                 cums.append((lg.argmax(-1) == lab).int().cumprod(-1).reshape(-1, G - 1).float().cpu())
-                confs.append(torch.sigmoid(m.conf_logit(z)).reshape(-1, G - 1).cpu())
+                confs.append(torch.sigmoid(m.conf_logit(u)).reshape(-1, G - 1).cpu())
                 by_group.setdefault(str((P, n_new)), []).append(cums[-1])
             conf, cum = torch.cat(confs), torch.cat(cums)
         thr = []

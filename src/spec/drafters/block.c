@@ -27,7 +27,13 @@
  *   confidence_j = sigmoid(w . z_j + b)           (P(drafts 1..j accepted))
  *   logits_j = lm_head(z_j) + markov.out @ markov.embed[prev_j]
  * with prev_1 = the anchor, prev_j = d_{j-1}; lm_head and E are the target's
- * (shared, never copied). Pruning: the round keeps the leading drafts whose
+ * (shared, never copied). A drafter with a chain head (config chain_hidden
+ * C > 0) lets draft j see the draft before it — a block's positions are
+ * otherwise drafted in parallel: s_0 = 0,
+ *   s_j = silu(chain.inp([z_j ; enorm(E[prev_j])]) + chain.rec(s_{j-1}))
+ *   u_j = z_j + chain.out(s_j)
+ * and u_j takes z_j's place in the confidence and the LM head; its drafts
+ * then run step by step, all rows' products together (chain_draft). Pruning: the round keeps the leading drafts whose
  * confidence reaches config.json's prune_thresholds[j-1], so a row may draft
  * fewer than asked (spec option prune=off keeps them all). The LM head runs
  * once, over the kept positions only; the Markov bias is added in order.
@@ -95,6 +101,8 @@ typedef struct {
     td_layer_w *L;                     /* [n_layer] owned array of views */
     td_tensor mk_embed, mk_out;        /* [V][rank], or absent (rank 0) */
     td_tensor conf_w, conf_b;          /* [1][D], [1], or absent */
+    int C;                             /* chain_hidden: the chain head's width, 0 = none */
+    td_tensor ch_enorm, ch_inp, ch_rec, ch_out; /* [D], [C][2D], [C][C], [D][C], or absent */
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
     void *qarena;                      /* owned: the quantized matrices, or NULL */
@@ -150,6 +158,12 @@ typedef struct {
     int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
     int *bg, *boff;           /* [max_rows] per drafting row b: its block entries (<= G) and the
                                  first of them in the round's stacked activations */
+    float *cz;                /* chain (C > 0): [max_rows][2D] a step's inputs [z ; enorm(E[prev])] */
+    float *ca, *cg, *cs;      /* [max_rows][C] a step's states and the previous ones (both in step
+                                 order), and [max_rows][C] the states by row b */
+    float *cu;                /* [max_rows][D] a step's u = z + out(s) */
+    int *cact;                /* [max_rows] the rows b still drafting, in step order */
+    int32_t *cprev;           /* [max_rows] by row b: the token before the step's position */
 } blk_group;
 
 /* ---- matrix products on the group's pool (nn/mmx.h: outputs split in chunks
@@ -409,6 +423,103 @@ static void qk_run(void *arg, int ith, int nth) {
     }
 }
 
+/* Draft j of row i from lg[n_sub], the kept ids' LM-head logits (the Markov
+ * bias of prev is added here), and for a greedy draft cl[cx.n], the row's
+ * context ids' LM-head logits (their Markov parts are added here too): the
+ * draft id, or a negative TD_E* code when sampling fails. */
+static int32_t pick(blk_group *g, td_draft_req *q, int i, int j, float *lg, float *cl, int32_t prev) {
+    const blk_provider *p = g->p;
+    const blk_row *r = &g->rows[i];
+    int Vs = p->n_sub;
+    if (p->rank) {
+        td_to_f32(g->a, (const char *)p->mk_embed.data + (size_t)prev * p->rank * (p->mk_embed.dtype == TD_DTYPE_F32 ? 4 : 2),
+                  p->mk_embed.dtype, (size_t)p->rank);
+        td_panel16_addmv(lg, p->mkp, g->a, p->rank, Vs); /* rank-wide: on the caller */
+    }
+    if (q->probs) {
+        td_sampling sp = *q->sampling[i];
+        sp.seed ^= 0x3c6ef372fe94f82bull; /* the drafter's own draw stream */
+        float *pr = q->probs + ((size_t)i * q->max_depth + j) * p->V;
+        int32_t d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, g->qsub);
+        if (d < 0) return d;
+        td_draft_vocab_scatter(&p->voc, g->qsub, pr); /* zero outside the draft vocabulary */
+        return td_draft_vocab_id(&p->voc, d);
+    }
+    /* the best of the kept ids and the row's context ids, each logit = its
+     * LM-head row . z + its markov.out row . a */
+    if (r->cx.n && p->rank) td_draft_ctxids_logits(&p->mvoc, &r->mx, g->a, 1, cl, 1);
+    return td_draft_vocab_best(&p->voc, lg, &r->cx, cl);
+}
+
+static float confidence(const blk_provider *p, const float *z) {
+    const td_tensor *cw = &p->conf_w;
+    float s = cw->dtype == TD_DTYPE_F32    ? td_dot(z, cw->data, p->D)
+              : cw->dtype == TD_DTYPE_BF16 ? td_dot_bf16(z, cw->data, p->D)
+                                           : td_dot_f16(z, cw->data, p->D);
+    return 1.0f / (1.0f + expf(-(s + w_at(&p->conf_b, 0))));
+}
+
+/* The drafts of a drafter with a chain head, after the block's layers: step j
+ * (draft j + 1) runs for every drafting row whose block reaches it and that
+ * has not stopped, all rows' products together:
+ *   s_j = silu(inp([z ; enorm(E[prev])]) + rec(s_{j-1})),  u = z + out(s_j),
+ * then the confidence of u prunes, the LM head runs over the kept rows' u and
+ * each row picks its draft, the next step's prev. */
+static int chain_draft(blk_group *g, td_draft_req *q, int nb, td_err *err) {
+    const blk_provider *p = g->p;
+    const td_tensor *E = &p->target->w.tok_embd;
+    int D = p->D, C = p->C, Vs = p->n_sub, na = 0;
+    for (int b = 0; b < nb; b++) {
+        g->cact[na++] = b;
+        g->cprev[b] = q->pending[g->brow[b]];
+        q->n_tokens[g->brow[b]] = 0;
+    }
+    for (int j = 0; na; j++) {
+        int m = 0;
+        for (int a = 0; a < na; a++)
+            if (g->bg[g->cact[a]] - 1 > j) g->cact[m++] = g->cact[a];
+        if (!(na = m)) break;
+        for (int a = 0; a < na; a++) {
+            int b = g->cact[a];
+            float *in = g->cz + (size_t)a * 2 * D;
+            td_rmsnorm(in, g->x + (size_t)(g->boff[b] + j + 1) * D, p->norm.data, p->norm.dtype, D, p->eps);
+            td_tensor_row_f32(E, g->cprev[b], D, in + D);
+            td_rmsnorm(in + D, in + D, p->ch_enorm.data, p->ch_enorm.dtype, D, p->eps);
+            memcpy(g->cu + (size_t)a * D, in, sizeof(float) * (size_t)D);
+            if (j) memcpy(g->cg + (size_t)a * C, g->cs + (size_t)b * C, sizeof(float) * (size_t)C);
+        }
+        /* pre-activation inp([z ; e]) + rec(s_{j-1}) (s_0 = 0: no rec term) */
+        mm(g, g->ca, C, g->cz, 2 * D, na, &p->ch_inp, 2 * D, C, 0);
+        if (j) mm(g, g->ca, C, g->cg, C, na, &p->ch_rec, C, C, 1);
+        for (int a = 0; a < na; a++) {
+            float *s = g->ca + (size_t)a * C;
+            for (int c = 0; c < C; c++) s[c] = s[c] / (1.0f + expf(-s[c]));
+            memcpy(g->cs + (size_t)g->cact[a] * C, s, sizeof(float) * (size_t)C);
+        }
+        mm(g, g->cu, D, g->ca, C, na, &p->ch_out, C, D, 1); /* u = z + out(s) */
+        /* the confidence of u prunes: rows that stop leave the step order */
+        m = 0;
+        for (int a = 0; a < na; a++) {
+            if (p->prune && p->n_thr && p->conf_w.data && !(confidence(p, g->cu + (size_t)a * D) >= p->thr[j])) continue;
+            if (m != a) memmove(g->cu + (size_t)m * D, g->cu + (size_t)a * D, sizeof(float) * (size_t)D);
+            g->cact[m++] = g->cact[a];
+        }
+        if (!(na = m)) break;
+        mm(g, g->lg, Vs, g->cu, D, na, &p->head, D, Vs, 0);
+        for (int a = 0; a < na; a++) {
+            int b = g->cact[a], i = g->brow[b];
+            const blk_row *r = &g->rows[i];
+            if (!q->probs && r->cx.n) td_draft_ctxids_logits(&p->voc, &r->cx, g->cu + (size_t)a * D, 1, g->cl, 0);
+            int32_t d = pick(g, q, i, j, g->lg + (size_t)a * Vs, g->cl, g->cprev[b]);
+            if (d < 0) return td_seterr(err, d, "block: sampling failed");
+            q->tokens[(size_t)i * q->max_depth + j] = d;
+            q->n_tokens[i] = j + 1;
+            g->cprev[b] = d;
+        }
+    }
+    return 0;
+}
+
 static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
     blk_group *g = gv;
     const blk_provider *p = g->p;
@@ -473,6 +584,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         for (int t = 0; t < T; t++) td_swiglu(g->g + (size_t)t * p->F, g->g + (size_t)t * p->F, g->u + (size_t)t * p->F, p->F);
         mm(g, g->x, D, g->g, p->F, T, &L->w_down, p->F, D, 1);
     }
+    if (p->C) return chain_draft(g, q, nb, err);
     /* z_j = norm(x_j), j >= 1, gathered (kept positions only) into g->n; confidence prunes */
     int nz = 0;
     for (int b = 0; b < nb; b++) {
@@ -482,14 +594,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         for (; k < want; k++) {
             float *z = g->n + (size_t)(nz + k) * D;
             td_rmsnorm(z, g->x + (size_t)(g->boff[b] + k + 1) * D, p->norm.data, p->norm.dtype, D, p->eps);
-            if (p->prune && p->n_thr && p->conf_w.data) {
-                const td_tensor *cw = &p->conf_w;
-                float s = cw->dtype == TD_DTYPE_F32    ? td_dot(z, cw->data, D)
-                          : cw->dtype == TD_DTYPE_BF16 ? td_dot_bf16(z, cw->data, D)
-                                                       : td_dot_f16(z, cw->data, D);
-                float c = 1.0f / (1.0f + expf(-(s + w_at(&p->conf_b, 0))));
-                if (!(c >= p->thr[k])) break;
-            }
+            if (p->prune && p->n_thr && p->conf_w.data && !(confidence(p, z) >= p->thr[k])) break;
         }
         q->n_tokens[i] = k; /* provisional: the count of kept positions */
         nz += k;
@@ -504,28 +609,8 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
          * markov parts follow each draft) */
         if (!q->probs && r->cx.n) td_draft_ctxids_logits(&p->voc, &r->cx, g->n + off * D, k, g->cl, 0);
         for (int j = 0; j < k; j++, off++) {
-            float *lg = g->lg + off * Vs;
-            if (p->rank) {
-                td_to_f32(g->a, (const char *)p->mk_embed.data + (size_t)prev * p->rank * (p->mk_embed.dtype == TD_DTYPE_F32 ? 4 : 2),
-                          p->mk_embed.dtype, (size_t)p->rank);
-                td_panel16_addmv(lg, p->mkp, g->a, p->rank, Vs); /* rank-wide: on the caller */
-            }
-            int32_t d;
-            if (q->probs) {
-                td_sampling sp = *q->sampling[i];
-                sp.seed ^= 0x3c6ef372fe94f82bull; /* the drafter's own draw stream */
-                float *pr = q->probs + ((size_t)i * q->max_depth + j) * V;
-                d = td_sampler_sample_probs(g->smp, &sp, lg, NULL, 0, q->out_pos[i] + (uint64_t)j, g->qsub);
-                if (d < 0) return td_seterr(err, d, "block: sampling failed");
-                td_draft_vocab_scatter(&p->voc, g->qsub, pr); /* zero outside the draft vocabulary */
-                d = td_draft_vocab_id(&p->voc, d);
-            } else {
-                /* the best of the kept ids and the row's context ids, each
-                 * logit = its LM-head row . z + its markov.out row . a */
-                float *cl = g->cl + (size_t)j * r->cx.n;
-                if (r->cx.n && p->rank) td_draft_ctxids_logits(&p->mvoc, &r->mx, g->a, 1, cl, 1);
-                d = td_draft_vocab_best(&p->voc, lg, &r->cx, cl);
-            }
+            int32_t d = pick(g, q, i, j, g->lg + off * Vs, g->cl + (size_t)j * r->cx.n, prev);
+            if (d < 0) return td_seterr(err, d, "block: sampling failed");
             q->tokens[(size_t)i * q->max_depth + j] = d;
             prev = d;
         }
@@ -614,6 +699,7 @@ static void blk_free_group(void *gv) {
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xa); free(g->xq);
     free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
+    free(g->cz); free(g->ca); free(g->cg); free(g->cs); free(g->cu); free(g->cact); free(g->cprev);
     free(g);
 }
 
@@ -638,6 +724,17 @@ static const td_draft_rows_vt blk_rows_vt = {
     .append = blk_append, .draft = blk_draft, .commit = blk_commit, .offer = blk_offer,
     .filter = blk_filter, .capture = blk_capture, .free = blk_free_group,
 };
+
+/* The matrices quant= quantizes besides the layers' (and under act_type amx
+ * repacks): fc, the chain's, and with a draft vocabulary the drafter's own copy
+ * of the kept LM-head rows (the target's head stays as it is). Returns the count. */
+static int own_matrices(blk_provider *p, td_tensor **extra) {
+    int n = 0;
+    extra[n++] = &p->fc;
+    if (p->C) extra[n++] = &p->ch_inp, extra[n++] = &p->ch_rec, extra[n++] = &p->ch_out;
+    if (p->n_sub < p->V) extra[n++] = &p->head;
+    return n;
+}
 
 static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, const td_ctx *target_ctx,
                          td_draft_rows *out, td_err *err) {
@@ -678,7 +775,17 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->bdepth = malloc(sizeof(int) * (size_t)max_rows);
     g->bg = malloc(sizeof(int) * (size_t)max_rows);
     g->boff = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->bdepth || !g->bg || !g->boff || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+    if (p->C) {
+        size_t mr = (size_t)max_rows, C = (size_t)p->C;
+        g->cz = malloc(sizeof(float) * mr * 2 * D);
+        g->ca = malloc(sizeof(float) * mr * C);
+        g->cg = malloc(sizeof(float) * mr * C);
+        g->cs = malloc(sizeof(float) * mr * C);
+        g->cu = malloc(sizeof(float) * mr * D);
+        g->cact = malloc(sizeof(int) * mr);
+        g->cprev = malloc(sizeof(int32_t) * mr);
+    }
+    if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
         !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
@@ -687,13 +794,14 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     }
     if (target_ctx && td_ctx_get_params(target_ctx).act_type == TD_ACT_AMX) { /* the target's products run on AMX: so do these */
         int kmax = p->n_taps * D;
-        int ks[] = {W, p->F, p->rank};
-        for (int i = 0; i < 3; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
+        int ks[] = {W, p->F, p->rank, 2 * D, p->C};
+        for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         g->act = TD_ACT_AMX;
         int rc = 0;
         if (td_q8r_available() && !p->repacked) { /* quant=q8_0: the R16 repacks, made once */
-            td_tensor *extra[] = {&p->fc};
-            rc = td_draft_repack_q8r(p->L, p->n_layer, extra, 1, &p->rarena, err);
+            td_tensor *extra[5];
+            int ne = own_matrices(p, extra);
+            rc = td_draft_repack_q8r(p->L, p->n_layer, extra, ne, &p->rarena, err);
             p->repacked = !rc;
         }
         if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
@@ -808,6 +916,9 @@ static int parse_config(blk_provider *p, const cJSON *j, const td_config *tc, co
         }
         p->n_thr = n;
     }
+    p->C = 0; /* chain_hidden: optional, absent = no chain head */
+    if (cJSON_GetObjectItemCaseSensitive(j, "chain_hidden") && (rc = cfg_int(j, "chain_hidden", 0, 1 << 16, &p->C, path, err)))
+        return rc;
     const cJSON *ch = cJSON_GetObjectItemCaseSensitive(j, "confidence_head");
     if (p->n_thr && !cJSON_IsTrue(ch))
         return td_seterr(err, TD_EFORMAT, "%s: prune_thresholds need a confidence head (confidence_head: true)", path);
@@ -894,6 +1005,10 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     if (!rc && p->rank) rc = bind(p, &p->mk_out, "markov.out.weight", p->V, p->rank, path, err);
     if (!rc && has_conf) rc = bind(p, &p->conf_w, "confidence.weight", 1, D, path, err);
     if (!rc && has_conf) rc = bind(p, &p->conf_b, "confidence.bias", 1, 0, path, err);
+    if (!rc && p->C) rc = bind(p, &p->ch_enorm, "chain.enorm.weight", D, 0, path, err);
+    if (!rc && p->C) rc = bind(p, &p->ch_inp, "chain.inp.weight", p->C, 2 * (int64_t)D, path, err);
+    if (!rc && p->C) rc = bind(p, &p->ch_rec, "chain.rec.weight", p->C, p->C, path, err);
+    if (!rc && p->C) rc = bind(p, &p->ch_out, "chain.out.weight", D, p->C, path, err);
     /* the draft vocabulary: the same ids (DIR/draft_vocab.json's ranking, else
      * 0..n_sub-1) over the shared LM head and over markov.out */
     p->head = target->w.lm_head;
@@ -906,8 +1021,9 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
         else td_panel16_pack(p->mkp, p->mk_out.data, p->mk_out.dtype, p->rank, p->n_sub);
     }
     long long delta = 0;
-    td_tensor *extra[] = {&p->fc};
-    if (!rc && quant) rc = td_draft_quantize(p->L, p->n_layer, extra, 1, quant, &p->qarena, &delta, err);
+    td_tensor *extra[5];
+    int ne = own_matrices(p, extra);
+    if (!rc && quant) rc = td_draft_quantize(p->L, p->n_layer, extra, ne, quant, &p->qarena, &delta, err);
     if (rc) { blk_free(p); free(d); return rc; }
     d->vt = &blk_vt;
     d->self = p;
