@@ -33,10 +33,12 @@
  *   s_j = silu(chain.inp([z_j ; enorm(E[prev_j])]) + chain.rec(s_{j-1}))
  *   u_j = z_j + chain.out(s_j)
  * and u_j takes z_j's place in the confidence and the LM head; its drafts
- * then run step by step, all rows' products together (chain_draft). Pruning: the round keeps the leading drafts whose
- * confidence reaches config.json's prune_thresholds[j-1], so a row may draft
- * fewer than asked (spec option prune=off keeps them all). The LM head runs
- * once, over the kept positions only; the Markov bias is added in order.
+ * then run step by step, all rows' products together (chain_draft).
+ * Pruning: the round keeps the leading drafts whose confidence reaches
+ * config.json's prune_thresholds[j-1], so a row may draft fewer than asked
+ * (spec option prune=off keeps them all). The LM head runs over the kept
+ * positions only (without a chain once, with one a step at a time); the
+ * Markov bias is added in order.
  * A draft vocabulary (spec option vocab=N, spec/vocab.h) keeps N ids of the
  * shared LM head and of the Markov output — the first N of DIR/draft_vocab.json's
  * ranking, else ids 0..N-1 — plus each row's context ids (ids of its prompt and
@@ -44,8 +46,9 @@
  * as they appear): a greedy draft is the argmax over both, every logit the
  * same two dots as the full head's; sampled drafts (q) come from the N kept ids
  * and are zero beyond. The target's verification keeps the output exact.
- * Option quant=q8_0|q4_0 quantizes the drafter's own matrices (fc and its
- * layers') in memory; the shared LM head stays the target's. When the target's
+ * Option quant=q8_0|q4_0 quantizes the drafter's own matrices (fc, its
+ * layers' and its chain's) in memory, and with vocab=N its copy of the N kept
+ * LM-head rows; the target's LM head stays as it is. When the target's
  * context runs act_type amx, the products with bf16 weights run on the AMX
  * tiles too (nn/amx.h). A checkpoint
  * holds projected K/V, so one taken under another quant= restores fine but
