@@ -282,8 +282,8 @@ def train_forward(m, taps, stream, anchors, E, W_lm):
 @torch.no_grad()
 def draft_round(m, ctx_kv, L, t, E, W_lm, depth=None, prune=True):
     """One block forward for one row: ctx_kv = per-layer (k, v) [1,nkv,L,hd] of the committed positions
-    0..L-1, t = the pending token at position L.  Returns (drafts, logits rows [n][V], the confidences of the positions computed: n, or n + 1 when pruning stopped
-    the round)."""
+    0..L-1, t = the pending token at position L.  Returns (drafts, logits rows [n][V], the confidences
+    of the positions computed: n of them, or n + 1 when pruning stopped the round)."""
     G = m.c["block_size"]
     dev = E.device
     ids = torch.tensor([t] + [m.c["mask_token_id"]] * (G - 1), device=dev)
