@@ -49,6 +49,8 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     int T = n + n_other, kmax = 0; /* verified tokens; draft steps of the rows the drafter runs for */
     for (int i = 0; i < n; i++) k[i] = 0;
     double rate = E / td_cost_at(cv, T);
+    double bgain[TD_DEPTH_BROAD_MAX]; /* broad moves: candidate rows' gains, best first */
+    int bord[TD_DEPTH_BROAD_MAX], bsel[TD_DEPTH_BROAD_MAX];
     /* Each pass deepens one row by the number of positions d that raises the
      * rate most. Looking d positions ahead, not one, matters when a draft's
      * fixed cost is only repaid by depth (step_extra, or verify steps).
@@ -71,6 +73,49 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
                 if (r > best_rate) { best_rate = r; best = i; best_d = d; best_gain = gain; }
             }
         }
+        /* Broad moves: the m rows whose next d positions gain most, deepened
+         * together (d up to 1 + step_extra, the depth a round's fixed part asks
+         * for). The drafter runs every row's step j at once, so a step that no
+         * one row repays may pay for several: at batch 8 a single row's token
+         * starts another register tile (T = 8 -> 9), all eight rows' together
+         * fill it. m = 1 is a single move, weighed above. */
+        int nb = n < TD_DEPTH_BROAD_MAX ? n : TD_DEPTH_BROAD_MAX, broad_m = 0;
+        for (int d = 1; d <= 1 + step_extra; d++) {
+            int no = 0;
+            for (int i = 0; i < nb; i++) {
+                if (k[i] + d > maxk[i]) continue;
+                double reach = 1.0, g = 0;
+                for (int j = 0; j < k[i]; j++) reach *= ctl[i]->a[j];
+                for (int j = 0; j < d; j++) g += reach *= ctl[i]->a[k[i] + j];
+                int at = no++; /* insertion: gain descending, row index ascending on ties */
+                while (at > 0 && bgain[at - 1] < g) { bgain[at] = bgain[at - 1]; bord[at] = bord[at - 1]; at--; }
+                bgain[at] = g;
+                bord[at] = i;
+            }
+            double G = 0;
+            int deep = kmax;
+            for (int m = 0; m < no; m++) {
+                int i = bord[m];
+                G += bgain[m];
+                if (!(free_row && free_row[i]) && k[i] + d > deep) deep = k[i] + d;
+                if (m == 0) continue;
+                double r = (E + G) / (td_cost_at(cv, T + (m + 1) * d) + step_s * (deep > 0 ? deep + step_extra : 0));
+                if (r > best_rate) { best_rate = r; best = -1; broad_m = m + 1; best_d = d; best_gain = G; }
+            }
+            if (broad_m && best_d == d) /* keep this d's order for the move */
+                for (int m = 0; m < broad_m; m++) bsel[m] = bord[m];
+        }
+        if (broad_m) {
+            for (int m = 0; m < broad_m; m++) {
+                int i = bsel[m];
+                k[i] += best_d;
+                if (!(free_row && free_row[i]) && k[i] > kmax) kmax = k[i];
+            }
+            E += best_gain;
+            T += broad_m * best_d;
+            rate = best_rate;
+            continue;
+        }
         if (best < 0) break;
         k[best] += best_d;
         if (!(free_row && free_row[best]) && k[best] > kmax) kmax = k[best];
@@ -91,6 +136,12 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         if (r > probe_rate) { probe_rate = r; kp = d; }
     }
     int may_probe = probe_rate > rate;
+    /* ... or if perfect drafts would pay for the n0 held rows probing together
+     * (rows held alike probe in the same round: one step serves them all) */
+    int n0 = 0;
+    for (int i = 0; i < n; i++) n0 += k[i] == 0 && maxk[i] > 0 && !(free_row && free_row[i]);
+    for (int d = 1; !may_probe && n0 > 1 && d <= (step_extra ? kall : 1); d++)
+        may_probe = (E + (double)n0 * d) / (td_cost_at(cv, T + n0 * d) + step_s * ((kmax > d ? kmax : d) + step_extra)) > rate;
     int may_probe_free = (E + 1) / (td_cost_at(cv, T + 1) + step_s * (kmax > 0 ? kmax + step_extra : 0)) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {

@@ -13,10 +13,12 @@
  * sequential steps (drafters run all rows' step j together) at step_s each,
  * measured as rounds run, and step_extra more where a round has a fixed part
  * (the block drafter's anchor entry: its one forward runs k + 1 entries).
- * The planner starts every row at depth 0 and repeatedly deepens one row by
- * the number of positions that raises (sum E) / cost the most (looking ahead,
- * so a fixed draft cost that only depth repays is weighed), stopping when no
- * deepening helps: k = 0 everywhere is plain decoding, so speculation that does not pay
+ * The planner starts every row at depth 0 and repeatedly makes the move that
+ * raises (sum E) / cost the most: one row deepened by d positions (looking
+ * ahead, so a fixed draft cost that only depth repays is weighed), or the m
+ * rows that gain most deepened together by d <= 1 + step_extra (a draft step
+ * serves every row at once, so a step, or a verify tile, that no one row
+ * repays may pay for several); it stops when no move helps: k = 0 everywhere is plain decoding, so speculation that does not pay
  * turns itself down. A row held at depth 0 probes depth 1 (with a fixed part:
  * the depth a perfect draft would pay best at) after TD_DEPTH_PROBE
  * rounds so that a drafter that starts paying is noticed; each probe that does
@@ -33,6 +35,7 @@
 
 #define TD_DEPTH_PROBE 16
 #define TD_DEPTH_PROBE_MAX 512
+#define TD_DEPTH_BROAD_MAX 256 /* rows a broad move considers (the first ones of larger groups) */
 #define TD_COST_POINTS 32
 #define TD_PROBE_BUDGET 0.01 /* probe drafting time / verify time, at most */
 #define TD_OFFER_STRONG 6    /* an offer behind a context match this long or longer is tracked apart
