@@ -140,8 +140,13 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
      * (rows held alike probe in the same round: one step serves them all) */
     int n0 = 0;
     for (int i = 0; i < n; i++) n0 += k[i] == 0 && maxk[i] > 0 && !(free_row && free_row[i]);
-    for (int d = 1; !may_probe && n0 > 1 && d <= (step_extra ? kall : 1); d++)
-        may_probe = (E + (double)n0 * d) / (td_cost_at(cv, T + n0 * d) + step_s * ((kmax > d ? kmax : d) + step_extra)) > rate;
+    if (!may_probe && n0 > 1) { /* then they probe at the depth that pays best for them together */
+        double jr = rate;
+        for (int d = 1; d <= (step_extra ? kall : 1); d++) {
+            double r = (E + (double)n0 * d) / (td_cost_at(cv, T + n0 * d) + step_s * ((kmax > d ? kmax : d) + step_extra));
+            if (r > jr) { jr = r; kp = d; may_probe = 1; }
+        }
+    }
     int may_probe_free = (E + 1) / (td_cost_at(cv, T + 1) + step_s * (kmax > 0 ? kmax + step_extra : 0)) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {

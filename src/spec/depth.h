@@ -37,7 +37,7 @@
 #define TD_DEPTH_PROBE_MAX 512
 #define TD_DEPTH_BROAD_MAX 256 /* rows a broad move considers (the first ones of larger groups) */
 #define TD_COST_POINTS 32
-#define TD_PROBE_BUDGET 0.01 /* probe drafting time / verify time, at most */
+#define TD_PROBE_BUDGET 0.01 /* probe rounds' drafting and extra verify time / verify time, at most */
 #define TD_OFFER_STRONG 6    /* an offer behind a context match this long or longer is tracked apart
                                 (measured on bench/prompts: copies behind an 8-token match were
                                 accepted 98% of the time, behind a 1-3-token match 40-65% at the

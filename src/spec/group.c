@@ -100,7 +100,8 @@ struct td_spec {
     double draft_s;            /* seconds per draft step (running): one position for all rows */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
     int measured;              /* draft_s has been measured (else it is the drafter's hint) */
-    double probe_spent;        /* seconds drafting in probe-only rounds (decaying sum) */
+    double probe_spent;        /* seconds drafting in probe-only rounds, and verifying in them
+                                  beyond a plain round's estimate (decaying sum) */
     double verify_spent;       /* seconds verifying (the same decay): probes may cost
                                   TD_PROBE_BUDGET of it */
     td_spec_stats total;
@@ -493,7 +494,7 @@ int td_spec_step(td_spec *g, td_err *err) {
     compact_drafter(g);
     int D = g->p.max_depth, V = g->n_vocab;
     /* 1. depth and draft */
-    int n_dr = g->dr.vt ? g->dr.n_rows : 0, n_other = 0, n_probes = 0;
+    int n_dr = g->dr.vt ? g->dr.n_rows : 0, n_other = 0, n_probes = 0, probe_round = 0;
     g->have_q = 0;
     for (int i = 0; i < g->max_rows; i++) {
         sp_row *r = &g->rows[i];
@@ -569,7 +570,10 @@ int td_spec_step(td_spec *g, td_err *err) {
         g->total.t_draft += dt;
         int drafting = 0;
         for (int d = 0; d < n_dr; d++) drafting += g->ddepth[d] > 0;
-        if (n_probes >= drafting) g->probe_spent += dt; /* a round of probes only */
+        if (n_probes >= drafting) { /* a round of probes only */
+            g->probe_spent += dt;
+            probe_round = 1;
+        }
         long nd = 0;
         for (int d = 0; d < n_dr; d++) {
             if (g->n_drafts[d] > g->ddepth[d]) g->n_drafts[d] = g->ddepth[d];
@@ -631,6 +635,9 @@ int td_spec_step(td_spec *g, td_err *err) {
     g->total.t_verify += vdt;
     if (g->debug) fprintf(stderr, "tandem: verify%s %d rows %d tokens %.3f ms\n", g->dr.vt ? "" : " (plain)", nb, nt, vdt * 1e3);
     g->verify_spent = 0.995 * g->verify_spent + vdt; /* a window of some hundred rounds */
+    /* a probe's verify tokens cost too (8 rows probing 7 deep verify 64 tokens
+     * instead of 8): what the forward took beyond the plain round's estimate */
+    if (probe_round && g->cv.n > 0 && vdt > td_cost_at(&g->cv, nb)) g->probe_spent += vdt - td_cost_at(&g->cv, nb);
     g->probe_spent *= 0.995;
     /* keep the cost curve current: the startup measurement may have been taken
      * on a busier (or quieter) machine, and at a shorter context, than the one
