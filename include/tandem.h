@@ -406,7 +406,8 @@ typedef struct td_drafter td_drafter;
 int td_drafter_open(td_drafter **out, const char *spec, const td_model *target, td_err *err);
 void td_drafter_free(td_drafter *d);
 const char *td_drafter_id(const td_drafter *d);       /* e.g. "ngram:1-8" */
-size_t td_drafter_weight_bytes(const td_drafter *d);  /* resident weights it adds */
+size_t td_drafter_weight_bytes(const td_drafter *d);  /* resident weights it adds (its files, and its own
+                                                       copies: quant=, a gathered vocab=N head) */
 
 typedef enum td_accept_rule {
     TD_ACCEPT_MATCH = 0,     /* accept while the draft equals the target's own sample: exact */

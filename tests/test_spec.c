@@ -949,8 +949,30 @@ static void test_bad_input(void) {
                 "%s: %zu bytes vs %zu unquantized (%s)", spec, td_drafter_weight_bytes(d2), td_drafter_weight_bytes(plain),
                 d2 ? "" : err.msg);
         td_drafter_free(d2);
-        td_drafter_free(plain);
         d2 = NULL;
+        /* with vocab=N (no ranking file here: a view of the head's first N rows)
+         * the head adds no bytes until quant= makes it the drafter's own copy,
+         * which then counts in full: N Q8_0 rows */
+        td_model_info ti;
+        td_model_get_info(g_target, &ti);
+        int nv = ti.n_vocab / 2;
+        size_t w[3] = {0, 0, 0};
+        const char *opt[3] = {"vocab=%d", "quant=q8_0", "vocab=%d,quant=q8_0"};
+        for (int o = 0; o < 3; o++) {
+            char fmt[96];
+            snprintf(fmt, sizeof fmt, "%s:%%s/%s,%s", kind ? "mtp" : "block", kind ? "mtp" : "block", opt[o]);
+            if (o == 1) snprintf(spec, sizeof spec, fmt, g_dir);
+            else snprintf(spec, sizeof spec, fmt, g_dir, nv);
+            T_REQUIRE(td_drafter_open(&d2, spec, g_target, &err) == 0, "%s: %s", spec, err.msg);
+            w[o] = td_drafter_weight_bytes(d2);
+            td_drafter_free(d2);
+            d2 = NULL;
+        }
+        size_t q8_rows = (size_t)nv * (size_t)(ti.n_embd / 32) * 34;
+        T_CHECK(w[0] == td_drafter_weight_bytes(plain) && w[2] == w[1] + q8_rows,
+                "%s: resident bytes plain %zu, vocab %zu, quant %zu, vocab+quant %zu (expected quant + %zu)",
+                kind ? "mtp" : "block", td_drafter_weight_bytes(plain), w[0], w[1], w[2], q8_rows);
+        td_drafter_free(plain);
     }
     T_CHECK(td_drafter_open(&d2, "model:/nonexistent/dir", g_target, &err) != 0 && d2 == NULL, "missing draft model dir");
     snprintf(spec, sizeof spec, "mtp:%s/mtp_wrong", g_dir);

@@ -1026,12 +1026,16 @@ int td_drafter_block_open(td_drafter **out, const char *spec, const td_model *ta
     long long delta = 0;
     td_tensor *extra[5];
     int ne = own_matrices(p, extra);
+    /* the draft head's bytes as they are now, before quant= (a view adds none; its
+     * gathered or quantized copy is the drafter's own, which delta alone undercounts) */
+    size_t head_was = p->n_sub < p->V ? td_dtype_row_bytes(p->head.dtype, D) * (size_t)p->n_sub : 0;
+    int head_own = p->voc.rows != NULL || (quant && p->n_sub < p->V);
     if (!rc && quant) rc = td_draft_quantize(p->L, p->n_layer, extra, ne, quant, &p->qarena, &delta, err);
     if (rc) { blk_free(p); free(d); return rc; }
     d->vt = &blk_vt;
     d->self = p;
     d->target = target;
-    d->weight_bytes = (size_t)((long long)p->w.bytes + delta);
+    d->weight_bytes = (size_t)((long long)p->w.bytes + delta) + (head_own ? head_was : 0);
     /* one forward drafts a row's block, the anchor's entry and one per draft:
      * a round of depth k costs k + 1 block steps */
     d->step_extra = 1;

@@ -532,12 +532,16 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant,
      * n_sub rows: quant= quantizes it with the layer (the target's stays as it is) */
     td_tensor *extra[] = {&p->fc, &h->w.lm_head};
     int n_extra = n_sub > 0 && p->n_sub < tc->n_vocab ? 2 : 1;
+    /* the head copy's bytes before quant= (a view adds none; a gathered or
+     * quantized copy is the drafter's own, which delta alone undercounts) */
+    size_t head_was = n_extra == 2 ? td_dtype_row_bytes(h->w.lm_head.dtype, D) * (size_t)p->n_sub : 0;
+    int head_own = p->voc.rows != NULL || (quant && n_extra == 2);
     if (!rc && quant) rc = td_draft_quantize(L, 1, extra, n_extra, quant, &p->qarena, &delta, err);
     if (rc) { mtp_free(p); free(d); return rc; }
     d->vt = &mtp_vt;
     d->self = p;
     d->target = target;
-    d->weight_bytes = (size_t)((long long)p->file->map_len + delta);
+    d->weight_bytes = (size_t)((long long)p->file->map_len + delta) + (head_own ? head_was : 0);
     /* a step reads the head's layer and the target's LM head */
     d->step_cost_hint = 0.1 + ((double)d->weight_bytes + (double)p->n_sub * tc->n_embd * 2.0) /
                                   (double)(target->weight_bytes ? target->weight_bytes : 1);
