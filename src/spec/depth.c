@@ -52,7 +52,8 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     double bgain[TD_DEPTH_BROAD_MAX]; /* broad moves: candidate rows' gains, best first */
     int bord[TD_DEPTH_BROAD_MAX], bsel[TD_DEPTH_BROAD_MAX];
     /* Each pass deepens one row by the number of positions d that raises the
-     * rate most. Looking d positions ahead, not one, matters when a draft's
+     * rate most, or several rows together (broad moves, below) where that
+     * raises it more. Looking d positions ahead, not one, matters when a draft's
      * fixed cost is only repaid by depth (step_extra, or verify steps).
      * A free row (proposals on offer, made without a forward) adds no step;
      * a drafting round costs its deepest row's depth plus step_extra steps. */

@@ -18,16 +18,20 @@
  * ahead, so a fixed draft cost that only depth repays is weighed), or the m
  * rows that gain most deepened together by d <= 1 + step_extra (a draft step
  * serves every row at once, so a step, or a verify tile, that no one row
- * repays may pay for several); it stops when no move helps: k = 0 everywhere is plain decoding, so speculation that does not pay
- * turns itself down. A row held at depth 0 probes depth 1 (with a fixed part:
- * the depth a perfect draft would pay best at) after TD_DEPTH_PROBE
- * rounds so that a drafter that starts paying is noticed; each probe that does
- * not bring drafting back doubles the wait (a probe costs the drafter a
- * catch-up over the tokens it missed), and there is no probe at all while even
- * a perfectly accepted draft could not pay for its step, nor while the caller
- * says probes have cost more than their budget (allow_probe = 0: the group
- * keeps the time spent in probe rounds under TD_PROBE_BUDGET of its verify
- * time, so a drafter that never pays costs at most that). */
+ * repays may pay for several); it stops when no move helps: k = 0 everywhere
+ * is plain decoding, so speculation that does not pay turns itself down.
+ * A row held at depth 0 probes depth 1 (with a fixed part: the depth a
+ * perfect draft would pay best at) after TD_DEPTH_PROBE rounds so that a
+ * drafter that starts paying is noticed; each probe that does not bring
+ * drafting back doubles the wait (a probe costs the drafter a catch-up over
+ * the tokens it missed), and there is no probe at all while even a perfectly
+ * accepted draft could not pay for its step — for the row alone, or for all
+ * the rows held at 0 probing together (their schedules run alike), then at
+ * the depth that pays best for them together — nor while the caller says
+ * probes have cost more than their budget (allow_probe = 0: the group keeps
+ * the time spent in probe rounds, their drafting and their verify beyond a
+ * plain round's, under TD_PROBE_BUDGET of its verify time, so a drafter that
+ * never pays costs at most that). */
 #ifndef TD_DEPTH_H
 #define TD_DEPTH_H
 
