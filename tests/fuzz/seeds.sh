@@ -106,11 +106,21 @@ bodies = [
 ]
 for i, (m, b) in enumerate(bodies): w('seeds-srv/s%d' % i, bytes([m]) + json.dumps(b).encode())
 
-# checkpoints: mode byte bit 0 draft model (else ngram)
+# checkpoints: mode byte bits 0-1 the drafter (0 ngram, 1 draft model, 2 MTP, 3 block; bit 2 another's namespace)
 for m in (0, 1):
     w('seeds-ck/e%d' % m, bytes([m]))
     w('seeds-ck/s%d' % m, bytes([m]) + struct.pack('<12i', 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2))
     w('seeds-ck/l%d' % m, bytes([m]) + struct.pack('<64i', *[i % 511 for i in range(64)]))
+random.seed(7)
+fl = lambda n: struct.pack('<%df' % n, *[random.uniform(-1, 1) for _ in range(n)])
+# mtp-v1: int32 n, n tokens, n x 384 hidden floats
+for n in (0, 1, 5):
+    w('seeds-ck/m%d' % n, bytes([2]) + struct.pack('<i', n) + struct.pack('<%di' % n, *[100 + i for i in range(n)]) + fl(n * 384))
+# block-v3: int32 len, n_layer (4), KVH x head_dim (128), n_ids, stream length; the stream; len x 4 layers x 2 x 128
+# floats (K and V); the context ids
+for ln, ni, sl in ((0, 0, 0), (2, 2, 3), (6, 3, 6)):
+    w('seeds-ck/b%d' % ln, bytes([3]) + struct.pack('<5i', ln, 4, 128, ni, sl) + struct.pack('<%di' % sl, *[200 + i for i in range(sl)]) +
+      fl(ln * 4 * 256) + struct.pack('<%di' % ni, *[300 + i for i in range(ni)]))
 
 # dictionaries
 def dct(name, toks): w(name, ''.join('"%s"\n' % t for t in toks).encode())
