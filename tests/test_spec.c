@@ -8,11 +8,14 @@
 #include "tandem.h"
 #include "t.h"
 #include "tmodel.h"
+#include "model/model.h"
 #include "nn/amx.h"
+#include "nn/q8r.h"
 #include "spec/depth.h"
 #include "spec/draft.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #define NTOK 40
@@ -552,6 +555,68 @@ static void test_depth_plan(void) {
     t_end();
 }
 
+/* A drafter's R16 repack is made once, under a lock: groups of one drafter
+ * opened at the same moment on several threads (each open_rows of a target
+ * context of act_type amx asks for it) must not both make it, nor leave a
+ * tensor pointing into an arena that another thread then replaced. Eight
+ * threads ask at once, released by a barrier. */
+typedef struct {
+    pthread_barrier_t *bar;
+    int *done;
+    td_tensor *t;
+    void **arena;
+    int rc;
+    const void *seen; /* the arena after this thread's call */
+} repack_arg;
+static void *repack_thread(void *v) {
+    repack_arg *a = v;
+    td_err err = {0};
+    td_tensor *ts[1] = {a->t};
+    pthread_barrier_wait(a->bar);
+    a->rc = td_draft_repack_q8r(a->done, NULL, 0, ts, 1, a->arena, &err);
+    a->seen = *a->arena;
+    return NULL;
+}
+static void test_repack_once(void) {
+    t_begin("draft_repack_once");
+    enum { N = 48, K = 64, NT = 8 };
+    uint8_t *q = malloc((size_t)N * K / 32 * 34), *want = malloc(td_q8r_bytes(N, K));
+    void *arena = NULL;
+    T_REQUIRE(q && want, "out of memory");
+    for (size_t i = 0; i < (size_t)N * K / 32 * 34; i++) q[i] = (uint8_t)(i * 37 + 11);
+    for (size_t b = 0; b < (size_t)N * K / 32; b++) { q[34 * b] = 0; q[34 * b + 1] = 0x3c; } /* scale 1.0 */
+    td_tensor t = {.data = q, .dtype = TD_DTYPE_Q8_0, .n_dims = 2, .shape = {N, K}};
+    int made = 0;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, NT);
+    repack_arg args[NT];
+    pthread_t th[NT];
+    for (int i = 0; i < NT; i++) {
+        args[i] = (repack_arg){&bar, &made, &t, &arena, -1, NULL};
+        pthread_create(&th[i], NULL, repack_thread, &args[i]);
+    }
+    int ok = 1;
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        ok &= args[i].rc == 0 && args[i].seen == arena;
+    }
+    pthread_barrier_destroy(&bar);
+    T_CHECK(ok && made == 1 && arena && t.rp == arena, "eight threads at once: one repack, seen by all (made %d, rp %s)", made,
+            t.rp == arena ? "in the arena" : "elsewhere");
+    td_q8r_repack(want, q, N, K, 0, N);
+    T_CHECK(arena && !memcmp(arena, want, td_q8r_bytes(N, K)), "the repack holds the R16 records");
+    void *again = (void *)&made; /* a sentinel: a drafter already repacked leaves its arena alone */
+    td_err err = {0};
+    td_tensor *ts[1] = {&t};
+    T_CHECK(td_draft_repack_q8r(&made, NULL, 0, ts, 1, &again, &err) == 0 && again == (void *)&made,
+            "a second call once made changes nothing");
+done:
+    free(want);
+    free(arena);
+    free(q);
+    t_end();
+}
+
 /* The ngram drafter's empty row: a restored empty "ngram-v1" checkpoint, and a
  * row appended with no tokens, captured before any draft. Both did pointer
  * arithmetic and memcpy on the row's NULL stream (undefined behaviour, caught
@@ -1060,6 +1125,7 @@ int main(void) {
     snprintf(d1, sizeof d1, "%s/block_chain", g_dir);
     tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 44, 24);
     if (!g_target || !g_target_small_vocab) return 1;
+    test_repack_once();
     test_checkpoint_ngram_empty();
     char same[600], oth[600], mtp[600], blk[600], blk_all[600], chn[600];
     snprintf(chn, sizeof chn, "block:%s/block_chain", g_dir);

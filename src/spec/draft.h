@@ -197,9 +197,11 @@ int td_draft_quantize(struct td_layer_w *L, int n_layer, struct td_tensor **extr
                       void **arena, long long *delta, td_err *err);
 /* The same matrices' R16 repacks (nn/q8r.h) where they are Q8_0, for a target
  * context of act_type amx (td_tensors_repack_q8r; *arena owned by the caller,
- * NULL when nothing was repacked). */
-int td_draft_repack_q8r(struct td_layer_w *L, int n_layer, struct td_tensor **extra, int n_extra, void **arena,
-                        td_err *err);
+ * NULL when nothing was repacked), made once: under a lock shared by all
+ * drafters, nothing is done when *done is set, and *done is set on success (a
+ * drafter's groups may be opened on several threads at once). */
+int td_draft_repack_q8r(int *done, struct td_layer_w *L, int n_layer, struct td_tensor **extra, int n_extra,
+                        void **arena, td_err *err);
 /* "q8_0" / "q4_0" -> TD_DTYPE_*; 0 for anything else. */
 int td_draft_quant_parse(const char *s);
 

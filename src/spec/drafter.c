@@ -9,6 +9,7 @@
 #include "util/util.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,13 +114,24 @@ int td_draft_quantize(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra
     return rc;
 }
 
-int td_draft_repack_q8r(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, void **arena, td_err *err) {
-    int n;
-    td_tensor **ts = draft_matrices(L, n_layer, extra, n_extra, &n);
-    *arena = NULL;
-    if (!ts) return td_seterr(err, TD_ENOMEM, "out of memory repacking the drafter");
-    int rc = td_tensors_repack_q8r(ts, n, arena, NULL, err);
-    free(ts);
+int td_draft_repack_q8r(int *done, td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, void **arena,
+                        td_err *err) {
+    /* one lock for every drafter: a repack happens once per drafter, and two
+     * groups opened at once on two threads must not both make it (nor one read
+     * a tensor's rp while the other writes it) */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
+    int rc = 0;
+    if (!*done) {
+        int n;
+        td_tensor **ts = draft_matrices(L, n_layer, extra, n_extra, &n);
+        *arena = NULL;
+        if (!ts) rc = td_seterr(err, TD_ENOMEM, "out of memory repacking the drafter");
+        else rc = td_tensors_repack_q8r(ts, n, arena, NULL, err);
+        free(ts);
+        *done = !rc;
+    }
+    pthread_mutex_unlock(&lock);
     return rc;
 }
 

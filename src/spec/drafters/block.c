@@ -801,11 +801,10 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         g->act = TD_ACT_AMX;
         int rc = 0;
-        if (td_q8r_available() && !p->repacked) { /* quant=q8_0: the R16 repacks, made once */
+        if (td_q8r_available()) { /* quant=q8_0: the R16 repacks, made once (under td_draft_repack_q8r's lock) */
             td_tensor *extra[5];
             int ne = own_matrices(p, extra);
-            rc = td_draft_repack_q8r(p->L, p->n_layer, extra, ne, &p->rarena, err);
-            p->repacked = !rc;
+            rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, err);
         }
         if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
             (p->rarena && !(g->xq = malloc(td_q8r_row_bytes(kmax) * (size_t)g->max_tok)))) {

@@ -62,6 +62,7 @@ typedef struct {
     void *qarena;             /* owned: the quantized matrices (quant=), or NULL */
     void *farena;             /* owned: fc's R16 repack (quant=q8_0 under act_type amx, made by the
                                  first such group), or NULL */
+    int frepacked;            /* 1: td_draft_repack_q8r made it (or found nothing to repack) */
     td_draft_vocab voc;       /* the draft vocabulary (spec/vocab.h) */
     int n_sub;                /* = voc.n_sub */
 } mtp_provider;
@@ -411,9 +412,9 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     }
     g->pool = td_ctx_pool(g->ctx);
     g->act = td_ctx_get_params(g->ctx).act_type;
-    if (g->act == TD_ACT_AMX && p->fc.dtype == TD_DTYPE_Q8_0 && !p->farena && td_q8r_available()) {
-        td_tensor *fc = &p->fc; /* fc's R16 repack (the head's layer has its own, made by td_ctx_open) */
-        if ((rc = td_tensors_repack_q8r(&fc, 1, &p->farena, NULL, err)) != 0) { mtp_free_group(g); return rc; }
+    if (g->act == TD_ACT_AMX && p->fc.dtype == TD_DTYPE_Q8_0 && td_q8r_available()) {
+        td_tensor *fc = &p->fc; /* fc's R16 repack, made once (the head's layer has its own, made by td_ctx_open) */
+        if ((rc = td_draft_repack_q8r(&p->frepacked, NULL, 0, &fc, 1, &p->farena, err)) != 0) { mtp_free_group(g); return rc; }
     }
     if ((g->act != TD_DTYPE_F32 && p->fc.dtype == TD_DTYPE_BF16 &&
          !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tokens, 2 * g->D)))) ||
