@@ -427,7 +427,9 @@ td_spec_params td_spec_default_params(void);
 typedef struct td_spec td_spec;
 
 /* ctx and target are borrowed and must outlive the group; drafter may be NULL
- * (plain decoding). The ctx's rows, max_tokens and max_logits bound the group. */
+ * (plain decoding). The ctx's rows, max_tokens and max_logits bound the group.
+ * Several groups may share one drafter (borrowed; it must outlive them), and
+ * may be opened on several threads at once, each over its own ctx. */
 int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *target, td_drafter *drafter,
                  const td_spec_params *p, td_err *err);
 void td_spec_free(td_spec *g);
