@@ -617,6 +617,80 @@ done:
     t_end();
 }
 
+/* Groups sharing one drafter, opened at the same moment on four threads (each
+ * over its own context of act_type amx, so each open asks for the drafter's R16
+ * repacks), each then decode like plain decoding. */
+typedef struct {
+    pthread_barrier_t *bar;
+    td_drafter *d;
+    const int32_t *prompt;
+    int n_prompt;
+    int32_t out[16];
+    int n_out, rc;
+    char msg[sizeof(((td_err *)0)->msg)];
+} conc_arg;
+static void *conc_thread(void *v) {
+    conc_arg *a = v;
+    td_err err = {0};
+    td_ctx *c = NULL;
+    td_spec *g = NULL;
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = 2; cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 1; cp.act_type = TD_ACT_AMX;
+    td_spec_params sp = td_spec_default_params();
+    sp.max_depth = 3;
+    sp.fixed_depth = 1;
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 16, .ignore_eos = 1};
+    int id, done = 0;
+    a->rc = td_ctx_open(&c, g_target, &cp, &err);
+    pthread_barrier_wait(a->bar);
+    if (!a->rc) a->rc = td_spec_open(&g, c, g_target, a->d, &sp, &err);
+    if (!a->rc) a->rc = td_spec_add(g, a->prompt, a->n_prompt, &gp, 1, &id, &err);
+    for (int r = 0; !a->rc && r < 64 && !done; r++) {
+        a->rc = td_spec_step(g, &err) < 0 ? -1 : 0;
+        if (!a->rc) a->n_out += td_spec_take(g, id, a->out + a->n_out, NULL, 16 - a->n_out, NULL, 0, NULL, &done);
+    }
+    snprintf(a->msg, sizeof a->msg, "%s", err.msg);
+    td_spec_free(g);
+    td_ctx_free(c);
+    return NULL;
+}
+static void test_concurrent_open(const char *spec, const char *name) {
+    t_begin(name);
+    enum { NT = 4 };
+    td_err err = {0};
+    td_drafter *d = NULL;
+    td_ctx *c = NULL;
+    int32_t prompt[12], ref[16];
+    for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(5 + 7 * i % 290);
+    T_REQUIRE(td_drafter_open(&d, spec, g_target, &err) == 0, "drafter %s: %s", spec, err.msg);
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_rows = 1; cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 1; cp.act_type = TD_ACT_AMX;
+    T_REQUIRE(td_ctx_open(&c, g_target, &cp, &err) == 0, "ctx: %s", err.msg);
+    td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 16, .ignore_eos = 1};
+    td_gen_stats st;
+    T_REQUIRE(td_generate(c, g_target, prompt, 12, &gp, NULL, NULL, ref, 16, &st, &err) == 0 && st.n_gen == 16, "plain: %s", err.msg);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, NT);
+    conc_arg args[NT];
+    pthread_t th[NT];
+    for (int i = 0; i < NT; i++) {
+        args[i] = (conc_arg){.bar = &bar, .d = d, .prompt = prompt, .n_prompt = 12};
+        pthread_create(&th[i], NULL, conc_thread, &args[i]);
+    }
+    int same = 0;
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        if (args[i].rc) printf("  thread %d: %s\n", i, args[i].msg);
+        same += !args[i].rc && args[i].n_out == 16 && !memcmp(args[i].out, ref, sizeof ref);
+    }
+    pthread_barrier_destroy(&bar);
+    T_CHECK(same == NT, "%d of %d groups opened at once decode as plain does", same, NT);
+done:
+    td_ctx_free(c);
+    td_drafter_free(d);
+    t_end();
+}
+
 /* The ngram drafter's empty row: a restored empty "ngram-v1" checkpoint, and a
  * row appended with no tokens, captured before any draft. Both did pointer
  * arithmetic and memcpy on the row's NULL stream (undefined behaviour, caught
@@ -1191,6 +1265,10 @@ int main(void) {
             run_exact(mtp_q8, "mtp_random_q8_0_act_amx", temp, 3, 3);
             run_exact(blk_q8, "block_random_q8_0_act_amx", temp, 3, 5);
             run_exact(chn, "block_chain_random_act_amx", temp, 3, 5);
+        }
+        if (td_q8r_available()) { /* the drafters' R16 repacks, asked for by four opens at once */
+            test_concurrent_open(mtp_q8, "concurrent_open_mtp_q8_0_act_amx");
+            test_concurrent_open(blk_q8, "concurrent_open_block_q8_0_act_amx");
         }
     } else {
         printf("  (no AMX-BF16 tiles here: exactness with act_type amx not run)\n");
