@@ -13,15 +13,19 @@
 #define _GNU_SOURCE
 #include "t.h"
 #include "nn/amx.h"
+#include "nn/i8t.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
 #include "tandem.h"
 #include "util/util.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static const char *g_suffix = "";
 static char g_name[160];
@@ -759,6 +763,716 @@ done:
     t_end();
 }
 
+/* ---- td_amx_attend over the kv pair layouts (amx.h) ---- */
+
+/* a standard normal deviate (Box-Muller) */
+static double att_gauss(void) {
+    double u1 = (rnd32() + 1.0) / 4294967296.0, u2 = rnd32() / 4294967296.0;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+/* n bf16 elements with fr elements of poison (bf16 NaN) on either side: a
+ * tile load that strays past the interior by up to fr elements reads NaNs,
+ * which reach the output (0 x NaN is NaN) and break its bits */
+static uint16_t *att_framed(size_t n, size_t fr) {
+    uint16_t *b = malloc(2 * (n + 2 * fr));
+    if (!b) return NULL;
+    for (size_t i = 0; i < n + 2 * fr; i++) b[i] = 0x7fc0;
+    return b + fr;
+}
+static void att_unframe(uint16_t *b, size_t fr) { if (b) free(b - fr); }
+
+/* sentinels: in o (the padding columns and a tail after the rows), and in the
+ * scratch s and p (all of it, so that nothing may be read before written, and
+ * a tail after them): NaN patterns that attend never writes */
+enum { ATT_TAIL = 1024 }; /* elements after o, s, p: more than a row of either */
+static const uint32_t ATT_FSENT = 0x7fa5a5a5u;
+static const uint16_t ATT_HSENT = 0x7fa5;
+/* td_amx_attend, after filling o, s and p with the sentinels; checks that o's
+ * columns [hd, ldo) of its nq rows and the tails after o[nq*ldo], s[nq*np],
+ * p[nq*np] still hold them (tile stores are invisible to ASan) */
+static void att_call(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
+                     const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p) {
+    size_t np = (size_t)(nk + 31) / 32 * 32, no = (size_t)nq * ldo, ns = (size_t)nq * np;
+    for (size_t i = 0; i < no + ATT_TAIL; i++) memcpy(o + i, &ATT_FSENT, 4);
+    for (size_t i = 0; i < ns + ATT_TAIL; i++) { memcpy(s + i, &ATT_FSENT, 4); p[i] = ATT_HSENT; }
+    td_amx_attend(o, ldo, q, nq, kp, vp, c0, kt, vt, hd, nk, s, p);
+    int bad = 0;
+    for (size_t i = 0; i < no + ATT_TAIL; i++)
+        if ((i >= no || i % (size_t)ldo >= (size_t)hd) && memcmp(o + i, &ATT_FSENT, 4) != 0) bad++;
+    for (size_t i = ns; i < ns + ATT_TAIL; i++) bad += memcmp(s + i, &ATT_FSENT, 4) != 0 || p[i] != ATT_HSENT;
+    T_CHECK(bad == 0, "hd=%d nk=%d nq=%d c0=%d: %d elements outside o's columns [0, hd) (ldo %d) or past s, p changed", hd,
+            nk, nq, c0, bad, ldo);
+}
+/* rows [0, nq) of o (stride ldo) against rows [r0, r0 + nq) of want, bit for bit;
+ * reports the first differing row */
+static int att_same(const float *o, const float *want, int r0, int nq, int ldo, int hd, const char *what, int nk, int c0) {
+    for (int i = 0; i < nq; i++)
+        if (memcmp(o + (size_t)i * ldo, want + (size_t)(r0 + i) * ldo, sizeof(float) * hd) != 0) {
+            int d = 0;
+            while (memcmp(o + (size_t)i * ldo + d, want + (size_t)(r0 + i) * ldo + d, 4) == 0) d++;
+            T_CHECK(0, "hd=%d nk=%d %s (c0=%d): query %d d=%d: %a, want %a", hd, nk, what, c0, r0 + i, d, o[(size_t)i * ldo + d],
+                    want[(size_t)(r0 + i) * ldo + d]);
+            return 0;
+        }
+    return 1;
+}
+
+/* td_amx_kv_put, td_amx_kp_at / td_amx_vp_at and td_amx_attend, where this
+ * machine has AMX-BF16 tiles.
+ *  1. Layout: kv_put stores bf16(k[d]) / bf16(v[d]) (td_f32_to_bf16: ties,
+ *     signed zero, subnormals, overflow to inf) at kp_at / vp_at, positions at
+ *     block and chunk edges, both lanes of a pair, written in either order and
+ *     overwritten; every element of other positions keeps its sentinel. The
+ *     index helpers are a bijection of (pos, d) onto the buffer and match
+ *     amx.h's prose at a few points computed by hand.
+ *  2. Accuracy against double-precision softmax attention over the same bf16
+ *     q, k, v. Tolerance 2e-2 max_k |v_k[d]| + 1e-6: the probabilities are
+ *     rounded to bf16 (8 significant bits: relative error <= 2^-8
+ *     each, 2^-9 at the top of a binade), so o moves by at most 2^-8 sum_k p_k
+ *     |v_k[d]| <= 2^-8 max_k |v_k[d]| (~3.9e-3); the scores are f32 sums of
+ *     exact bf16 products (error <= hd 2^-24 sum |q_d k_d|: ~1e-6 relative in
+ *     p for scores O(1), ~2e-3 at worst for the score-120 query at hd 256);
+ *     exp, the f32 sum of up to 650 terms and 1/sum ~1e-5 relative, o's f32
+ *     sums <= np 2^-24 sum p|v|. The whole stays under ~6e-3 max |v|, the
+ *     tolerance three times that. Truncating p would also fit (2^-7): 6
+ *     checks the rounding exactly. Some queries are aimed at one key (q a
+ *     multiple of it: score ~12, one ~120 for exp's range) at the edges
+ *     (first, last, the first position past the last whole chunk, the middle)
+ *     so that one wrong position moves o by O(|v|), not O(|v| / nk).
+ *  3. Split invariance: the same keys with the committed part [0, c0) in kp/vp
+ *     and the rest in kt/vt, for every multiple of 32 below nk, give the bits
+ *     of c0 = 0 (all in kt/vt). Every buffer is framed by NaN poison (the
+ *     committed copy ends at c0, kp/vp of c0 = 0 are poison only), so a read
+ *     of the wrong buffer or past its range breaks the bits.
+ *  4. Query independence: each query's row alone (nq = 1) and among 3, 8 or
+ *     16 is the same bits.
+ *  5. Keys and values of positions [nk, np) of the last chunk (large but
+ *     finite: +-1e30) do not change a bit against zeros there.
+ *  6. The probabilities are rounded to nearest even: n equal keys, values 1.
+ * o rows are ldo = hd + 5 apart; its padding columns, the scratch's tails and
+ * a tail after o must keep their sentinels. */
+static void test_amx_attend(void) {
+    tb("kernels_amx_attend");
+    if (!td_amx_available()) {
+        printf("  (no AMX-BF16 tiles here: td_amx_attend and td_amx_kv_put are not tested)\n");
+        t_end();
+        return;
+    }
+    /* 1. layout */
+    {
+        enum { CAP = 96, NPOS = 18 };
+        static const int HDS[] = {32, 64, 128};
+        /* pairs written in both orders (0 then 1, 15 then 14, ...), block / chunk edges, 16 and 95 twice */
+        static const int POS[NPOS] = {0, 1, 15, 14, 16, 17, 31, 32, 47, 46, 95, 94, 50, 63, 64, 77, 16, 95};
+        static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x3f7fffffu};
+        const uint16_t SENT = 0x7fbf; /* a NaN: never the rounding of a finite float */
+        /* by hand from amx.h: key (pos 17, d 3, hd 64): block 1 (1024) + pair 1 (32) + key 1 (2) + lane 1;
+           value (pos 33, d 5, hd 64): chunk 1 (2048) + pair 0 + dim 5 (10) + lane 1;
+           value (pos 46, d 7, hd 64): chunk 1 (2048) + pair 7 (7 * 128) + dim 7 (14) + lane 0 */
+        T_CHECK(td_amx_kp_at(17, 3, 64) == 1059 && td_amx_vp_at(33, 5, 64) == 2059 && td_amx_vp_at(46, 7, 64) == 2958 &&
+                    td_amx_kp_at(95, 127, 128) == (size_t)CAP * 128 - 1 && td_amx_vp_at(95, 127, 128) == (size_t)CAP * 128 - 1,
+                "index helpers: %zu %zu %zu %zu %zu", td_amx_kp_at(17, 3, 64), td_amx_vp_at(33, 5, 64), td_amx_vp_at(46, 7, 64),
+                td_amx_kp_at(95, 127, 128), td_amx_vp_at(95, 127, 128));
+        for (int hi = 0; hi < 3; hi++) {
+            int hd = HDS[hi];
+            size_t n = (size_t)CAP * hd;
+            uint16_t *kp = malloc(2 * n), *vp = malloc(2 * n);
+            float *kf = malloc(sizeof(float) * n), *vf = malloc(sizeof(float) * n); /* last written, by [pos][d] */
+            int *kc = calloc(n, sizeof(int)), *vc = calloc(n, sizeof(int)), written[CAP] = {0};
+            float k[128], v[128];
+            T_REQUIRE(kp && vp && kf && vf && kc && vc, "memory");
+            for (size_t i = 0; i < n; i++) kp[i] = vp[i] = SENT;
+            for (int j = 0; j < NPOS; j++) {
+                for (int d = 0; d < hd; d++)
+                    for (int e = 0; e < 2; e++) {
+                        uint32_t u;
+                        do u = (d + 3 * j + e) % 5 == 0 ? special[(d + j + 4 * e) % 8] : rnd32();
+                        while ((u & 0x7f800000u) == 0x7f800000u); /* finite */
+                        memcpy(e ? &v[d] : &k[d], &u, 4);
+                    }
+                td_amx_kv_put(kp, vp, POS[j], k, v, hd);
+                memcpy(kf + (size_t)POS[j] * hd, k, sizeof(float) * hd);
+                memcpy(vf + (size_t)POS[j] * hd, v, sizeof(float) * hd);
+                written[POS[j]] = 1;
+            }
+            int bad = 0, badk = 0, badv = 0;
+            for (int pos = 0; pos < CAP; pos++)
+                for (int d = 0; d < hd; d++) {
+                    size_t ik = td_amx_kp_at(pos, d, hd), iv = td_amx_vp_at(pos, d, hd);
+                    if (ik >= n || iv >= n) { bad++; continue; }
+                    kc[ik]++;
+                    vc[iv]++;
+                    if (!written[pos]) continue;
+                    uint16_t wk = td_f32_to_bf16(kf[(size_t)pos * hd + d]), wv_ = td_f32_to_bf16(vf[(size_t)pos * hd + d]);
+                    if (kp[ik] != wk && badk++ < 3) T_CHECK(0, "hd=%d key pos %d d %d: %04x, want %04x", hd, pos, d, kp[ik], wk);
+                    if (vp[iv] != wv_ && badv++ < 3) T_CHECK(0, "hd=%d value pos %d d %d: %04x, want %04x", hd, pos, d, vp[iv], wv_);
+                }
+            for (size_t i = 0; i < n; i++) bad += kc[i] != 1 || vc[i] != 1;
+            T_CHECK(bad == 0, "hd=%d: td_amx_kp_at / td_amx_vp_at are not a bijection of %d positions x hd onto the buffer (%d)",
+                    hd, CAP, bad);
+            T_CHECK(badk == 0 && badv == 0, "hd=%d: %d keys, %d values differ from td_f32_to_bf16 at kp_at / vp_at", hd, badk, badv);
+            /* elements of positions never written: the sentinel */
+            int touched = 0;
+            for (int pos = 0; pos < CAP; pos++)
+                if (!written[pos])
+                    for (int d = 0; d < hd; d++) {
+                        size_t ik = td_amx_kp_at(pos, d, hd), iv = td_amx_vp_at(pos, d, hd);
+                        if (ik < n && iv < n && (kp[ik] != SENT || vp[iv] != SENT) && touched++ < 3)
+                            T_CHECK(0, "hd=%d: pos %d d %d (never written) changed: key %04x value %04x", hd, pos, d, kp[ik], vp[iv]);
+                    }
+            T_CHECK(touched == 0, "hd=%d: %d elements of positions never written changed", hd, touched);
+            free(kp); free(vp); free(kf); free(vf); free(kc); free(vc);
+        }
+    }
+    /* 2 - 5 */
+    {
+        static const int HDS[] = {32, 64, 96, 128, 256}, NKS[] = {1, 16, 17, 31, 32, 33, 100, 650}, NQS[] = {1, 3, 8};
+        enum { QN = 16 };
+        double worst = 0, worst_rel = 0;
+        long calls = 0;
+        for (int hi = 0; hi < (int)(sizeof HDS / sizeof HDS[0]); hi++)
+            for (int ni = 0; ni < (int)(sizeof NKS / sizeof NKS[0]); ni++) {
+                int hd = HDS[hi], nk = NKS[ni], np = (nk + 31) / 32 * 32, ldo = hd + 5, cl = (nk - 1) / 32 * 32;
+                size_t fr = (size_t)32 * hd, nl = (size_t)np * hd;
+                int tg[4] = {nk - 1, 0, cl, nk / 2}; /* aimed-at keys of queries 3, 7, 11, 15 */
+                uint16_t *K = att_framed(nl, fr), *V = att_framed(nl, fr), *P = att_framed(0, fr);
+                uint16_t *kb = malloc(2 * nl), *vb = malloc(2 * nl), *q = malloc(2 * QN * (size_t)hd);
+                float *kf = malloc(sizeof(float) * hd), *vf = malloc(sizeof(float) * hd);
+                float *o16 = malloc(sizeof(float) * ((size_t)QN * ldo + ATT_TAIL)), *o = malloc(sizeof(float) * ((size_t)QN * ldo + ATT_TAIL));
+                float *s = malloc(sizeof(float) * ((size_t)QN * np + ATT_TAIL));
+                uint16_t *p = malloc(2 * ((size_t)QN * np + ATT_TAIL));
+                double *sc = malloc(sizeof(double) * nk), *vmax = calloc((size_t)hd, sizeof(double));
+                T_REQUIRE(K && V && P && kb && vb && q && kf && vf && o16 && o && s && p && sc && vmax, "memory");
+                memset(K, 0, 2 * nl);
+                memset(V, 0, 2 * nl);
+                /* keys and values ~N(0, 1), stored last position first (a pair's odd lane before its even one) */
+                for (int pos = nk - 1; pos >= 0; pos--) {
+                    for (int d = 0; d < hd; d++) {
+                        kf[d] = (float)att_gauss();
+                        vf[d] = (float)att_gauss();
+                        kb[(size_t)pos * hd + d] = td_f32_to_bf16(kf[d]);
+                        vb[(size_t)pos * hd + d] = td_f32_to_bf16(vf[d]);
+                        if (fabs(td_bf16_to_f32(vb[(size_t)pos * hd + d])) > vmax[d]) vmax[d] = fabs(td_bf16_to_f32(vb[(size_t)pos * hd + d]));
+                    }
+                    td_amx_kv_put(K, V, pos, kf, vf, hd);
+                }
+                /* queries ~N(0, 1) / sqrt(hd); 3, 7, 11: 12 / hd times a key (score ~12), 15: 120 / hd (~120) */
+                for (int i = 0; i < QN; i++)
+                    for (int d = 0; d < hd; d++) {
+                        double x = i % 4 == 3 ? (i == 15 ? 120.0 : 12.0) / hd * td_bf16_to_f32(kb[(size_t)tg[i / 4] * hd + d])
+                                              : att_gauss() / sqrt((double)hd);
+                        q[(size_t)i * hd + d] = td_f32_to_bf16((float)x);
+                    }
+                /* all 16 queries, everything in kt / vt (c0 = 0; kp / vp poison): the baseline */
+                att_call(o16, ldo, q, QN, P, P, 0, K, V, hd, nk, s, p);
+                calls++;
+                int bad = 0;
+                for (int i = 0; i < QN; i++) {
+                    const uint16_t *qi = q + (size_t)i * hd;
+                    double mx = -INFINITY, sum = 0;
+                    for (int k = 0; k < nk; k++) {
+                        double t = 0;
+                        for (int d = 0; d < hd; d++) t += (double)td_bf16_to_f32(qi[d]) * td_bf16_to_f32(kb[(size_t)k * hd + d]);
+                        sc[k] = t;
+                        if (t > mx) mx = t;
+                    }
+                    for (int k = 0; k < nk; k++) sum += (sc[k] = exp(sc[k] - mx));
+                    for (int d = 0; d < hd; d++) {
+                        double r = 0;
+                        for (int k = 0; k < nk; k++) r += sc[k] * td_bf16_to_f32(vb[(size_t)k * hd + d]);
+                        r /= sum;
+                        double got = o16[(size_t)i * ldo + d], err = fabs(got - r), tol = 2e-2 * vmax[d] + 1e-6;
+                        if (!(err <= tol) && bad++ < 3)
+                            T_CHECK(0, "hd=%d nk=%d query %d d=%d: %.9g vs reference %.9g (error %.3g > %.3g)", hd, nk, i, d, got, r, err, tol);
+                        if (err / tol > worst || err != err) worst = err != err ? INFINITY : err / tol;
+                        if (vmax[d] > 0 && err / vmax[d] > worst_rel) worst_rel = err / vmax[d];
+                    }
+                }
+                T_CHECK(bad == 0, "hd=%d nk=%d: %d elements past the tolerance", hd, nk, bad);
+                /* 4. query independence: the first 1, 3, 8 queries, and each one alone */
+                for (int j = 0; j < (int)(sizeof NQS / sizeof NQS[0]); j++) {
+                    att_call(o, ldo, q, NQS[j], P, P, 0, K, V, hd, nk, s, p);
+                    calls++;
+                    att_same(o, o16, 0, NQS[j], ldo, hd, NQS[j] == 1 ? "first query alone" : "fewer queries", nk, 0);
+                }
+                for (int i = 0; i < QN; i++) {
+                    att_call(o, ldo, q + (size_t)i * hd, 1, P, P, 0, K, V, hd, nk, s, p);
+                    calls++;
+                    if (!att_same(o, o16, i, 1, ldo, hd, "query alone", nk, 0)) break;
+                }
+                /* 3. split at every multiple of 32 below nk (the last one: cl), 16 queries and 3 */
+                for (int pass = 0; pass < 2; pass++) {
+                    /* 5. (pass 1) positions [nk, np): +-1e30 keys and values instead of zeros */
+                    if (pass == 1) {
+                        if (nk == np) break;
+                        for (int d = 0; d < hd; d++) {
+                            kf[d] = d % 3 ? 1e30f : -1e30f;
+                            vf[d] = d % 5 ? -1e30f : 1e30f;
+                        }
+                        for (int pos = nk; pos < np; pos++) td_amx_kv_put(K, V, pos, kf, vf, hd);
+                        att_call(o, ldo, q, QN, P, P, 0, K, V, hd, nk, s, p);
+                        calls++;
+                        att_same(o, o16, 0, QN, ldo, hd, "+-1e30 past nk", nk, 0);
+                        att_call(o, ldo, q + 2 * (size_t)hd, 1, P, P, 0, K, V, hd, nk, s, p);
+                        calls++;
+                        att_same(o, o16, 2, 1, ldo, hd, "+-1e30 past nk, query alone", nk, 0);
+                    }
+                    for (int c0 = pass ? cl : 32; c0 > 0 && c0 < nk; c0 += 32) {
+                        size_t nc = (size_t)c0 * hd, nt = nl - nc;
+                        uint16_t *kc = att_framed(nc, fr), *vc = att_framed(nc, fr), *kt = att_framed(nt, fr), *vt = att_framed(nt, fr);
+                        T_REQUIRE(kc && vc && kt && vt, "memory");
+                        memcpy(kc, K, 2 * nc);
+                        memcpy(vc, V, 2 * nc);
+                        memcpy(kt, K + nc, 2 * nt); /* positions [c0, np): from element c0 * hd in both layouts */
+                        memcpy(vt, V + nc, 2 * nt);
+                        att_call(o, ldo, q, QN, kc, vc, c0, kt, vt, hd, nk, s, p);
+                        calls++;
+                        int ok = att_same(o, o16, 0, QN, ldo, hd, pass ? "split, +-1e30 past nk" : "split", nk, c0);
+                        att_call(o, ldo, q + 5 * (size_t)hd, 3, kc, vc, c0, kt, vt, hd, nk, s, p);
+                        calls++;
+                        if (ok) att_same(o, o16, 5, 3, ldo, hd, pass ? "split, 3 queries, +-1e30 past nk" : "split, 3 queries", nk, c0);
+                        att_unframe(kc, fr); att_unframe(vc, fr); att_unframe(kt, fr); att_unframe(vt, fr);
+                        if (pass) break;
+                    }
+                }
+                att_unframe(K, fr); att_unframe(V, fr); att_unframe(P, fr);
+                free(kb); free(vb); free(q); free(kf); free(vf); free(o16); free(o); free(s); free(p); free(sc); free(vmax);
+            }
+        printf("  (%ld attend calls; largest error %.4f of the tolerance, %.2e of max |v|)\n", calls, worst, worst_rel);
+    }
+    /* 6. the probabilities are rounded to nearest, which the tolerance above cannot tell from truncation: n equal
+     * keys and values all 1 give p = f32(1/n) for each, and o = n bf16(1/n) exactly (bf16 products, sums of n equal
+     * terms exact here): n = 3: 1/3 ~ 0x3eaaaaab rounds up to 0x3eab = 171/512, o = 513/512 (truncated: 0x3eaa,
+     * o = 510/512); n = 6: 0x3e2b = 171/1024, o = 513/512. */
+    for (int n = 3; n <= 6; n += 3) {
+        enum { HD = 64, NP = 32, LDO = HD + 5 };
+        uint16_t K[NP * HD], V[NP * HD], q[3 * HD], p[3 * NP + ATT_TAIL], *P = att_framed(0, 32 * HD);
+        float k[HD], v[HD], o[3 * LDO + ATT_TAIL], sc[3 * NP + ATT_TAIL];
+        T_REQUIRE(P != NULL, "memory");
+        memset(K, 0, sizeof K);
+        memset(V, 0, sizeof V);
+        for (int d = 0; d < HD; d++) { k[d] = (float)att_gauss(); v[d] = 1.0f; }
+        for (int pos = 0; pos < n; pos++) td_amx_kv_put(K, V, pos, k, v, HD);
+        for (int i = 0; i < 3 * HD; i++) q[i] = td_f32_to_bf16((float)(att_gauss() / 8));
+        att_call(o, LDO, q, 3, P, P, 0, K, V, HD, n, sc, p);
+        int bad = 0;
+        for (int i = 0; i < 3; i++)
+            for (int d = 0; d < HD; d++) bad += o[i * LDO + d] != 513.0f / 512;
+        T_CHECK(bad == 0, "%d equal keys: %d outputs are not %d bf16(1/%d) = 513/512 (o[0] = %.9g)", n, bad, n, n, o[0]);
+        att_unframe(P, 32 * HD);
+    }
+done:
+    t_end();
+}
+
+/* ---- i8t: int8 weights and activations on AMX-INT8 tiles (nn/i8t.h) ---- */
+
+/* the quantization rule of i8t.h, written out: q of x under scale s (s != 0) */
+static int i8t_q(float x, float s) {
+    float v = x / s;
+    if (v > 127.0f) v = 127.0f;
+    if (v < -127.0f) v = -127.0f;
+    return (int)nearbyintf(v);
+}
+/* byte of token m, element k in the packed activations of M tokens of width K
+ * (i8t.h's formula) */
+static int8_t i8t_unpack(const uint32_t *xp, int M, int K, int m, int k) {
+    int c = m / 16, mc = M - 16 * c < 16 ? M - 16 * c : 16;
+    size_t w = (size_t)c * 16 * K / 4 + (size_t)(k / 64) * 16 * mc + (size_t)((k % 64) / 4) * mc + (size_t)(m % 16);
+    int8_t b[4];
+    memcpy(b, xp + w, 4);
+    return b[k % 4];
+}
+/* q[k] / s of one row against the rule: scale amax / 127 (0 for a zero row,
+ * or where that underflows: then q = 0), q by i8t_q, and |q s - x| <= s (0.5 +
+ * 2^-16) (the half step, plus the f32 division's rounding of x / s) where s is
+ * normal (a subnormal s is rounded coarsely: x / s may pass 127 and clamp);
+ * returns the number of bad elements. */
+static int i8t_row_ok(const char *what, int row, const float *x, int K, float s, int8_t (*qat)(const void *, int, int),
+                      const void *ctx) {
+    float amax = 0;
+    for (int k = 0; k < K; k++) if (fabsf(x[k]) > amax) amax = fabsf(x[k]);
+    float se = amax / 127.0f;
+    if (memcmp(&s, &se, 4) != 0) {
+        T_CHECK(0, "%s row %d: scale %a, want %a", what, row, s, se);
+        return 1;
+    }
+    int bad = 0;
+    for (int k = 0; k < K; k++) {
+        int q = qat(ctx, row, k), want = s != 0.0f ? i8t_q(x[k], s) : 0;
+        double err = fabs((double)q * s - x[k]);
+        if (q != want || q < -127 || q > 127 || (s >= 0x1p-126f && err > s * (0.5 + ldexp(1.0, -16)))) {
+            if (!bad) T_CHECK(0, "%s row %d k %d: x %a (s %a): q %d, want %d (error %.3g)", what, row, k, x[k], s, q, want, err);
+            bad++;
+        }
+    }
+    return bad;
+}
+typedef struct { const int8_t *q; int K; } i8t_wctx;
+static int8_t i8t_wq(const void *c, int n, int k) { const i8t_wctx *w = c; return w->q[(size_t)n * w->K + k]; }
+typedef struct { const uint32_t *xp; int M, K; } i8t_actx;
+static int8_t i8t_aq(const void *c, int m, int k) { const i8t_actx *a = c; return i8t_unpack(a->xp, a->M, a->K, m, k); }
+
+/* td_i8t_quantize (three dtypes, K across its 256-element chunks) and
+ * td_i8t_act (19 tokens: a chunk of 16 and one of 3; rows ldx apart): scales,
+ * values and ties (a row whose scale is exactly 1: x.5 rounds to even), zero
+ * rows, and the packed layout read back by i8t.h's index formula. The act's
+ * vector path multiplies by 1 / s and divides only near half-integers: a row
+ * of values within ulps of them (scale ~0.3), a subnormal row (divided
+ * throughout) and one whose scale underflows to 0 check that it rounds as
+ * x / s does. On the vector path where the CPU has AMX-INT8, else the C one. */
+static void test_i8t_quant(void) {
+    tb("kernels_i8t_quantize_and_pack");
+    static const float ties[] = {2.5f, 3.5f, -2.5f, -0.5f, 0.5f, 126.5f, -126.5f, 127.0f, 1.5f, -1.5f};
+    enum { NT = (int)(sizeof ties / sizeof ties[0]) };
+    { /* weights */
+        enum { N = 6, K = 300 };
+        for (int dt = 0; dt < 3; dt++) {
+            void *W = rand_w((size_t)N * K, dt);
+            float *wf = malloc(sizeof(float) * N * K), *s = malloc(sizeof(float) * N);
+            int8_t *q = malloc((size_t)N * K);
+            T_REQUIRE(W && wf && s && q, "memory");
+            if (dt == TD_DTYPE_F32) { /* row 2 zero, row 4 the ties at scale 1 */
+                memset((float *)W + 2 * K, 0, sizeof(float) * K);
+                for (int k = 0; k < K; k++) ((float *)W)[4 * K + k] = ties[k % NT];
+            } else {
+                memset((uint16_t *)W + 2 * K, 0, 2 * K);
+            }
+            td_to_f32(wf, W, dt, (size_t)N * K);
+            td_i8t_quantize(q, s, W, dt, N, K);
+            i8t_wctx c = {q, K};
+            int bad = 0;
+            for (int n = 0; n < N; n++) bad += i8t_row_ok(dtn(dt), n, wf + (size_t)n * K, K, s[n], i8t_wq, &c);
+            T_CHECK(bad == 0, "quantize %s: %d bad elements", dtn(dt), bad);
+            T_CHECK(s[2] == 0.0f, "zero row: scale %a", s[2]);
+            if (dt == TD_DTYPE_F32)
+                T_CHECK(s[4] == 1.0f && q[4 * K] == 2 && q[4 * K + 1] == 4 && q[4 * K + 2] == -2 && q[4 * K + 3] == 0 &&
+                            q[4 * K + 5] == 126 && q[4 * K + 8] == 2,
+                        "ties: s %a q %d %d %d %d %d %d", s[4], q[4 * K], q[4 * K + 1], q[4 * K + 2], q[4 * K + 3], q[4 * K + 5],
+                        q[4 * K + 8]);
+            free(W); free(wf); free(s); free(q);
+        }
+    }
+    { /* activations */
+        enum { M = 19, K = 192, LDX = K + 5 };
+        float *x = rand_f((size_t)M * LDX), xs[M];
+        uint32_t *xp = malloc(4 * td_i8t_act_words(M, K));
+        T_REQUIRE(x && xp, "memory");
+        for (int k = 0; k < K; k++) {
+            x[1 * LDX + k] = 0.0f;                          /* a zero row */
+            x[17 * LDX + k] = ties[k % NT];                  /* ties, in the remainder chunk */
+            x[5 * LDX + k] = ldexpf(x[5 * LDX + k], -100);   /* tiny */
+            x[9 * LDX + k] = (float)(k % 50 - 25) * 0.3f + 0.15f; /* x / s within ulps of half-integers */
+            x[11 * LDX + k] = ldexpf(x[11 * LDX + k], -140); /* subnormal: a subnormal scale, 1 / s not used */
+            x[12 * LDX + k] = (k % 2 ? 60 : -60) * 0x1p-149f; /* max / 127 underflows: scale 0 */
+        }
+        x[9 * LDX + 7] = 127 * 0.3f;
+        for (int k = 0; k < 64; k++) x[3 * LDX + k] = (float)(k - 32); /* row 3: scale 32/127 */
+        td_i8t_act(xp, xs, x, LDX, M, K);
+        i8t_actx c = {xp, M, K};
+        int bad = 0;
+        for (int m = 0; m < M; m++) bad += i8t_row_ok("act", m, x + (size_t)m * LDX, K, xs[m], i8t_aq, &c);
+        T_CHECK(bad == 0, "act: %d bad elements", bad);
+        T_CHECK(xs[1] == 0.0f && xs[17] == 1.0f && xs[12] == 0.0f && xs[11] > 0.0f && xs[11] < 0x1p-126f,
+                "scales of the zero, ties, underflowing and subnormal rows: %a %a %a %a", xs[1], xs[17], xs[12], xs[11]);
+        /* one word by hand: token 17 is token 1 of the remainder chunk (mc = 3), k = 64 + 16 .. 19 is step 1,
+           quad 4: word 16*K/4 + 1*16*3 + 4*3 + 1; ties[(80 .. 83) % 10] = 2.5, 3.5, -2.5, -0.5 */
+        int8_t b[4];
+        memcpy(b, xp + 16 * K / 4 + 48 + 12 + 1, 4);
+        T_CHECK(b[0] == 2 && b[1] == 4 && b[2] == -2 && b[3] == 0, "layout: %d %d %d %d", b[0], b[1], b[2], b[3]);
+        /* M = 1: the same values, the layout of one token */
+        uint32_t one[K / 4];
+        float s1;
+        td_i8t_act(one, &s1, x + 3 * LDX, LDX, 1, K);
+        int diff = 0;
+        for (int k = 0; k < K; k++) diff += i8t_unpack(one, 1, K, 0, k) != i8t_unpack(xp, M, K, 3, k);
+        T_CHECK(diff == 0 && s1 == xs[3], "token 3 packed alone: %d values differ", diff);
+        free(x); free(xp);
+    }
+done:
+    t_end();
+}
+
+/* bytes usable up to `end`, where an inaccessible page starts: a tile load
+ * past it faults (ASan does not see AMX loads) */
+typedef struct { char *map, *end; size_t len; } guard_buf;
+static int guard_open(guard_buf *g, size_t bytes) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + pg - 1) / pg * pg;
+    g->len = body + pg;
+    g->map = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g->map == MAP_FAILED) { g->map = NULL; return 0; }
+    g->end = g->map + body;
+    return mprotect(g->end, pg, PROT_NONE) == 0;
+}
+static void guard_close(guard_buf *g) { if (g->map) munmap(g->map, g->len); g->map = NULL; }
+
+/* td_i8t_matmul against td_i8t_matmul_ref, bit for bit (memcmp of the whole
+ * output, rows ldy = N + 3 apart, so nothing outside [n0, n1) may change):
+ * ragged N (tails of rows), M (chunks and remainders), K, ranges not starting
+ * at 0 or not on a 16-row boundary, add = 0 and 1; the weights include full-
+ * scale rows so that dots pass 2^24 (their f32 conversion rounds). The tiles
+ * read copies of the weights and activations that end at an inaccessible
+ * page — weight row n1 - 1 the last readable one — so a load past either
+ * faults. */
+static void test_i8t_matmul(void) {
+    tb("kernels_i8t_matmul_equals_reference");
+    if (!td_i8t_available()) {
+        printf("  (no AMX-INT8 tiles here: td_i8t_matmul is not tested)\n");
+        t_end();
+        return;
+    }
+    static const int NS[] = {1, 15, 16, 17, 40, 384}, MS[] = {1, 3, 8, 16, 17, 24, 40}, KS[] = {64, 384, 1280};
+    enum { MMAX = 40 };
+    long calls = 0;
+    for (int ki = 0; ki < 3; ki++)
+        for (int ni = 0; ni < 6; ni++) {
+            int K = KS[ki], N = NS[ni], ldy = N + 3, bad = 0;
+            float *wf = rand_f((size_t)N * K), *x = rand_f((size_t)MMAX * K), *ws = malloc(sizeof(float) * N), xs[MMAX];
+            int8_t *qw = malloc((size_t)N * K);
+            uint32_t *xp = malloc(4 * td_i8t_act_words(MMAX, K));
+            float *base = rand_f((size_t)MMAX * ldy), *y = malloc(sizeof(float) * MMAX * ldy), *r = malloc(sizeof(float) * MMAX * ldy);
+            guard_buf gq = {0}, gx = {0};
+            T_REQUIRE(wf && x && ws && qw && xp && base && y && r, "memory");
+            T_REQUIRE(guard_open(&gq, (size_t)N * K) && guard_open(&gx, 4 * td_i8t_act_words(MMAX, K)), "guarded memory");
+            for (int k = 0; k < K; k++) { /* row 0 all +1, token 0 all +1: dot 127^2 K; token 2 alternating */
+                wf[k] = 1.0f;
+                x[k] = 1.0f;
+                x[2 * K + k] = k % 3 ? 1.0f : -1.0f;
+            }
+            td_i8t_quantize(qw, ws, wf, TD_DTYPE_F32, N, K);
+            for (int mi = 0; mi < 7; mi++) {
+                int M = MS[mi];
+                td_i8t_act(xp, xs, x, K, M, K);
+                int rg[3][2] = {{0, N}, {N > 16 ? 16 : N / 2, N}, {N / 3, N - N / 5}};
+                for (int g = 0; g < 3; g++)
+                    for (int add = 0; add < 2; add++) {
+                        int n0 = rg[g][0], n1 = rg[g][1];
+                        int8_t *qg = (int8_t *)gq.end - (size_t)n1 * K;
+                        uint32_t *xg = (uint32_t *)(void *)(gx.end - 4 * td_i8t_act_words(M, K));
+                        memcpy(qg, qw, (size_t)n1 * K);
+                        memcpy(xg, xp, 4 * td_i8t_act_words(M, K));
+                        memcpy(y, base, sizeof(float) * MMAX * ldy);
+                        memcpy(r, base, sizeof(float) * MMAX * ldy);
+                        td_i8t_matmul(y, ldy, xg, xs, M, qg, ws, K, n0, n1, add);
+                        td_i8t_matmul_ref(r, ldy, xp, xs, M, qw, ws, K, n0, n1, add);
+                        calls++;
+                        if (memcmp(y, r, sizeof(float) * MMAX * ldy) != 0) {
+                            int i = 0;
+                            while (memcmp(y + i, r + i, 4) == 0) i++;
+                            if (bad++ < 3)
+                                T_CHECK(0, "K=%d N=%d M=%d [%d,%d) add=%d: element (%d,%d) %a vs ref %a", K, N, M, n0, n1, add,
+                                        i / ldy, i % ldy, y[i], r[i]);
+                        }
+                    }
+            }
+            T_CHECK(bad == 0, "K=%d N=%d: %d products differ from the reference", K, N, bad);
+            guard_close(&gq);
+            guard_close(&gx);
+            free(wf); free(x); free(ws); free(qw); free(xp); free(base); free(y); free(r);
+        }
+    printf("  (%ld products compared)\n", calls);
+done:
+    t_end();
+}
+
+/* The quantized product against the exact product of the unquantized inputs
+ * (double), element by element, within the worst case of i8t.h's rule: with
+ * e = 0.5 + 2^-16 (half a step, plus the f32 division's rounding), each x[k]
+ * and w[k] is off by at most e xs and e ws, so sum_k x w is off by at most
+ *   e ws sum|x| + e xs sum|w| + K e^2 xs ws,
+ * and the f32 conversion and two multiplies add at most 3 roundings of the
+ * result's magnitude (<= sum (|x| + e xs)(|w| + e ws)): 4 * 2^-24 of that.
+ * A bound, not an estimate: any element past it is a bug. Weights of three
+ * dtypes (td_i8t_quantize's conversion); on the tiles where the CPU has them,
+ * else td_i8t_matmul_ref. The largest error as a share of the bound is printed. */
+static void test_i8t_accuracy(void) {
+    tb("kernels_i8t_close_to_f32_product");
+    static const int SH[][3] = {{8, 40, 384}, {17, 33, 1280}, {1, 16, 64}};
+    int tiles = td_i8t_available();
+    double worst = 0, rel_rms = 0;
+    for (int dt = 0; dt < 3; dt++)
+        for (int si = 0; si < 3; si++) {
+            int M = SH[si][0], N = SH[si][1], K = SH[si][2], bad = 0;
+            void *W = rand_w((size_t)N * K, dt);
+            float *x = rand_f((size_t)M * K), *wf = malloc(sizeof(float) * N * K), *ws = malloc(sizeof(float) * N);
+            float *xs = malloc(sizeof(float) * M), *y = malloc(sizeof(float) * M * N);
+            int8_t *qw = malloc((size_t)N * K);
+            uint32_t *xp = malloc(4 * td_i8t_act_words(M, K));
+            T_REQUIRE(W && x && wf && ws && xs && y && qw && xp, "memory");
+            td_to_f32(wf, W, dt, (size_t)N * K);
+            td_i8t_quantize(qw, ws, W, dt, N, K);
+            td_i8t_act(xp, xs, x, K, M, K);
+            (tiles ? td_i8t_matmul : td_i8t_matmul_ref)(y, N, xp, xs, M, qw, ws, K, 0, N, 0);
+            const double e = 0.5 + ldexp(1.0, -16);
+            double se = 0, sy = 0;
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    const float *xr = x + (size_t)m * K, *wr = wf + (size_t)n * K;
+                    double ex = 0, ax = 0, aw = 0, mag = 0, dx = e * xs[m], dw = e * ws[n];
+                    for (int k = 0; k < K; k++) {
+                        ex += (double)xr[k] * wr[k];
+                        ax += fabs(xr[k]);
+                        aw += fabs(wr[k]);
+                        mag += (fabs(xr[k]) + dx) * (fabs(wr[k]) + dw);
+                    }
+                    double tol = dw * ax + dx * aw + K * dx * dw + 4 * ldexp(1.0, -24) * mag;
+                    double err = fabs(y[m * N + n] - ex);
+                    if (err / tol > worst) worst = err / tol;
+                    se += err * err;
+                    sy += ex * ex;
+                    if (!(err <= tol) && bad++ < 3)
+                        T_CHECK(0, "%s M=%d N=%d K=%d (%d,%d): %.9g vs exact %.9g, error %.3g > bound %.3g", dtn(dt), M, N, K, m, n,
+                                y[m * N + n], ex, err, tol);
+                }
+            if (sqrt(se / sy) > rel_rms) rel_rms = sqrt(se / sy);
+            free(W); free(x); free(wf); free(ws); free(xs); free(y); free(qw); free(xp);
+        }
+    printf("  (%s: largest error %.3f of the bound; rms error / rms result up to %.4f)\n", tiles ? "tiles" : "reference",
+           worst, rel_rms);
+done:
+    t_end();
+}
+
+/* Products of amx.c (bf16) and i8t.c (int8) interleaved on one thread, with
+ * shapes that need different tile configurations (token counts 3, 5, 8, 24,
+ * 32, 37; row tails; amx.c's 2x2 blocks, which use tiles 6 and 7 that i8t's
+ * configuration leaves unconfigured): each output has the bits it has alone —
+ * amx.c's computed first on a fresh thread, i8t's by td_i8t_matmul_ref.
+ * amx.c keeps the shape it last loaded in thread-local statics and reloads
+ * only when its own next shape differs, so each amx product runs twice with
+ * an i8t product between (the second run finds its cached shape, valid only if
+ * td_i8t_matmul put the thread's configuration back; for the 2x2 shape a
+ * failure is a SIGILL), and each i8t shape runs again after an amx product
+ * (i8t must not trust a cache of its own). The schedule runs on this thread
+ * (both modules used before) and on a fresh thread that starts with i8t. */
+enum { IA_N = 4, II_N = 4, IA_CALLS = 3 * IA_N * 4 };
+/* one product shape, with two inputs (v = 0, 1) so that a run which leaves
+ * part of y to stale scratch cannot match by reusing the previous run's */
+typedef struct {
+    int M, N, K;
+    uint16_t *W;
+    uint32_t *xp[2];
+    float *y, *want[2];
+} ia_amx;
+typedef struct {
+    int M, N, K, n0;
+    int8_t *qw;
+    float *ws, *xs[2], *y, *want[2];
+    uint32_t *xp[2];
+} ia_i8t;
+typedef struct { ia_amx *a; ia_i8t *q; int bad; const char *last; } ia_job;
+static void *ia_amx_alone(void *arg) {
+    ia_job *j = arg;
+    for (int i = 0; i < IA_N; i++)
+        for (int v = 0; v < 2; v++) {
+            ia_amx *a = &j->a[i];
+            td_amx_matmul(a->want[v], a->N, a->xp[v], a->M, a->W, a->K, 0, a->N, 0);
+        }
+    return NULL;
+}
+static void ia_run_i8t(ia_job *j, ia_i8t *q, int v) {
+    memset(q->y, 0, sizeof(float) * q->M * q->N);
+    td_i8t_matmul(q->y, q->N, q->xp[v], q->xs[v], q->M, q->qw, q->ws, q->K, q->n0, q->N, 0);
+    if (memcmp(q->y, q->want[v], sizeof(float) * q->M * q->N) != 0 && j->bad++ < 4) {
+        T_CHECK(0, "i8t M=%d N=%d K=%d after %s: differs from the reference", q->M, q->N, q->K, j->last);
+        fflush(stdout);
+    }
+    j->last = "i8t";
+}
+static void ia_run_amx(ia_job *j, ia_amx *a, int v) {
+    memset(a->y, 0, sizeof(float) * a->M * a->N);
+    td_amx_matmul(a->y, a->N, a->xp[v], a->M, a->W, a->K, 0, a->N, 0);
+    if (memcmp(a->y, a->want[v], sizeof(float) * a->M * a->N) != 0 && j->bad++ < 4) {
+        T_CHECK(0, "amx M=%d N=%d K=%d after %s: differs from its bits alone", a->M, a->N, a->K, j->last);
+        fflush(stdout); /* before a SIGILL, if a later 2x2 product meets an i8t configuration */
+    }
+    j->last = "amx";
+}
+static void *ia_schedule(void *arg) {
+    ia_job *j = arg;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < IA_N; i++) {
+            ia_run_i8t(j, &j->q[(i + r) % II_N], 0);
+            ia_run_amx(j, &j->a[i], 0);
+            ia_run_i8t(j, &j->q[(i + r + 1) % II_N], 1);
+            ia_run_amx(j, &j->a[i], 1);
+        }
+    return NULL;
+}
+static void test_i8t_amx_interleaved(void) {
+    tb("kernels_i8t_amx_interleaved_one_thread");
+    if (!td_amx_available() || !td_i8t_available()) {
+        printf("  (AMX-BF16 or AMX-INT8 tiles missing here: not tested)\n");
+        t_end();
+        return;
+    }
+    static const int AS[IA_N][3] = {{8, 32, 384}, {3, 48, 384}, {37, 64, 96}, {32, 64, 96}};
+    static const int QS[II_N][4] = {{3, 17, 384, 0}, {8, 40, 384, 16}, {24, 33, 128, 5}, {8, 16, 1280, 0}};
+    ia_amx a[IA_N];
+    ia_i8t q[II_N];
+    memset(a, 0, sizeof a);
+    memset(q, 0, sizeof q);
+    int ok = 1;
+    for (int i = 0; i < IA_N; i++) {
+        ia_amx *p = &a[i];
+        p->M = AS[i][0]; p->N = AS[i][1]; p->K = AS[i][2];
+        p->W = rand_w((size_t)p->N * p->K, TD_DTYPE_BF16);
+        p->y = malloc(sizeof(float) * p->M * p->N);
+        ok = ok && p->W && p->y;
+        for (int v = 0; v < 2; v++) {
+            float *x = rand_f((size_t)p->M * p->K);
+            p->xp[v] = malloc(4 * td_amx_pack_words(p->M, p->K));
+            p->want[v] = malloc(sizeof(float) * p->M * p->N);
+            ok = ok && x && p->xp[v] && p->want[v];
+            if (ok) td_amx_pack(p->xp[v], x, p->K, p->M, p->K);
+            free(x);
+        }
+    }
+    for (int i = 0; i < II_N; i++) {
+        ia_i8t *p = &q[i];
+        p->M = QS[i][0]; p->N = QS[i][1]; p->K = QS[i][2]; p->n0 = QS[i][3];
+        float *wf = rand_f((size_t)p->N * p->K);
+        p->qw = malloc((size_t)p->N * p->K);
+        p->ws = malloc(sizeof(float) * p->N);
+        p->y = malloc(sizeof(float) * p->M * p->N);
+        ok = ok && wf && p->qw && p->ws && p->y;
+        if (ok) td_i8t_quantize(p->qw, p->ws, wf, TD_DTYPE_F32, p->N, p->K);
+        for (int v = 0; v < 2; v++) {
+            float *x = rand_f((size_t)p->M * p->K);
+            p->xs[v] = malloc(sizeof(float) * p->M);
+            p->xp[v] = malloc(4 * td_i8t_act_words(p->M, p->K));
+            p->want[v] = calloc((size_t)p->M * p->N, sizeof(float));
+            ok = ok && x && p->xs[v] && p->xp[v] && p->want[v];
+            if (ok) {
+                td_i8t_act(p->xp[v], p->xs[v], x, p->K, p->M, p->K);
+                td_i8t_matmul_ref(p->want[v], p->N, p->xp[v], p->xs[v], p->M, p->qw, p->ws, p->K, p->n0, p->N, 0);
+            }
+            free(x);
+        }
+        free(wf);
+    }
+    T_REQUIRE(ok, "memory");
+    ia_job j = {a, q, 0, "nothing"};
+    pthread_t th;
+    T_REQUIRE(pthread_create(&th, NULL, ia_amx_alone, &j) == 0 && pthread_join(th, NULL) == 0, "thread");
+    ia_schedule(&j);
+    T_CHECK(j.bad == 0, "this thread: %d of %d products differ from their bits alone", j.bad, IA_CALLS);
+    j.bad = 0;
+    j.last = "nothing";
+    T_REQUIRE(pthread_create(&th, NULL, ia_schedule, &j) == 0 && pthread_join(th, NULL) == 0, "thread");
+    T_CHECK(j.bad == 0, "a fresh thread: %d of %d products differ from their bits alone", j.bad, IA_CALLS);
+done:
+    for (int i = 0; i < IA_N; i++) {
+        free(a[i].W); free(a[i].y);
+        for (int v = 0; v < 2; v++) { free(a[i].xp[v]); free(a[i].want[v]); }
+    }
+    for (int i = 0; i < II_N; i++) {
+        free(q[i].qw); free(q[i].ws); free(q[i].y);
+        for (int v = 0; v < 2; v++) { free(q[i].xs[v]); free(q[i].xp[v]); free(q[i].want[v]); }
+    }
+    t_end();
+}
+
 /* Every function on path `path` and on the portable path: the same bits, on
  * random inputs of ragged sizes (and exp over its whole clamped range, tails,
  * infinities and NaN). Leaves the portable path in force. */
@@ -944,6 +1658,11 @@ int main(void) {
     test_matmul_bf16a();
     test_matmul_bf16a_edges();
     test_amx();
+    test_amx_attend();
+    test_i8t_quant();
+    test_i8t_matmul();
+    test_i8t_accuracy();
+    test_i8t_amx_interleaved();
     test_panel_argmax();
     /* every other path the CPU supports: the same bits as portable, and the
      * reference comparison again on it */

@@ -19,6 +19,7 @@
  * accumulator alone. */
 #define _GNU_SOURCE
 #include "nn/amx.h"
+#include "nn/kernels.h"
 #include "util/util.h"
 
 #include <string.h>
@@ -202,6 +203,115 @@ void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t 
     blocks_1x1(y, ldy, xp, 0, M, W, K, n0, n1, add);
 }
 
+/* ---- attention of a few queries over one kv head (td_amx_attend) ----
+ * Tiles: C = 0-3 (scores: tile 0 only), A = 4 (queries, then probabilities),
+ * B = 5 (keys, then values); every tile has nq rows or 16 pair rows of 64
+ * bytes. The configuration is marked mc = -2 - nq in the thread's cache. */
+TA static void configure_att(int nq) {
+    if (cfg_mc == -2 - nq) return;
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        c.rows[t] = (uint8_t)(t == 5 ? 16 : nq);
+        c.colsb[t] = 64;
+    }
+    load_cfg(&c);
+    cfg_mc = -2 - nq;
+    cfg_rows = nq;
+}
+
+/* p[k] = bf16(e[k] * inv) for k < n, 0 for n <= k < np (np a multiple of 32) */
+TA static void probs_bf16(uint16_t *p, const float *e, float inv, int n, int np) {
+    const __m512 vi = _mm512_set1_ps(inv);
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    for (int k = 0; k < np; k += 16) {
+        __mmask16 m = n - k >= 16 ? 0xFFFF : n - k <= 0 ? 0 : (__mmask16)((1u << (n - k)) - 1u);
+        __m512i v = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + k), vi)); /* finite, >= 0 */
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(v, bias), _mm512_and_si512(_mm512_srli_epi32(v, 16), one)), 16);
+        _mm256_storeu_si256((__m256i *)(p + k), _mm512_cvtepi32_epi16(r));
+    }
+}
+
+TA void td_amx_kv_put(uint16_t *kp, uint16_t *vp, int pos, const float *k, const float *v, int hd) {
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i kidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+    uint32_t *kw = (uint32_t *)(kp + td_amx_kp_at(pos, 0, hd)); /* pair i of the key at word i*16 */
+    uint16_t *vw = vp + td_amx_vp_at(pos, 0, hd) - pos % 2;    /* dimension d: the pair at element 2d */
+    const __mmask32 lane = pos % 2 ? 0xAAAAAAAAu : 0x55555555u;
+    for (int d = 0; d < hd; d += 32) {
+        __m256i h[2][2];
+        for (int e = 0; e < 2; e++) { /* k and v [d, d+32) rounded to bf16 (nearest even; finite inputs) */
+            const float *src = e ? v : k;
+            for (int c = 0; c < 2; c++) {
+                __m512i x = _mm512_loadu_si512(src + d + 16 * c);
+                __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(_mm512_srli_epi32(x, 16), one)), 16);
+                h[e][c] = _mm512_cvtepi32_epi16(r);
+            }
+        }
+        __m512i kk = _mm512_inserti64x4(_mm512_castsi256_si512(h[0][0]), h[0][1], 1); /* dword i = pair (d+2i, d+2i+1) */
+        _mm512_i32scatter_epi32(kw + (size_t)d / 2 * 16, kidx, kk, 4);
+        for (int c = 0; c < 2; c++) { /* 16 dimensions into lane pos % 2 of their pairs */
+            __m512i vv = _mm512_cvtepu16_epi32(h[1][c]);
+            if (pos % 2) vv = _mm512_slli_epi32(vv, 16);
+            uint16_t *at = vw + (size_t)(d + 16 * c) * 2;
+            _mm512_storeu_si512(at, _mm512_mask_blend_epi16(lane, _mm512_loadu_si512(at), vv));
+        }
+    }
+}
+
+TA void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
+                      const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p) {
+    int np = (nk + 31) / 32 * 32, nb = (nk + 15) / 16;
+    configure_att(nq);
+    /* scores: 16 keys a tile, hd/32 steps */
+    for (int b = 0; b < nb; b++) {
+        const uint16_t *kb = b * 16 < c0 ? kp + (size_t)b * hd * 16 : kt + (size_t)(b * 16 - c0) * hd;
+        _tile_zero(0);
+        for (int k = 0; k < hd; k += 32) {
+            _tile_loadd(4, q + k, (size_t)hd * 2);
+            _tile_loadd(5, kb + (size_t)k * 16, 64);
+            _tile_dpbf16ps(0, 4, 5);
+        }
+        _tile_stored(0, s + (size_t)b * 16, (size_t)np * 4);
+    }
+    /* softmax by query: exp(s - max), probabilities rounded to bf16, zero past nk */
+    for (int i = 0; i < nq; i++) {
+        float *e = s + (size_t)i * np;
+        float mx = e[td_argmax(e, nk)];
+        __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+        int k = 0;
+        for (; k + 16 <= nk; k += 16) _mm512_storeu_ps(e + k, _mm512_sub_ps(_mm512_loadu_ps(e + k), vm));
+        for (; k < nk; k++) e[k] -= mx;
+        td_exp(e, e, nk);
+        for (k = 0; k + 16 <= nk; k += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(e + k));
+        float sum = _mm512_reduce_add_ps(acc);
+        for (; k < nk; k++) sum += e[k];
+        probs_bf16(p + (size_t)i * np, e, 1.0f / sum, nk, np);
+    }
+    /* outputs: 16 dimensions a tile, 32 keys a step; four result tiles at a time */
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        int nt = hd - d0 < 64 ? (hd - d0) / 16 : 4;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int k = 0; k < np; k += 32) {
+            const uint16_t *vc = (k < c0 ? vp + (size_t)k * hd : vt + (size_t)(k - c0) * hd) + (size_t)d0 * 2;
+            _tile_loadd(4, p + k, (size_t)np * 2);
+            _tile_loadd(5, vc, (size_t)hd * 4);
+            _tile_dpbf16ps(0, 4, 5);
+            if (nt > 1) { _tile_loadd(5, vc + 32, (size_t)hd * 4); _tile_dpbf16ps(1, 4, 5); }
+            if (nt > 2) { _tile_loadd(5, vc + 64, (size_t)hd * 4); _tile_dpbf16ps(2, 4, 5); }
+            if (nt > 3) { _tile_loadd(5, vc + 96, (size_t)hd * 4); _tile_dpbf16ps(3, 4, 5); }
+        }
+        _tile_stored(0, o + d0, (size_t)ldo * 4);
+        if (nt > 1) _tile_stored(1, o + d0 + 16, (size_t)ldo * 4);
+        if (nt > 2) _tile_stored(2, o + d0 + 32, (size_t)ldo * 4);
+        if (nt > 3) _tile_stored(3, o + d0 + 48, (size_t)ldo * 4);
+    }
+}
+
 /* A product whose result is exact in any summation order: 32 ones times
  * (1, 2, ..., 32) per output, for 16 outputs of 3 tokens. */
 TA static int amx_works(void) {
@@ -254,6 +364,18 @@ int td_amx_available(void) { return 0; }
 void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
     (void)y; (void)ldy; (void)xp; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add;
     TD_ASSERT(!"td_amx_matmul without AMX");
+}
+
+void td_amx_kv_put(uint16_t *kp, uint16_t *vp, int pos, const float *k, const float *v, int hd) {
+    for (int d = 0; d < hd; d++) {
+        kp[td_amx_kp_at(pos, d, hd)] = td_f32_to_bf16(k[d]);
+        vp[td_amx_vp_at(pos, d, hd)] = td_f32_to_bf16(v[d]);
+    }
+}
+void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
+                   const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p) {
+    (void)o; (void)ldo; (void)q; (void)nq; (void)kp; (void)vp; (void)c0; (void)kt; (void)vt; (void)hd; (void)nk; (void)s; (void)p;
+    TD_ASSERT(!"td_amx_attend without AMX");
 }
 
 #endif

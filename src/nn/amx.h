@@ -43,4 +43,32 @@ void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K);
  * as needed (it is per thread; the pool's workers each keep their own). */
 void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add);
 
+/* Attention of nq (1..16) queries over the first nk keys of one kv head, on
+ * the tiles: s = q k^T (q already scaled), softmax in f32 (td_exp), the
+ * probabilities rounded to bf16, o = p v. Keys and values live in the tiles'
+ * pair layouts (td_amx_kp_at, td_amx_vp_at) in whole 32-key chunks: positions
+ * [0, c0) in kp / vp, positions [c0, nk) in kt / vt laid out from c0 (c0 a
+ * multiple of 32; a drafter keeps its committed context in the first and
+ * writes a round's block entries into a small copy of the last chunk, so
+ * their stores stay in cache). Values of positions >= nk in the last chunk
+ * must be finite (they meet probabilities of 0). hd: a multiple of 32. q:
+ * [nq][hd] bf16; s: [nq][np] f32 and p: [nq][np] bf16 scratch, np = nk
+ * rounded up to 32; o: nq rows of hd at a stride of ldo floats. A query's
+ * bits are its own tile rows' (no batch invariance is promised beyond that:
+ * it serves a drafter, spec/drafters/block.c). */
+void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
+                   const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p);
+/* Element d of key / value position pos in those layouts: keys in blocks of 16
+ * positions, [hd/2 pairs][16 keys][2]; values in chunks of 32 positions,
+ * [16 position pairs][hd][2]. */
+static inline size_t td_amx_kp_at(int pos, int d, int hd) {
+    return (size_t)(pos / 16) * hd * 16 + (size_t)(d / 2) * 32 + (size_t)(pos % 16) * 2 + (size_t)(d % 2);
+}
+static inline size_t td_amx_vp_at(int pos, int d, int hd) {
+    return (size_t)(pos / 32) * hd * 32 + (size_t)((pos % 32) / 2) * hd * 2 + (size_t)d * 2 + (size_t)(pos % 2);
+}
+/* Store key k[hd] and value v[hd] (finite) at position pos of those layouts,
+ * rounded to bf16 (nearest even); hd a multiple of 32. */
+void td_amx_kv_put(uint16_t *kp, uint16_t *vp, int pos, const float *k, const float *v, int hd);
+
 #endif
