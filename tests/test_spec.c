@@ -10,6 +10,9 @@
 #include "tmodel.h"
 #include "model/model.h"
 #include "nn/amx.h"
+#include "nn/i8t.h"
+#include "nn/mmx.h"
+#include "nn/pool.h"
 #include "nn/q8r.h"
 #include "spec/depth.h"
 #include "spec/draft.h"
@@ -573,14 +576,14 @@ static void *repack_thread(void *v) {
     td_err err = {0};
     td_tensor *ts[1] = {a->t};
     pthread_barrier_wait(a->bar);
-    a->rc = td_draft_repack_q8r(a->done, NULL, 0, ts, 1, a->arena, &err);
+    a->rc = td_draft_repack_q8r(a->done, NULL, 0, ts, 1, a->arena, NULL, &err);
     a->seen = *a->arena;
     return NULL;
 }
 static void test_repack_once(void) {
     t_begin("draft_repack_once");
     enum { N = 48, K = 64, NT = 8 };
-    uint8_t *q = malloc((size_t)N * K / 32 * 34), *want = malloc(td_q8r_bytes(N, K));
+    uint8_t *q = malloc((size_t)N * K / 32 * 34), *want = aligned_alloc(64, td_q8r_bytes(N, K)); /* R16 stores whole aligned lines */
     void *arena = NULL;
     T_REQUIRE(q && want, "out of memory");
     for (size_t i = 0; i < (size_t)N * K / 32 * 34; i++) q[i] = (uint8_t)(i * 37 + 11);
@@ -608,12 +611,71 @@ static void test_repack_once(void) {
     void *again = (void *)&made; /* a sentinel: a drafter already repacked leaves its arena alone */
     td_err err = {0};
     td_tensor *ts[1] = {&t};
-    T_CHECK(td_draft_repack_q8r(&made, NULL, 0, ts, 1, &again, &err) == 0 && again == (void *)&made,
+    T_CHECK(td_draft_repack_q8r(&made, NULL, 0, ts, 1, &again, NULL, &err) == 0 && again == (void *)&made,
             "a second call once made changes nothing");
 done:
     free(want);
     free(arena);
     free(q);
+    t_end();
+}
+
+/* With an int8 arena, a drafter's Q8_0 matrices of widths that fit the tiles
+ * get int8 copies (td_tensor.ip): each row its dequantized Q8_0 row quantized
+ * with its own scale; a product of TD_MM_I8T_MIN_M tokens or more takes them
+ * (the AMX-INT8 order, td_i8t_matmul_ref's bits) and fewer tokens keep R16. */
+static void test_repack_i8t(void) {
+    t_begin("draft_repack_i8t");
+    enum { N = 40, K = 128, M = 5 };
+    size_t qb = (size_t)N * K / 32 * 34;
+    uint8_t *q = malloc(qb), *xq = aligned_alloc(64, td_q8r_row_bytes(K) * M);
+    int8_t *wq = malloc((size_t)N * K);
+    float *row = malloc(sizeof(float) * K), *x = malloc(sizeof(float) * M * K), *y = malloc(sizeof(float) * M * N),
+          *want = malloc(sizeof(float) * M * N), ws[N], xs[M];
+    uint32_t *xi = malloc(4 * td_i8t_act_words(M, K));
+    void *arena = NULL, *iarena = NULL;
+    td_pool *pool = NULL;
+    T_REQUIRE(q && xq && wq && row && x && y && want && xi && td_pool_open(&pool, 2) == 0, "out of memory");
+    if (!td_q8r_available() || !td_i8t_available()) {
+        printf("  (no AVX-512 VNNI or no AMX-INT8 tiles here: nothing to check)\n");
+        goto done;
+    }
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < qb; i++) q[i] = (uint8_t)((st = st * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+    for (size_t b = 0; b < qb / 34; b++) { q[34 * b] = 0; q[34 * b + 1] = (uint8_t)(0x24 + b % 5); } /* f16 scales 2^-6 .. */
+    for (int i = 0; i < M * K; i++) x[i] = sinf(0.37f * (float)i) * (1.0f + (float)(i % 7));
+    td_tensor t = {.data = q, .dtype = TD_DTYPE_Q8_0, .n_dims = 2, .shape = {N, K}};
+    td_tensor *ts[1] = {&t};
+    int made = 0;
+    td_err err = {0};
+    T_REQUIRE(td_draft_repack_q8r(&made, NULL, 0, ts, 1, &arena, &iarena, &err) == 0, "repack: %s", err.msg);
+    T_REQUIRE(t.rp && t.ip && iarena && t.ip == iarena, "the matrix has both copies (rp %p, ip %p)", t.rp, t.ip);
+    const int8_t *ip = t.ip;
+    const float *is = (const float *)(const void *)(ip + (size_t)N * K);
+    int same = 1;
+    for (int n = 0; n < N; n++) {
+        float s1;
+        td_tensor_row_f32(&t, n, K, row);
+        td_i8t_quantize(wq + (size_t)n * K, &s1, row, TD_DTYPE_F32, 1, K);
+        ws[n] = s1;
+        same &= s1 == is[n] && !memcmp(wq + (size_t)n * K, ip + (size_t)n * K, K);
+    }
+    T_CHECK(same, "each int8 row is its dequantized Q8_0 row quantized with its own scale");
+    /* M tokens: the int8 copies, bit for bit td_i8t_matmul_ref's */
+    td_mm_part part = {y, N, &t, N};
+    td_mm_parts(pool, TD_ACT_AMX, x, K, M, K, &part, 1, 0, NULL, xq);
+    td_i8t_act(xi, xs, x, K, M, K);
+    td_i8t_matmul_ref(want, N, xi, xs, M, wq, ws, K, 0, N, 0);
+    T_CHECK(!memcmp(y, want, sizeof(float) * M * N), "%d tokens take the AMX-INT8 copies", M);
+    /* one token: R16, bit for bit td_q8r_matmul's */
+    td_mm_parts(pool, TD_ACT_AMX, x, K, 1, K, &part, 1, 0, NULL, xq);
+    td_q8r_act(xq, x, K, 1, K);
+    td_q8r_matmul(want, N, xq, 1, t.rp, K, 0, N, 0);
+    T_CHECK(!memcmp(y, want, sizeof(float) * N), "one token keeps R16");
+    T_CHECK(TD_MM_I8T_MIN_M > 1 && TD_MM_I8T_MIN_M <= M, "the threshold lies between the two checks (%d)", TD_MM_I8T_MIN_M);
+done:
+    td_pool_free(pool);
+    free(arena); free(iarena); free(q); free(xq); free(wq); free(row); free(x); free(y); free(want); free(xi);
     t_end();
 }
 
@@ -1200,6 +1262,7 @@ int main(void) {
     tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 44, 24);
     if (!g_target || !g_target_small_vocab) return 1;
     test_repack_once();
+    test_repack_i8t();
     test_checkpoint_ngram_empty();
     char same[600], oth[600], mtp[600], blk[600], blk_all[600], chn[600];
     snprintf(chn, sizeof chn, "block:%s/block_chain", g_dir);

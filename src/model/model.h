@@ -22,6 +22,10 @@ typedef struct td_tensor {
     const void *rp;     /* Q8_0 matrices under act_type amx: the R16 repack (nn/q8r.h), owned by whoever
                            made it (the model's q8r_arena, a drafter's arena); else NULL. Written
                            once, before any amx context reads it; other modes never read it */
+    const void *ip;     /* a drafter's Q8_0 matrices under act_type amx, width a multiple of 64: the
+                           same values requantized to int8 rows with one f32 scale a row (nn/i8t.h:
+                           [N][K] int8, then [N] f32), owned by the drafter's arena; else NULL.
+                           Written once like rp; products of TD_MM_I8T_MIN_M tokens or more use it */
 } td_tensor;
 
 /* Row r of a 2-D tensor of n values per row, any dtype (quantized ones too),

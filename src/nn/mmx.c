@@ -1,6 +1,7 @@
 /* mmx — a product's input per activation type, and the kernel per tensor (mmx.h). */
 #include "nn/mmx.h"
 #include "nn/amx.h"
+#include "nn/i8t.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
 #include "nn/q8r.h"
@@ -13,13 +14,19 @@ void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_
     in->xa = NULL;
     in->xp = NULL;
     in->xq = NULL;
-    int bf16 = 0, rp = 0;
+    in->xi = NULL;
+    in->xs = NULL;
+    int bf16 = 0, rp = 0, ip = 0;
     for (int i = 0; i < n_w; i++) {
         bf16 |= w[i]->dtype == TD_DTYPE_BF16;
-        /* rp is read only in amx mode: another context's first amx open may be writing it */
-        if (act_type == TD_ACT_AMX) rp |= w[i]->rp != NULL;
+        /* rp, ip are read only in amx mode: another context's first amx open may be writing them */
+        if (act_type == TD_ACT_AMX) rp |= w[i]->rp != NULL, ip |= w[i]->ip != NULL;
     }
-    if (rp && xq_buf) {
+    if (ip && xq_buf && M >= TD_MM_I8T_MIN_M) { /* the int8 rows, then their scales (K % 64 == 0: aligned) */
+        td_i8t_act((uint32_t *)(void *)xq_buf, (float *)(void *)(xq_buf + (size_t)M * K), x, ldx, M, K);
+        in->xi = (const uint32_t *)(const void *)xq_buf;
+        in->xs = (const float *)(const void *)(xq_buf + (size_t)M * K);
+    } else if (rp && xq_buf) {
         td_q8r_act(xq_buf, x, ldx, M, K);
         in->xq = xq_buf;
     }
@@ -35,7 +42,10 @@ void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_
 
 void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w, int K, int n0, int n1, int add) {
     if (n0 >= n1) return;
-    if (in->xq && w->rp) td_q8r_matmul(y, ldy, in->xq, M, w->rp, K, n0, n1, add);
+    if (in->xi && w->ip)
+        td_i8t_matmul(y, ldy, in->xi, in->xs, M, w->ip, (const float *)(const void *)((const int8_t *)w->ip + (size_t)w->shape[0] * K),
+                      K, n0, n1, add);
+    else if (in->xq && w->rp) td_q8r_matmul(y, ldy, in->xq, M, w->rp, K, n0, n1, add);
     else if (in->xp && w->dtype == TD_DTYPE_BF16) td_amx_matmul(y, ldy, in->xp, M, w->data, K, n0, n1, add);
     else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a(y, ldy, in->xa, K, M, w->data, K, n0, n1, add);
     else td_matmul(y, ldy, in->x, in->ldx, M, w->data, w->dtype, K, n0, n1, add);
@@ -61,7 +71,7 @@ void td_mm_parts(td_pool *pool, int act_type, const float *x, int ldx, int M, in
     for (int i = 0; i < n; i++) {
         const td_tensor *w = parts[i].w;
         if (!bf && w->dtype == TD_DTYPE_BF16) { ws[nw++] = w; bf = 1; }
-        else if (!rp && act_type == TD_ACT_AMX && w->rp) { ws[nw++] = w; rp = 1; }
+        else if (!rp && act_type == TD_ACT_AMX && (w->rp || w->ip)) { ws[nw++] = w; rp = 1; }
     }
     td_mm_prepare(&j.in, act_type, ws, nw, x, ldx, M, K, xa_buf, xq_buf);
     td_pool_run(pool, parts_run, &j);

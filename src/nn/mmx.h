@@ -2,6 +2,8 @@
  * type, and the choice of kernel per weight tensor.
  *
  * A product y = x W^T under act_type (td_ctx_params) runs:
+ *   a drafter's Q8_0 weights with an int8 copy (act amx, M >= TD_MM_I8T_MIN_M)
+ *                                                   td_i8t_matmul (nn/i8t.h)
  *   Q8_0 weights with an R16 repack (act amx)       td_q8r_matmul (nn/q8r.h)
  *   bf16 weights, act amx, K a multiple of 32       td_amx_matmul (nn/amx.h)
  *   bf16 weights, act bf16 (or amx, other K)        td_matmul_bf16a (B32)
@@ -9,8 +11,12 @@
  * The input is converted once per product (on the caller, before a pool job
  * splits the outputs) into the scratch the caller owns; which kernel serves a
  * tensor depends only on the act type, its dtype and K — never on M or on how
- * the outputs are split — so each order's batch invariance carries over. Used
- * by the target's forward (forward.c) and the block drafter (block.c). */
+ * the outputs are split — so each order's batch invariance carries over. The
+ * one exception is a drafter's own int8 copies (td_tensor.ip, never the
+ * target's): at batch 1 a one-token product reads its weights from L2 faster
+ * through R16, a block of entries streams them faster through the AMX-INT8
+ * tiles, and a draft needs no invariance (verification keeps the output exact).
+ * Used by the target's forward (forward.c) and the block drafter (block.c). */
 #ifndef TD_MMX_H
 #define TD_MMX_H
 
@@ -25,15 +31,23 @@ typedef struct td_mm_in {
     const uint16_t *xa; /* [M][K] x rounded to bf16 (B32 products), or NULL */
     const uint32_t *xp; /* x packed for the AMX tiles (td_amx_pack), or NULL */
     const uint8_t *xq;  /* x quantized for the R16 products (td_q8r_act), or NULL */
+    const uint32_t *xi; /* x quantized per row and packed for the AMX-INT8 products (td_i8t_act), or NULL */
+    const float *xs;    /* [M] their scales */
 } td_mm_in;
+
+/* Tokens from which a product with an int8 copy (td_tensor.ip) takes it
+ * (nn/i8t.h; measured on a Xeon with AMX, bench/forward-notes.md: at 1 token R16
+ * is faster from L2, at 3 or more the tiles are from L2 and L3 alike). */
+#define TD_MM_I8T_MIN_M 3
 
 /* Elements (uint16) of the xa scratch a product of M rows of width K needs. */
 static inline size_t td_mm_xa_elems(int M, int K) { return (size_t)M * (size_t)K; }
 
 /* Prepare `in` for products of x ([M][ldx], width K) with each of w[0 .. n_w)
  * under act_type: xa_buf (td_mm_xa_elems, or NULL where act_type is f32) and
- * xq_buf (M rows of td_q8r_row_bytes(K), or NULL where no weight has a repack)
- * are the caller's scratch, valid while `in` is used. */
+ * xq_buf (M rows of td_q8r_row_bytes(K), 64-byte aligned, or NULL where no
+ * weight has a repack; it also holds the int8 rows and their scales) are the
+ * caller's scratch, valid while `in` is used. */
 void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
                    uint16_t *xa_buf, uint8_t *xq_buf);
 /* y[m*ldy + n] (+)= the product of input row m with W's row n, n in [n0, n1),
@@ -41,7 +55,7 @@ void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_
 void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w, int K, int n0, int n1, int add);
 /* Outputs per block of a thread's range: 16 for the tile and R16 kernels (a
  * range must start on a 16-output group), else 8 (whole cache lines). */
-static inline int td_mm_block(const td_mm_in *in) { return in->xp || in->xq ? 16 : 8; }
+static inline int td_mm_block(const td_mm_in *in) { return in->xp || in->xq || in->xi ? 16 : 8; }
 /* Outputs [n0, n1) of N for chunk ith of nth, in whole blocks of blk. */
 static inline void td_mm_range(int N, int blk, int ith, int nth, int *n0, int *n1) {
     int blocks = (N + blk - 1) / blk;

@@ -199,9 +199,13 @@ int td_draft_quantize(struct td_layer_w *L, int n_layer, struct td_tensor **extr
  * context of act_type amx (td_tensors_repack_q8r; *arena owned by the caller,
  * NULL when nothing was repacked), made once: under a lock shared by all
  * drafters, nothing is done when *done is set, and *done is set on success (a
- * drafter's groups may be opened on several threads at once). */
+ * drafter's groups may be opened on several threads at once). With iarena
+ * (may be NULL), where the CPU has AMX-INT8, the Q8_0 matrices whose width is
+ * a multiple of 64 also get int8 copies with a scale per row (td_tensor.ip,
+ * nn/i8t.h) in *iarena (owned by the caller, free() it): products of several
+ * tokens run on the AMX-INT8 tiles (a drafter's block of entries). */
 int td_draft_repack_q8r(int *done, struct td_layer_w *L, int n_layer, struct td_tensor **extra, int n_extra,
-                        void **arena, td_err *err);
+                        void **arena, void **iarena, td_err *err);
 /* "q8_0" / "q4_0" -> TD_DTYPE_*; 0 for anything else. */
 int td_draft_quant_parse(const char *s);
 

@@ -5,6 +5,7 @@
 #include "spec/draft.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "nn/i8t.h"
 #include "nn/quant.h"
 #include "util/util.h"
 
@@ -114,8 +115,53 @@ int td_draft_quantize(td_layer_w *L, int n_layer, td_tensor **extra, int n_extra
     return rc;
 }
 
+/* bytes of one matrix's int8 copy: [N][K] int8, then [N] f32, in whole 64-byte lines */
+static size_t i8t_bytes(const td_tensor *t) { return ((size_t)t->shape[0] * (size_t)(t->shape[1] + 4) + 63) / 64 * 64; }
+static int i8t_wants(const td_tensor *t) {
+    return t->data && !t->ip && t->dtype == TD_DTYPE_Q8_0 && t->n_dims == 2 && td_i8t_fits((int)t->shape[1]);
+}
+
+/* The int8 copies (td_tensor.ip) of ts' Q8_0 matrices of widths that fit the
+ * tiles, from their dequantized rows, into one arena (*arena; NULL if none). */
+static int repack_i8t(td_tensor **ts, int n, void **arena, td_err *err) {
+    *arena = NULL;
+    if (!td_i8t_available()) return 0;
+    size_t total = 0;
+    int kmax = 0;
+    for (int i = 0; i < n; i++)
+        if (i8t_wants(ts[i])) {
+            total += i8t_bytes(ts[i]);
+            if (ts[i]->shape[1] > kmax) kmax = (int)ts[i]->shape[1];
+        }
+    if (!total) return 0;
+    char *a = td_model_alloc_huge(total);
+    float *row = malloc(sizeof(float) * (size_t)kmax);
+    if (!a || !row) {
+        free(a);
+        free(row);
+        return td_seterr(err, TD_ENOMEM, "out of memory making the drafter's int8 copies (%zu bytes)", total);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        td_tensor *t = ts[i];
+        if (!i8t_wants(t)) continue;
+        int N = (int)t->shape[0], K = (int)t->shape[1];
+        int8_t *q = (int8_t *)(a + off);
+        float *s = (float *)(q + (size_t)N * K);
+        for (int r = 0; r < N; r++) { /* row by row: Q8_0 -> f32 -> int8 with the row's own scale */
+            td_tensor_row_f32(t, r, K, row);
+            td_i8t_quantize(q + (size_t)r * K, s + r, row, TD_DTYPE_F32, 1, K);
+        }
+        t->ip = q;
+        off += i8t_bytes(t);
+    }
+    free(row);
+    *arena = a;
+    return 0;
+}
+
 int td_draft_repack_q8r(int *done, td_layer_w *L, int n_layer, td_tensor **extra, int n_extra, void **arena,
-                        td_err *err) {
+                        void **iarena, td_err *err) {
     /* one lock for every drafter: a repack happens once per drafter, and two
      * groups opened at once on two threads must not both make it (nor one read
      * a tensor's rp while the other writes it) */
@@ -126,8 +172,11 @@ int td_draft_repack_q8r(int *done, td_layer_w *L, int n_layer, td_tensor **extra
         int n;
         td_tensor **ts = draft_matrices(L, n_layer, extra, n_extra, &n);
         *arena = NULL;
+        if (iarena) *iarena = NULL;
         if (!ts) rc = td_seterr(err, TD_ENOMEM, "out of memory repacking the drafter");
         else rc = td_tensors_repack_q8r(ts, n, arena, NULL, err);
+        if (!rc && iarena && repack_i8t(ts, n, iarena, NULL) != 0) *iarena = NULL; /* an optimisation: without
+                                                                                   memory for it, R16 serves */
         free(ts);
         *done = !rc;
     }

@@ -50,7 +50,12 @@
  * layers' and its chain's) in memory, and with vocab=N its copy of the N kept
  * LM-head rows; the target's LM head stays as it is. When the target's
  * context runs act_type amx, the products with bf16 weights run on the AMX
- * tiles too (nn/amx.h). A checkpoint
+ * tiles too (nn/amx.h), Q8_0 ones on their R16 repacks, and where the CPU has
+ * AMX-INT8 those of 3 or more entries on int8 copies (td_tensor.ip, nn/i8t.h);
+ * the block's attention runs on the tiles as well (att_amx_run: each row then
+ * keeps its context keys and values also in bf16, in the tiles' pair layouts,
+ * and a round's block entries go into a copy of the last chunk, so the
+ * committed ones are written once). A checkpoint
  * holds projected K/V, so one taken under another quant= restores fine but
  * drafts slightly differently until its rows are re-projected (the output
  * stays exact either way).
@@ -75,6 +80,7 @@
 #include "spec/vocab.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "nn/amx.h"
 #include "nn/kernels.h"
 #include "nn/mmx.h"
 #include "nn/pool.h"
@@ -92,6 +98,8 @@
 #define BLK_MAX_TAPS 8
 #define BLK_MAX_LAYERS 64 /* drafter layers */
 #define BLK_MAX_G 17   /* anchor + TD_SPEC_MAX_DEPTH drafts */
+#define BLK_TAIL 64    /* positions of the copied last chunk(s) amx attention writes block entries into:
+                          31 committed ones and BLK_MAX_G entries, in whole 32-key chunks */
 #define BLK_BACKLOG 128 /* committed positions a row keeps unprojected (raw taps) at most */
 
 typedef struct {
@@ -110,6 +118,7 @@ typedef struct {
     int n_thr, prune;
     void *qarena;                      /* owned: the quantized matrices, or NULL */
     void *rarena;                      /* owned: their R16 repacks (a target context of act_type amx), or NULL */
+    void *iarena;                      /* owned: their int8 copies (td_tensor.ip, AMX-INT8), or NULL */
     int repacked;                      /* 1: td_draft_repack_q8r ran (the first group under act_type amx) */
     td_tensor head;                    /* the target's LM head cut to the draft vocabulary
                                           (a view, or voc's gathered rows) [n_sub][D] */
@@ -122,6 +131,8 @@ typedef struct {
 
 typedef struct {
     float *K, *V;             /* [n_layer][KVH][cap][hd] context rows (+ block scratch) */
+    uint16_t *Kp, *Vp;        /* amx attention (g->amx_att): K and V rounded to bf16 in the tiles' pair
+                                 layouts (td_amx_kp_at, td_amx_vp_at), [n_layer][KVH][capp*hd]; else NULL */
     int len, cap;             /* committed positions projected into K/V; capacity incl. G */
     float *raw;               /* [BLK_BACKLOG][n_taps*D] taps of committed positions len..len+n_raw-1,
                                  not projected yet (projected when the row drafts, is captured,
@@ -157,6 +168,12 @@ typedef struct {
     float *qsub;              /* [n_sub] q over the draft vocabulary, before it is spread */
     float *cl;                /* [BLK_MAX_G][TD_DRAFT_CTXIDS] context ids' logits, per draft position */
     float *scratch;           /* [pool threads][TD_ATTEND_QMAX][cap] attention scores */
+    int amx_att, capp;        /* 1: the block's attention runs on the AMX tiles (act amx, hd % 32 == 0);
+                                 capp = cap rounded up to 32 */
+    float *ascr;              /* amx attention: [pool threads][nqm*hd + 16*capp] a kv head's outputs
+                                 and scores (nqm = (H/KVH)*G queries) */
+    uint16_t *apk;            /* amx attention: [pool threads][nqm*hd + 16*capp] its queries and
+                                 probabilities in bf16 */
     int *brow;                /* [max_rows] rows drafting this round */
     int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
     int *bg, *boff;           /* [max_rows] per drafting row b: its block entries (<= G) and the
@@ -182,6 +199,18 @@ static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, 
 
 static size_t kv_at(const blk_group *g, int l, int h, int pos) {
     return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
+}
+
+/* Store position pos's key k[hd] and value v[hd] of layer l, kv head h in row
+ * r, and their bf16 mirrors where the attention runs on the tiles. */
+static void kv_put(const blk_group *g, blk_row *r, int l, int h, int pos, const float *k, const float *v) {
+    int hd = g->p->hd;
+    size_t at = kv_at(g, l, h, pos);
+    memcpy(r->K + at, k, sizeof(float) * (size_t)hd);
+    memcpy(r->V + at, v, sizeof(float) * (size_t)hd);
+    if (!r->Kp) return;
+    size_t lh = ((size_t)l * g->p->KVH + h) * g->capp * hd;
+    td_amx_kv_put(r->Kp + lh, r->Vp + lh, pos, k, v, hd);
 }
 
 /* Append context positions to several rows at once: row rr[i] gets n[i]
@@ -220,8 +249,7 @@ static void project_batch(blk_group *g, int nr, blk_row *const *rr, const float 
                     float *k = kb + (size_t)h * hd;
                     td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
                     td_rope(k, g->rcos + (size_t)pos * half, g->rsin + (size_t)pos * half, hd);
-                    memcpy(r->K + kv_at(g, l, h, pos), k, sizeof(float) * (size_t)hd);
-                    memcpy(r->V + kv_at(g, l, h, pos), vb + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                    kv_put(g, r, l, h, pos, k, vb + (size_t)h * hd);
                 }
             }
         }
@@ -262,6 +290,8 @@ static void flush_backlogs(blk_group *g, const int *idx, int n) {
 static void row_free(blk_row *r) {
     free(r->K);
     free(r->V);
+    free(r->Kp);
+    free(r->Vp);
     free(r->raw);
     free(r->stream);
     td_draft_ctxids_free(&r->cx);
@@ -279,7 +309,12 @@ static int row_alloc(blk_group *g, blk_row *r) {
     r->raw = malloc(sizeof(float) * BLK_BACKLOG * (size_t)p->n_taps * p->D);
     r->stream = malloc(sizeof(int32_t) * ((size_t)g->cap + 1));
     r->cap = g->cap;
-    if (!r->K || !r->V || !r->raw || !r->stream || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
+    if (g->amx_att) { /* zeroed: the transposed values past a row's length meet probabilities of 0 */
+        size_t na = (size_t)p->n_layer * p->KVH * p->hd * g->capp;
+        r->Kp = calloc(na, sizeof(uint16_t));
+        r->Vp = calloc(na, sizeof(uint16_t));
+    }
+    if ((g->amx_att && (!r->Kp || !r->Vp)) || !r->K || !r->V || !r->raw || !r->stream || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
         (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
         row_free(r);
         return TD_ENOMEM;
@@ -347,8 +382,7 @@ static int blk_append(void *gv, const int32_t *tokens, int n, const float *taps,
         for (int pos = 0; pos < hdr[0]; pos++)
             for (int l = 0; l < p->n_layer; l++)
                 for (int h = 0; h < KVH; h++) {
-                    memcpy(r->K + kv_at(g, l, h, pos), src, sizeof(float) * (size_t)hd);
-                    memcpy(r->V + kv_at(g, l, h, pos), src + hd, sizeof(float) * (size_t)hd);
+                    kv_put(g, r, l, h, pos, src, src + hd);
                     src += 2 * hd;
                 }
         r->len = hdr[0];
@@ -393,6 +427,51 @@ static void att_run(void *arg, int ith, int nth) {
         for (int q = 0; q < G; q++) nk[q] = r->len + G;
         td_attend(g->o + at, QW, g->q + at, QW, G, nk,
                   r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd, j->scale, scratch);
+    }
+}
+
+/* The same on the AMX tiles (g->amx_att, td_amx_attend): (row, kv head)
+ * items, the H/KVH heads' queries of a kv head together, 16 a call, over the
+ * row's bf16 keys and values. The drafts move a little against att_run's
+ * (the target's verification keeps the output exact). */
+static void att_amx_run(void *arg, int ith, int nth) {
+    const att_job *j = arg;
+    blk_group *g = j->g;
+    const blk_provider *p = g->p;
+    int KVH = p->KVH, hd = p->hd, QW = p->H * hd, grp = p->H / KVH;
+    size_t capp = (size_t)g->capp, per = (size_t)grp * p->G * hd + 16 * capp, tmax = (size_t)BLK_TAIL * hd;
+    float *ob = g->ascr + (size_t)ith * per, *sc = ob + (size_t)grp * p->G * hd;
+    uint16_t *qb = g->apk + (size_t)ith * (per + 2 * tmax), *pb = qb + (size_t)grp * p->G * hd, *kt = pb + 16 * capp,
+             *vt = kt + tmax;
+    for (int it = ith; it < j->nb * KVH; it += nth) {
+        int b = it / KVH, kh = it % KVH, G = g->bg[b], nq = grp * G;
+        blk_row *r = &g->rows[g->brow[b]];
+        for (int hh = 0; hh < grp; hh++)
+            for (int t = 0; t < G; t++) {
+                const float *sq = g->q + (size_t)(g->boff[b] + t) * QW + (size_t)(kh * grp + hh) * hd;
+                uint16_t *dq = qb + (size_t)(hh * G + t) * hd;
+                for (int d = 0; d < hd; d++) dq[d] = td_f32_to_bf16(sq[d] * j->scale);
+            }
+        size_t lh = ((size_t)j->l * KVH + kh) * capp * hd;
+        /* the committed positions of the row's last 32-key chunk, copied, then
+         * the block entries (qk_run stored them in f32) written into the copy.
+         * Only what commits wrote is read: a read of pages never written would
+         * map the zero page, and the commit's write then pays a copy fault. The
+         * copy's stale values past nk are finite (they meet probabilities of 0). */
+        int c0 = r->len / 32 * 32, nk = r->len + G;
+        if (r->len > c0) {
+            memcpy(kt, r->Kp + lh + (size_t)c0 * hd, sizeof(uint16_t) * (size_t)((r->len - c0 + 15) / 16) * 16 * hd);
+            memcpy(vt, r->Vp + lh + (size_t)c0 * hd, sizeof(uint16_t) * 32 * (size_t)hd);
+        }
+        for (int t = 0; t < G; t++)
+            td_amx_kv_put(kt, vt, r->len + t - c0, r->K + kv_at(g, j->l, kh, r->len + t), r->V + kv_at(g, j->l, kh, r->len + t), hd);
+        for (int m0 = 0; m0 < nq; m0 += 16)
+            td_amx_attend(ob + (size_t)m0 * hd, hd, qb + (size_t)m0 * hd, nq - m0 < 16 ? nq - m0 : 16, r->Kp + lh, r->Vp + lh,
+                          c0, kt, vt, hd, nk, sc, pb);
+        for (int hh = 0; hh < grp; hh++)
+            for (int t = 0; t < G; t++)
+                memcpy(g->o + (size_t)(g->boff[b] + t) * QW + (size_t)(kh * grp + hh) * hd, ob + (size_t)(hh * G + t) * hd,
+                       sizeof(float) * (size_t)hd);
     }
 }
 
@@ -578,7 +657,7 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         td_mm_parts(g->pool, g->act, g->n, D, T, D, qkv, 3, 0, g->xa, g->xq);
         att_job aj = {g, l, nb, scale};
         td_pool_run(g->pool, qk_run, &aj);
-        td_pool_run(g->pool, att_run, &aj);
+        td_pool_run(g->pool, g->amx_att ? att_amx_run : att_run, &aj);
         mm(g, g->x, D, g->o, QW, T, &L->wo, QW, D, 1);
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
@@ -701,7 +780,7 @@ static void blk_free_group(void *gv) {
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xa); free(g->xq);
-    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
+    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->ascr); free(g->apk); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
     free(g->cz); free(g->ca); free(g->cg); free(g->cs); free(g->cu); free(g->cact); free(g->cprev);
     free(g);
 }
@@ -800,14 +879,20 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         int ks[] = {W, p->F, p->rank, 2 * D, p->C};
         for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         g->act = TD_ACT_AMX;
+        g->amx_att = p->hd % 32 == 0;
+        g->capp = (g->cap + 31) / 32 * 32;
+        size_t nt = (size_t)td_pool_size(g->pool), nqm = (size_t)(p->H / p->KVH) * p->G;
         int rc = 0;
         if (td_q8r_available()) { /* quant=q8_0: the R16 repacks, made once (under td_draft_repack_q8r's lock) */
             td_tensor *extra[5];
             int ne = own_matrices(p, extra);
-            rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, err);
+            rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, &p->iarena, err);
         }
         if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
-            (p->rarena && !(g->xq = malloc(td_q8r_row_bytes(kmax) * (size_t)g->max_tok)))) {
+            (g->amx_att && (!(g->ascr = malloc(sizeof(float) * nt * (nqm * p->hd + 16 * (size_t)g->capp))) ||
+                            !(g->apk = calloc(nt * (nqm * p->hd + 16 * (size_t)g->capp + 2 * (size_t)BLK_TAIL * p->hd),
+                                              sizeof(uint16_t))))) ||
+            (p->rarena && !(g->xq = aligned_alloc(64, td_q8r_row_bytes(kmax) * (size_t)g->max_tok)))) { /* 64-byte rows (nn/mmx.h) */
             blk_free_group(g);
             return rc ? rc : td_seterr(err, TD_ENOMEM, "out of memory");
         }
@@ -834,6 +919,7 @@ static void blk_free(void *self) {
     free(p->L);
     free(p->qarena);
     free(p->rarena);
+    free(p->iarena);
     td_draft_vocab_free(&p->voc);
     td_draft_vocab_free(&p->mvoc);
     free(p->mkp);

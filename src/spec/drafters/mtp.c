@@ -414,7 +414,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->act = td_ctx_get_params(g->ctx).act_type;
     if (g->act == TD_ACT_AMX && p->fc.dtype == TD_DTYPE_Q8_0 && td_q8r_available()) {
         td_tensor *fc = &p->fc; /* fc's R16 repack, made once (the head's layer has its own, made by td_ctx_open) */
-        if ((rc = td_draft_repack_q8r(&p->frepacked, NULL, 0, &fc, 1, &p->farena, err)) != 0) { mtp_free_group(g); return rc; }
+        if ((rc = td_draft_repack_q8r(&p->frepacked, NULL, 0, &fc, 1, &p->farena, NULL, err)) != 0) { mtp_free_group(g); return rc; }
     }
     if ((g->act != TD_DTYPE_F32 && p->fc.dtype == TD_DTYPE_BF16 &&
          !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tokens, 2 * g->D)))) ||
