@@ -591,8 +591,13 @@ int td_spec_step(td_spec *g, td_err *err) {
         /* A single slow round (a burst of load on a shared machine) moves the
          * estimate by at most 20%; a catch-up round that was cheaper than the
          * estimate shows it is too high (else a planner kept at depth 0 by
-         * one burst would see only catch-up rounds and never correct it). */
-        if (steps > 0 && (steady || g->measured)) {
+         * one burst would see only catch-up rounds and never correct it).
+         * Until a round is measured, any round sets it: a catch-up round
+         * overstates the price, the safe side, where the drafter's prior may
+         * understate it many times (a block drafter's prior is one row's; at
+         * batch 8 its first rounds, catch-ups while the rows take turns at
+         * depth 0, cost 6x that and kept drafting at a loss). */
+        if (steps > 0) {
             double per = dt / (double)steps;
             if (!g->measured) g->draft_s = per;
             else if (steady) g->draft_s = 0.8 * g->draft_s + 0.2 * (per < 2.0 * g->draft_s ? per : 2.0 * g->draft_s);
