@@ -35,17 +35,6 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16]; /* bytes per row of each tile */
-    uint8_t rows[16];
-} amx_cfg;
-
-/* LDTILECFG of the whole 64-byte configuration. GCC 12's _tile_loadconfig
- * tells the compiler it reads 8 bytes, so the stores of the rows and column
- * widths may be dropped as dead (they were, in a configuration function
- * written like configure(): LDTILECFG then faulted on the zeros it found). */
-static inline void load_cfg(const amx_cfg *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
 
 /* Round x[k .. k + 32) to bf16 as td_f32_to_bf16 does (nearest even, a NaN
  * quieted) and store the 16 pairs at step[r * mc], r = 0..15. */
@@ -79,7 +68,7 @@ static _Thread_local int cfg_mc, cfg_rows;
 
 TA static void configure(int mc, int rows) {
     if (cfg_mc == mc && cfg_rows == rows) return;
-    amx_cfg c;
+    td_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 6; t += 3) { /* two sets: tiles 0-2 and 3-5 */
@@ -90,7 +79,7 @@ TA static void configure(int mc, int rows) {
         c.rows[t + 2] = 16; /* B: 16 pairs x mc tokens */
         c.colsb[t + 2] = (uint16_t)(mc * 4);
     }
-    load_cfg(&c);
+    td_amx_load_cfg(&c);
     cfg_mc = mc;
     cfg_rows = rows;
 }
@@ -152,14 +141,14 @@ static void blocks_1x1(float *y, int ldy, const uint32_t *xp, int m0, int M, con
  * configuration is marked mc = -1 in the thread's cache. */
 TA static void configure_2x2(void) {
     if (cfg_mc == -1) return;
-    amx_cfg c;
+    td_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) {
         c.rows[t] = 16;
         c.colsb[t] = 64;
     }
-    load_cfg(&c);
+    td_amx_load_cfg(&c);
     cfg_mc = -1;
     cfg_rows = 16;
 }
@@ -209,14 +198,14 @@ void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t 
  * bytes. The configuration is marked mc = -2 - nq in the thread's cache. */
 TA static void configure_att(int nq) {
     if (cfg_mc == -2 - nq) return;
-    amx_cfg c;
+    td_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 6; t++) {
         c.rows[t] = (uint8_t)(t == 5 ? 16 : nq);
         c.colsb[t] = 64;
     }
-    load_cfg(&c);
+    td_amx_load_cfg(&c);
     cfg_mc = -2 - nq;
     cfg_rows = nq;
 }

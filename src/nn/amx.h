@@ -25,6 +25,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A tile configuration (LDTILECFG's 64 bytes, palette 1), shared by the
+ * modules that run tiles (amx.c, i8t.c). The loads and stores are inline asm
+ * over the whole structure: GCC 12's _tile_loadconfig tells the compiler it
+ * reads 8 bytes, so the stores of the rows and column widths may be dropped
+ * as dead (they were, in a configuration function written like amx.c's
+ * configure(): LDTILECFG then faulted on the zeros it found). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of each tile */
+    uint8_t rows[16];
+} td_amx_tilecfg;
+#if defined(__x86_64__)
+static inline void td_amx_load_cfg(const td_amx_tilecfg *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
+static inline void td_amx_store_cfg(td_amx_tilecfg *c) { __asm__ volatile("sttilecfg %0" : "=m"(*c)); }
+#endif
+
 /* 1 when this CPU has AMX-TILE and AMX-BF16 and the kernel granted this process
  * the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, process-wide). */
 int td_amx_available(void);

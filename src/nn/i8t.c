@@ -119,20 +119,9 @@ void td_i8t_matmul_ref(float *y, int ldy, const uint32_t *xp, const float *xs, i
 
 #define TA __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16]; /* bytes per row of each tile */
-    uint8_t rows[16];
-} i8t_cfg;
-
-/* LDTILECFG / STTILECFG of the whole 64-byte structure (GCC 12's intrinsics
- * declare an 8-byte operand: amx.c's load_cfg says what that broke). */
-static inline void load_cfg(const i8t_cfg *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
-static inline void store_cfg(i8t_cfg *c) { __asm__ volatile("sttilecfg %0" : "=m"(*c)); }
-
 /* Set t (tiles 3t .. 3t+2): C rows x mc[t] int32, A rows x 64 int8, B 16
  * quads x mc[t] tokens — for mc0 == mc1 the bytes of amx.c's configure(mc, rows). */
-static void make_cfg(i8t_cfg *c, int rows, int mc0, int mc1) {
+static void make_cfg(td_amx_tilecfg *c, int rows, int mc0, int mc1) {
     memset(c, 0, sizeof *c);
     c->palette = 1;
     for (int t = 0; t < 2; t++) {
@@ -254,8 +243,8 @@ TA void td_i8t_matmul(float *y, int ldy, const uint32_t *xp, const float *xs, in
     if (M == 0 || n1 <= n0) return;
     /* the chunks' widths on sets 0 and 1 (equal: the sets alternate by block) */
     int mc0 = M < 16 ? M : 16, mc1 = M <= 16 || M % 16 == 0 ? mc0 : M % 16;
-    i8t_cfg found, cur, want;
-    store_cfg(&found);
+    td_amx_tilecfg found, cur, want;
+    td_amx_store_cfg(&found);
     cur = found;
     int32_t acc[2][16 * 16]; /* per tile set: [16 outputs][16 tokens] */
     int set = 0, cfg_rows = 0;
@@ -264,7 +253,7 @@ TA void td_i8t_matmul(float *y, int ldy, const uint32_t *xp, const float *xs, in
         if (rows != cfg_rows) {
             make_cfg(&want, rows, mc0, mc1);
             if (memcmp(&want, &cur, sizeof want) != 0) {
-                load_cfg(&want);
+                td_amx_load_cfg(&want);
                 cur = want;
             }
             cfg_rows = rows;
@@ -280,7 +269,7 @@ TA void td_i8t_matmul(float *y, int ldy, const uint32_t *xp, const float *xs, in
     }
     /* put back what this thread had (amx.c relies on its cached shape); the
      * init state stays ours: no cached shape of another module can be live */
-    if (found.palette != 0 && memcmp(&found, &cur, sizeof cur) != 0) load_cfg(&found);
+    if (found.palette != 0 && memcmp(&found, &cur, sizeof cur) != 0) td_amx_load_cfg(&found);
 }
 
 /* A product of 17 rows (a tail of one) and 3 tokens, K = 64, against the
