@@ -165,6 +165,103 @@ done:
     t_end();
 }
 
+/* Under act_type amx (where the machine has the tiles) the drafter's attention
+ * and, with quant=q8_0, its products of 3+ entries run on the tiles (bf16
+ * attention, int8 copies): its drafts may move a little against the float32
+ * reference but must stay close. The rounds follow the reference's trajectory
+ * (its drafts verified, its m committed); this round's own drafts are compared
+ * with the reference's: the first draft and the drafts position by position.
+ * A row restored from a checkpoint (its bf16 keys and values rebuilt from the
+ * f32 ones) drafts exactly as the original. */
+static void test_rounds_amx(cJSON *fx, const char *spec, const char *name) {
+    t_begin(name);
+    td_drafter *d = NULL;
+    td_draft_rows rows = {0};
+    td_err err = {0};
+    td_ctx *c_f32 = g_c, *ca = NULL;
+    td_ctx_params cp = td_ctx_default_params();
+    cp.max_ctx = 256;
+    cp.max_tokens = 128;
+    cp.max_logits = 128;
+    cp.act_type = TD_ACT_AMX;
+    T_REQUIRE(td_ctx_open(&ca, g_m, &cp, &err) == 0, "amx context: %s", err.msg);
+    g_c = ca; /* prefill_row and restored_draft run on it */
+    T_REQUIRE(td_drafter_open(&d, spec, g_m, &err) == 0, "%s: %s", spec, err.msg);
+    int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
+    const int *tl;
+    int nt = td_drafter_taps(d, &tl);
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    int rounds = 0, first_same = 0, pos_same = 0, pos_all = 0, restored = 0, restored_same = 0;
+    cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(fx, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(p, "prompt_ids");
+        int N = cJSON_GetArraySize(ids), row;
+        int32_t S[256], want_next[MAXK];
+        int n_want_next = -1;
+        for (int i = 0; i < N; i++) S[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        int n = N - 1;
+        int32_t t = S[N - 1];
+        T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, ca, &rows, &err) == 0, "open rows: %s", err.msg);
+        T_REQUIRE(prefill_row(d, &rows, &row, S, n, &err) == 0, "prefill: %s", err.msg);
+        cJSON *r;
+        cJSON_ArrayForEach(r, cJSON_GetObjectItem(p, "rounds")) {
+            T_REQUIRE(cJSON_GetObjectItem(r, "S_len")->valueint == n && cJSON_GetObjectItem(r, "t")->valueint == t,
+                      "the reference's trajectory");
+            td_sampling sp = td_sampling_default();
+            const td_sampling *spp = &sp;
+            uint64_t pos = 0;
+            int depth = K, nd = 0;
+            int32_t drafts[MAXK];
+            td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = drafts,
+                              .n_tokens = &nd, .sampling = &spp, .out_pos = &pos};
+            T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+            if (n_want_next >= 0) { /* the restored row's drafts of this round */
+                restored++;
+                restored_same += nd == n_want_next && !memcmp(drafts, want_next, sizeof(int32_t) * (size_t)nd);
+                n_want_next = -1;
+            }
+            cJSON *fd = cJSON_GetObjectItem(r, "drafts");
+            int nr = cJSON_GetArraySize(fd), m = cJSON_GetObjectItem(r, "m")->valueint;
+            int32_t win[MAXK + 1];
+            win[0] = t;
+            for (int j = 0; j < nr && j < MAXK; j++) win[j + 1] = cJSON_GetArrayItem(fd, j)->valueint;
+            rounds++;
+            first_same += nd > 0 && nr > 0 && drafts[0] == win[1];
+            for (int j = 0; j < nr; j++) pos_same += j < nd && drafts[j] == win[j + 1];
+            pos_all += nr;
+            /* verify the reference's window, commit the reference's m */
+            int nw = nr + 1;
+            td_batch vb = {.n_rows = 1, .rows = &row, .n_tokens = &nw, .tokens = win, .want = ones, .taps = tl, .n_taps = nt};
+            T_REQUIRE(m >= 0 && m <= nr && nr <= MAXK, "reference round");
+            T_REQUIRE(td_ctx_forward(ca, &vb, g_logits, g_taps, &err) == 0, "verify: %s", err.msg);
+            int32_t next = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "target_greedy"), m)->valueint;
+            td_draft_commit cm = {.old_pending = t, .accepted = win + 1, .n_accepted = m, .new_pending = next, .taps = g_taps};
+            T_REQUIRE(td_draft_rows_commit(&rows, &cm, &err) == 0, "commit: %s", err.msg);
+            td_ctx_row_trim(ca, row, n + 1 + m);
+            S[n] = t;
+            memcpy(S + n + 1, win + 1, sizeof(int32_t) * (size_t)m);
+            n += 1 + m;
+            t = next;
+            if (cJSON_GetObjectItem(r, "round")->valueint == 2) /* the next round's drafts, from a restored row */
+                T_REQUIRE(restored_draft(d, &rows, 0, K, t, want_next, &n_want_next, &err) == 0, "restore: %s", err.msg);
+        }
+        td_draft_rows_free(&rows);
+        td_ctx_row_remove(ca, row);
+    }
+    printf("  %s: first draft as the reference's in %d of %d rounds, %d of %d reference drafts matched in place; "
+           "%d of %d restored rows drafted as the original\n", spec, first_same, rounds, pos_same, pos_all, restored_same, restored);
+    T_CHECK(rounds == 18 && first_same >= 16, "first drafts: %d of %d as the reference's", first_same, rounds);
+    T_CHECK(pos_all > 0 && pos_same * 10 >= pos_all * 8, "drafts in place: %d of %d", pos_same, pos_all);
+    T_CHECK(restored == 3 && restored_same == restored, "restored rows: %d of %d draft as the original", restored_same, restored);
+done:
+    g_c = c_f32;
+    td_draft_rows_free(&rows);
+    td_drafter_free(d);
+    td_ctx_free(ca);
+    t_end();
+}
+
 /* Round 0 of a fixture prompt: opens a one-row group of d, prefills it with
  * the prompt less its last token (*t, the anchor) and returns round 0's
  * logits_rows and drafts_unpruned (each K long). */
@@ -780,6 +877,8 @@ int main(void) {
     ts_exact("block_exact_kv_bf16", g_m, "block:" BLK, TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
     /* and with the target's products (and the drafter's bf16 ones) on AMX tiles, where the machine has them */
     if (td_amx_available()) {
+        test_rounds_amx(fx, "block:" BLK, "block_near_reference_act_amx");
+        test_rounds_amx(fx, "block:" BLK ",quant=q8_0", "block_near_reference_act_amx_q8_0");
         ts_act = TD_ACT_AMX;
         ts_exact("block_exact_act_amx", g_m, "block:" BLK, TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
         /* its matrices in Q8_0 (quant=q8_0): R16 products over their repacks */
