@@ -309,7 +309,7 @@ static int row_alloc(blk_group *g, blk_row *r) {
     r->raw = malloc(sizeof(float) * BLK_BACKLOG * (size_t)p->n_taps * p->D);
     r->stream = malloc(sizeof(int32_t) * ((size_t)g->cap + 1));
     r->cap = g->cap;
-    if (g->amx_att) { /* zeroed: the transposed values past a row's length meet probabilities of 0 */
+    if (g->amx_att) { /* zeroed: values past a row's length in its last chunk meet probabilities of 0, finite */
         size_t na = (size_t)p->n_layer * p->KVH * p->hd * g->capp;
         r->Kp = calloc(na, sizeof(uint16_t));
         r->Vp = calloc(na, sizeof(uint16_t));
