@@ -54,6 +54,17 @@ static int prefill_row(td_drafter *d, td_draft_rows *rows, int *row, const int32
     return rc ? rc : td_draft_rows_append(rows, S, n, g_taps, NULL, err);
 }
 
+/* Greedy drafts of the one row of rows after pending token t, at depth K. */
+static int draft_one(td_draft_rows *rows, int32_t t, int K, int32_t *out, int *n_out, td_err *err) {
+    td_sampling sp = td_sampling_default();
+    const td_sampling *spp = &sp;
+    uint64_t pos = 0;
+    int depth = K;
+    td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = out, .n_tokens = n_out,
+                      .sampling = &spp, .out_pos = &pos};
+    return td_draft_rows_draft(rows, &q, err);
+}
+
 /* Capture row `row` of rows, restore it into a fresh one-row group of d and
  * draft there at depth K from pending t (greedy): drafts -> out[0..*n_out). */
 static int restored_draft(td_drafter *d, td_draft_rows *rows, int row, int K, int32_t t, int32_t *out, int *n_out,
@@ -64,13 +75,7 @@ static int restored_draft(td_drafter *d, td_draft_rows *rows, int row, int K, in
     if (!rc) rc = d->vt->open_rows(d->self, 1, 240, K, g_c, &other, err);
     if (!rc) rc = td_draft_rows_append(&other, NULL, 0, NULL, ck, err);
     td_draft_checkpoint_free(ck);
-    td_sampling sp = td_sampling_default();
-    const td_sampling *spp = &sp;
-    uint64_t pos = 0;
-    int depth = K;
-    td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = out, .n_tokens = n_out,
-                      .sampling = &spp, .out_pos = &pos};
-    if (!rc) rc = td_draft_rows_draft(&other, &q, err);
+    if (!rc) rc = draft_one(&other, t, K, out, n_out, err);
     td_draft_rows_free(&other);
     return rc;
 }
@@ -102,14 +107,9 @@ static void test_rounds(cJSON *fx) {
         cJSON_ArrayForEach(r, cJSON_GetObjectItem(p, "rounds")) {
             rounds_total++;
             int ok = cJSON_GetObjectItem(r, "S_len")->valueint == n && cJSON_GetObjectItem(r, "t")->valueint == t;
-            td_sampling sp = td_sampling_default();
-            const td_sampling *spp = &sp;
-            uint64_t pos = 0;
-            int depth = K, nd = 0;
+            int nd = 0;
             int32_t drafts[MAXK];
-            td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = drafts,
-                              .n_tokens = &nd, .sampling = &spp, .out_pos = &pos};
-            T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+            T_REQUIRE(draft_one(&rows, t, K, drafts, &nd, &err) == 0, "draft: %s", err.msg);
             cJSON *fd = cJSON_GetObjectItem(r, "drafts");
             ok &= nd == cJSON_GetArraySize(fd);
             for (int j = 0; ok && j < nd; j++) ok &= drafts[j] == cJSON_GetArrayItem(fd, j)->valueint;
@@ -208,14 +208,9 @@ static void test_rounds_amx(cJSON *fx, const char *spec, const char *name) {
         cJSON_ArrayForEach(r, cJSON_GetObjectItem(p, "rounds")) {
             T_REQUIRE(cJSON_GetObjectItem(r, "S_len")->valueint == n && cJSON_GetObjectItem(r, "t")->valueint == t,
                       "the reference's trajectory");
-            td_sampling sp = td_sampling_default();
-            const td_sampling *spp = &sp;
-            uint64_t pos = 0;
-            int depth = K, nd = 0;
+            int nd = 0;
             int32_t drafts[MAXK];
-            td_draft_req q = {.n_rows = 1, .pending = &t, .depth = &depth, .max_depth = K, .tokens = drafts,
-                              .n_tokens = &nd, .sampling = &spp, .out_pos = &pos};
-            T_REQUIRE(td_draft_rows_draft(&rows, &q, &err) == 0, "draft: %s", err.msg);
+            T_REQUIRE(draft_one(&rows, t, K, drafts, &nd, &err) == 0, "draft: %s", err.msg);
             if (n_want_next >= 0) { /* the restored row's drafts of this round */
                 restored++;
                 restored_same += nd == n_want_next && !memcmp(drafts, want_next, sizeof(int32_t) * (size_t)nd);

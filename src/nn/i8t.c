@@ -14,7 +14,7 @@
  * The result tile is stored and each token's column gathered, converted,
  * scaled and written into y (masked to the block's rows).
  *
- * The configuration is read at entry and put back at exit (i8t.h says why);
+ * The configuration is read at entry and put back on return (i8t.h says why);
  * between, it changes only for the last rows of a range (< 16: A and C tiles
  * of that many rows). Which set or configuration computes an output never
  * changes its bits: the dot is exact and the scaling is per element. */

@@ -38,7 +38,7 @@
  * loaded in thread-local statics, not re-reading it (a stale one computes wrong
  * rows, or faults on a tile left unconfigured). So td_i8t_matmul trusts no
  * cache: it reads the thread's configuration at entry (STTILECFG, ~5 ns),
- * loads its own only where that differs, and at exit loads back the one it
+ * loads its own only where that differs, and on return loads back the one it
  * found (LDTILECFG, ~50 ns) — unless it found the init state (no
  * configuration): then no module on this thread can hold a cached shape, and
  * it leaves its own for its next call. So a module that caches sees across a
