@@ -34,7 +34,7 @@ static double kv_tol(int kv) {
 }
 static const char *kv_suffix(int kv) {
     if (g_act == TD_DTYPE_BF16) return "_act_bf16";
-    if (g_act == TD_ACT_AMX) return "_act_amx";
+    if (g_act == TD_ACT_AMX) return kv == TD_DTYPE_BF16 ? "_act_amx_kv_bf16" : "_act_amx";
     return kv == TD_DTYPE_BF16 ? "_kv_bf16" : kv == TD_DTYPE_F16 ? "_kv_f16" : "";
 }
 
@@ -242,6 +242,10 @@ int main(void) {
         g_act = TD_ACT_AMX;
         if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_F32);
         check_fixture("qwen3-rand-bf16", TD_DTYPE_F32);
+        /* with a bf16 KV cache, attention runs on the tiles too (K/V in their
+         * pair layouts, td_amx_attend_rows) where head_dim is a multiple of 32 */
+        if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_BF16);
+        check_fixture("qwen3-rand-bf16", TD_DTYPE_BF16);
     } else {
         printf("  (no AMX-BF16 tiles here: conformance with act_type amx not run)\n");
     }

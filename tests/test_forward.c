@@ -388,11 +388,12 @@ int main(void) {
     char tmpl[] = "/tmp/td_fwd_XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) return 1;
-    char d1[512], d2[512], d3[512], d4[512];
+    char d1[512], d2[512], d3[512], d4[512], d5[512];
     snprintf(d1, sizeof d1, "%s/qwen", dir);
     snprintf(d2, sizeof d2, "%s/llama", dir);
     snprintf(d3, sizeof d3, "%s/qwenf32", dir);
     snprintf(d4, sizeof d4, "%s/qwenamx", dir);
+    snprintf(d5, sizeof d5, "%s/qwenamxkv", dir);
     tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
     tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
@@ -428,6 +429,13 @@ int main(void) {
             test_invariance("batch_invariance_qwen3_bf16w32", &qa, d4, kv);
             test_rollback(&qa, d4, kv);
         }
+        /* head_dim 32 and a bf16 cache: K/V in the tiles' pair layouts and
+         * attention on the tiles (td_amx_attend_rows); a GQA group of 3, so a
+         * block of 7 tokens is 21 queries a kv head, more than one tile's 16 */
+        tm_shape qt = qa;
+        qt.heads = 6; qt.head_dim = 32; qt.seed = 5;
+        test_invariance("batch_invariance_qwen3_bf16w32_kvtile", &qt, d5, TD_DTYPE_BF16);
+        test_rollback(&qt, d5, TD_DTYPE_BF16);
         tc_act = TD_DTYPE_F32;
     }
     test_bad_batches(&qf, d3);

@@ -1065,6 +1065,93 @@ done:
     t_end();
 }
 
+/* td_amx_attend_rows: a target's causal attention over K/V in the pair
+ * layouts, query i attending to keys [0, nk[i]). A verify block of 8 tokens of
+ * a GQA-2 model (16 queries, nk = ctx + 1 + i / 2) over contexts across chunk
+ * edges, positions from the last query's nk to the end of the buffer holding
+ * +-1e30 (stale entries of rejected drafts: finite, never attended):
+ *  1. each query's row equals, bit for bit, the query alone (nq = 1, its own
+ *     nk) and td_amx_attend of it alone over [0, nk[i]) (the drafter's entry,
+ *     c0 = its nk rounded up to 32): the other queries and their longer rows
+ *     change nothing (batch invariance of the target's forward rests on it);
+ *  2. against double-precision softmax attention over each query's own keys
+ *     (the bf16 q, k, v), within td_amx_attend's tolerance (2e-2 max |v|): a
+ *     query that saw a key past its nk (no causal mask) would take weight from
+ *     a +-1e30 value. */
+static void test_amx_attend_rows(void) {
+    tb("kernels_amx_attend_rows");
+    if (!td_amx_available()) {
+        printf("  (no AMX-BF16 tiles here: td_amx_attend_rows is not tested)\n");
+        t_end();
+        return;
+    }
+    static const int HDS[] = {32, 64, 128}, CTX[] = {0, 9, 24, 31, 57, 300};
+    enum { QN = 16 };
+    int bad_inv = 0, bad_acc = 0;
+    double worst = 0;
+    for (int hi = 0; hi < 3; hi++)
+        for (int ci = 0; ci < 6; ci++) {
+            int hd = HDS[hi], ctx = CTX[ci], nk[QN], nmax = ctx + 1 + (QN - 1) / 2, np = (nmax + 31) / 32 * 32;
+            int cap = np + 32, ldo = hd + 3;
+            uint16_t *K = calloc((size_t)cap * hd, 2), *V = calloc((size_t)cap * hd, 2), *q = malloc(2 * (size_t)QN * hd);
+            uint16_t *kb = malloc(2 * (size_t)cap * hd), *vb = malloc(2 * (size_t)cap * hd), *p = malloc(2 * (size_t)QN * cap);
+            float *o = malloc(sizeof(float) * QN * ldo), *o1 = malloc(sizeof(float) * ldo), *o2 = malloc(sizeof(float) * ldo);
+            float *s = malloc(sizeof(float) * (size_t)QN * cap), kf[128], vf[128];
+            double *sc = malloc(sizeof(double) * cap), vmax = 0;
+            T_REQUIRE(K && V && q && kb && vb && p && o && o1 && o2 && s && sc, "memory");
+            for (int pos = 0; pos < cap; pos++) {
+                for (int d = 0; d < hd; d++) {
+                    int stale = pos >= nmax;
+                    kf[d] = stale ? ((d + pos) % 2 ? 1e30f : -1e30f) : (float)att_gauss();
+                    vf[d] = stale ? ((d + 3 * pos) % 2 ? 1e30f : -1e30f) : (float)att_gauss();
+                    kb[(size_t)pos * hd + d] = td_f32_to_bf16(kf[d]);
+                    vb[(size_t)pos * hd + d] = td_f32_to_bf16(vf[d]);
+                    if (!stale && fabs(td_bf16_to_f32(vb[(size_t)pos * hd + d])) > vmax)
+                        vmax = fabs(td_bf16_to_f32(vb[(size_t)pos * hd + d]));
+                }
+                td_amx_kv_put(K, V, pos, kf, vf, hd);
+            }
+            for (int i = 0; i < QN; i++) {
+                nk[i] = ctx + 1 + i / 2;
+                for (int d = 0; d < hd; d++) q[(size_t)i * hd + d] = td_f32_to_bf16((float)(att_gauss() * 2.0 / sqrt((double)hd)));
+            }
+            td_amx_attend_rows(o, ldo, q, QN, K, V, hd, nk, s, p);
+            for (int i = 0; i < QN; i++) {
+                const uint16_t *qi = q + (size_t)i * hd;
+                td_amx_attend_rows(o1, ldo, qi, 1, K, V, hd, &nk[i], s, p);
+                td_amx_attend(o2, ldo, qi, 1, K, V, (nk[i] + 31) / 32 * 32, NULL, NULL, hd, nk[i], s, p);
+                if ((memcmp(o1, o + (size_t)i * ldo, sizeof(float) * hd) || memcmp(o2, o + (size_t)i * ldo, sizeof(float) * hd)) &&
+                    bad_inv++ < 3)
+                    T_CHECK(0, "hd=%d ctx=%d query %d (nk %d): among %d it differs from alone (%d) or from td_amx_attend (%d)", hd,
+                            ctx, i, nk[i], QN, memcmp(o1, o + (size_t)i * ldo, sizeof(float) * hd) != 0,
+                            memcmp(o2, o + (size_t)i * ldo, sizeof(float) * hd) != 0);
+                double mx = -INFINITY, sum = 0;
+                for (int k = 0; k < nk[i]; k++) {
+                    double t = 0;
+                    for (int d = 0; d < hd; d++) t += (double)td_bf16_to_f32(qi[d]) * td_bf16_to_f32(kb[(size_t)k * hd + d]);
+                    sc[k] = t;
+                    mx = t > mx ? t : mx;
+                }
+                for (int k = 0; k < nk[i]; k++) sum += (sc[k] = exp(sc[k] - mx));
+                for (int d = 0; d < hd; d++) {
+                    double r = 0;
+                    for (int k = 0; k < nk[i]; k++) r += sc[k] * td_bf16_to_f32(vb[(size_t)k * hd + d]);
+                    r /= sum;
+                    double err = fabs(o[(size_t)i * ldo + d] - r), tol = 2e-2 * vmax + 1e-6;
+                    if (!(err <= tol) && bad_acc++ < 3)
+                        T_CHECK(0, "hd=%d ctx=%d query %d d=%d: %.9g vs reference %.9g", hd, ctx, i, d, o[(size_t)i * ldo + d], r);
+                    if (err / tol > worst || err != err) worst = err != err ? INFINITY : err / tol;
+                }
+            }
+            free(K); free(V); free(q); free(kb); free(vb); free(p); free(o); free(o1); free(o2); free(s); free(sc);
+        }
+done:
+    T_CHECK(bad_inv == 0, "%d queries differ from themselves alone", bad_inv);
+    T_CHECK(bad_acc == 0, "%d elements past the tolerance", bad_acc);
+    printf("  (18 blocks of 16 queries; largest error %.3g of the tolerance)\n", worst);
+    t_end();
+}
+
 /* ---- i8t: int8 weights and activations on AMX-INT8 tiles (nn/i8t.h) ---- */
 
 /* the quantization rule of i8t.h, written out: q of x under scale s (s != 0) */
@@ -1659,6 +1746,7 @@ int main(void) {
     test_matmul_bf16a_edges();
     test_amx();
     test_amx_attend();
+    test_amx_attend_rows();
     test_i8t_quant();
     test_i8t_matmul();
     test_i8t_accuracy();

@@ -22,6 +22,7 @@
 #include "nn/kernels.h"
 #include "util/util.h"
 
+#include <limits.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
@@ -249,8 +250,14 @@ TA void td_amx_kv_put(uint16_t *kp, uint16_t *vp, int pos, const float *k, const
     }
 }
 
-TA void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
-                      const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p) {
+/* td_amx_attend and td_amx_attend_rows: query i attends to keys [0, nkq[i])
+ * (nkq NULL: all to [0, nk)), nk the largest. A query's probabilities are
+ * zero from its own nk on, so the chunks past its own (which the others
+ * need) add exact zeros to its tile sums: its bits are those of the query
+ * alone. */
+TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp,
+                           int c0, const uint16_t *kt, const uint16_t *vt, int hd, int nk, const int *nkq, float *s,
+                           uint16_t *p) {
     int np = (nk + 31) / 32 * 32, nb = (nk + 15) / 16;
     configure_att(nq);
     /* scores: 16 keys a tile, hd/32 steps */
@@ -265,8 +272,10 @@ TA void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16
         _tile_stored(0, s + (size_t)b * 16, (size_t)np * 4);
     }
     /* softmax by query: exp(s - max), probabilities rounded to bf16, zero past nk */
+    const int nk_all = nk;
     for (int i = 0; i < nq; i++) {
         float *e = s + (size_t)i * np;
+        int nk = nkq ? nkq[i] : nk_all;
         float mx = e[td_argmax(e, nk)];
         __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
         int k = 0;
@@ -299,6 +308,18 @@ TA void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16
         if (nt > 2) _tile_stored(2, o + d0 + 32, (size_t)ldo * 4);
         if (nt > 3) _tile_stored(3, o + d0 + 48, (size_t)ldo * 4);
     }
+}
+
+TA void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
+                      const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p) {
+    attend_core(o, ldo, q, nq, kp, vp, c0, kt, vt, hd, nk, NULL, s, p);
+}
+
+TA void td_amx_attend_rows(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int hd,
+                           const int *nk, float *s, uint16_t *p) {
+    int n = 0;
+    for (int i = 0; i < nq; i++) n = nk[i] > n ? nk[i] : n;
+    attend_core(o, ldo, q, nq, kp, vp, INT_MAX, NULL, NULL, hd, n, nk, s, p);
 }
 
 /* A product whose result is exact in any summation order: 32 ones times
@@ -365,6 +386,11 @@ void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t 
                    const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p) {
     (void)o; (void)ldo; (void)q; (void)nq; (void)kp; (void)vp; (void)c0; (void)kt; (void)vt; (void)hd; (void)nk; (void)s; (void)p;
     TD_ASSERT(!"td_amx_attend without AMX");
+}
+void td_amx_attend_rows(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int hd,
+                        const int *nk, float *s, uint16_t *p) {
+    (void)o; (void)ldo; (void)q; (void)nq; (void)kp; (void)vp; (void)hd; (void)nk; (void)s; (void)p;
+    TD_ASSERT(!"td_amx_attend_rows without AMX");
 }
 
 #endif

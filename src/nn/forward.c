@@ -62,10 +62,14 @@ struct td_ctx {
     int pool_owned;
     int kv_dim;             /* n_kv_head*head_dim */
     int q_dim;              /* n_head*head_dim */
-    size_t row_stride;      /* elements per row of cache: n_layer*max_ctx*kv_dim */
+    size_t row_stride;      /* elements per row of cache: n_layer*kv_cap*kv_dim */
     size_t kv_esz;          /* bytes per cache element: 4 (f32) or 2 (bf16, f16) */
-    char *k_cache;          /* [max_rows][n_layer][n_kv_head][max_ctx][head_dim] of p.kv_type (kv_alloc) */
-    char *v_cache;          /* same */
+    int kv_tile;            /* K/V in the AMX tiles' pair layouts (act amx, kv bf16, head_dim a multiple
+                               of 32): written by td_amx_kv_put, read by td_amx_attend_rows */
+    int kv_cap;             /* positions of one head's region: max_ctx (rounded up to 32 with kv_tile) */
+    char *k_cache;          /* [max_rows][n_layer][n_kv_head][kv_cap][head_dim] of p.kv_type (kv_alloc);
+                               with kv_tile each head's region in td_amx_kp_at's layout */
+    char *v_cache;          /* same (td_amx_vp_at's layout with kv_tile) */
     size_t kv_bytes;        /* bytes of each of the two caches' mappings */
     int *row_len;           /* [max_rows] KV entries held */
     unsigned char *row_used;/* [max_rows] */
@@ -91,7 +95,9 @@ struct td_ctx {
     int *out_tok;           /* [max_logits] token index of each wanted position */
     float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
     int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
-    float *scores;          /* [n_threads][TD_ATTEND_QMAX * max_ctx] softmax scratch */
+    float *scores;          /* [n_threads][TD_ATTEND_QMAX * kv_cap] softmax scratch */
+    uint16_t *probs;        /* kv_tile: [n_threads][TD_ATTEND_QMAX * kv_cap] bf16 probabilities */
+    uint16_t *qt;           /* kv_tile: [n_threads][TD_ATTEND_QMAX * head_dim] scaled bf16 queries */
     float *qg;              /* [n_threads][ATT_TC * q_dim] gathered queries of one attention unit */
     float *og;              /* [n_threads][ATT_TC * q_dim] their outputs */
     int *nkg;               /* [n_threads][ATT_TC * n_head] their key counts */
@@ -188,7 +194,7 @@ void td_ctx_free(td_ctx *c) {
     free(c->rope_cos); free(c->rope_sin);
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
     free(c->hg); free(c->hu); free(c->xo); free(c->tok_row); free(c->tok_pos);
-    free(c->out_tok); free(c->wbuf); free(c->scores); free(c->qg); free(c->og); free(c->nkg);
+    free(c->out_tok); free(c->wbuf); free(c->scores); free(c->probs); free(c->qt); free(c->qg); free(c->og); free(c->nkg);
     free(c->brow_t0); free(c->brow_n); free(c->xa); free(c->xq);
     free(c);
 }
@@ -257,8 +263,10 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->kv_dim = cfg->n_kv_head * cfg->head_dim;
     c->q_dim = cfg->n_head * cfg->head_dim;
     int fail = 0;
+    c->kv_tile = p.act_type == TD_ACT_AMX && p.kv_type == TD_DTYPE_BF16 && cfg->head_dim % 32 == 0;
+    c->kv_cap = c->kv_tile ? (p.max_ctx + 31) / 32 * 32 : p.max_ctx;
     size_t per_row;
-    if (td_mul_size((size_t)cfg->n_layer * p.max_ctx, (size_t)c->kv_dim, &per_row))
+    if (td_mul_size((size_t)cfg->n_layer * c->kv_cap, (size_t)c->kv_dim, &per_row))
         fail = 1;
     c->row_stride = per_row;
     c->kv_esz = p.kv_type == TD_DTYPE_F32 ? 4 : 2;
@@ -293,7 +301,11 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
     if (p.act_type != TD_DTYPE_F32) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
     if (q8r) c->xq = alloc_e(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, td_q8r_row_bytes(wmax), 1, &fail);
-    c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)p.max_ctx, &fail);
+    c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, &fail);
+    if (c->kv_tile) {
+        c->probs = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, sizeof(uint16_t), &fail);
+        c->qt = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)cfg->head_dim, sizeof(uint16_t), &fail);
+    }
     c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->nkg = calloc((size_t)p.n_threads * ATT_TC * (size_t)cfg->n_head, sizeof(int));
@@ -458,7 +470,7 @@ typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
  * L2 (forward-notes: 4x slower from cache, 1.7x cold). */
 static size_t kv_head_off(const td_ctx *c, int row, int layer, int h) {
     const td_config *cfg = &c->m->cfg;
-    return (size_t)row * c->row_stride + ((size_t)layer * cfg->n_kv_head + (size_t)h) * c->p.max_ctx * cfg->head_dim;
+    return (size_t)row * c->row_stride + ((size_t)layer * cfg->n_kv_head + (size_t)h) * c->kv_cap * cfg->head_dim;
 }
 
 /* Token t, kv heads [h0, h1): q/k norm (Qwen3) and RoPE of those kv heads and
@@ -478,6 +490,14 @@ static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
         if (cfg->qk_norm) td_rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, L->k_norm.dtype, hd, cfg->rms_eps);
         td_rope(k + h * hd, cs, sn, hd);
     }
+    if (c->kv_tile) {
+        for (int h = h0; h < h1; h++) {
+            size_t lo = kv_head_off(c, row, layer, h);
+            td_amx_kv_put((uint16_t *)c->k_cache + lo, (uint16_t *)c->v_cache + lo, pos, k + (size_t)h * hd,
+                          c->v + (size_t)t * c->kv_dim + (size_t)h * hd, hd);
+        }
+        return;
+    }
     for (int h = h0; h < h1; h++) {
         size_t off = kv_head_off(c, row, layer, h) + (size_t)pos * hd;
         td_from_f32(c->k_cache + off * c->kv_esz, k + (size_t)h * hd, c->p.kv_type, (size_t)hd);
@@ -485,11 +505,20 @@ static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
     }
 }
 
-/* Per token, all heads (the split schedule's first job). */
+/* Per token, all heads (the split schedule's first job). With K/V in the tiles'
+ * pair layouts two positions share each word of V (td_amx_kv_put writes its
+ * half): then per kv head, all tokens, so that no two threads write one word. */
 static void qkv_post_run(void *arg, int ith, int nth) {
     tok_job *j = arg;
+    int nkv = j->c->m->cfg.n_kv_head;
+    if (j->c->kv_tile) {
+        int h0 = nkv * ith / nth, h1 = nkv * (ith + 1) / nth;
+        if (h0 < h1)
+            for (int t = 0; t < j->T; t++) post_token(j->c, j->layer, t, h0, h1);
+        return;
+    }
     int t0 = j->T * ith / nth, t1 = j->T * (ith + 1) / nth;
-    for (int t = t0; t < t1; t++) post_token(j->c, j->layer, t, 0, j->c->m->cfg.n_kv_head);
+    for (int t = t0; t < t1; t++) post_token(j->c, j->layer, t, 0, nkv);
 }
 
 /* Attention of tokens [ta, tb) of batch row i for kv head kvh: the group's query
@@ -501,11 +530,31 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
     const td_config *cfg = &c->m->cfg;
     int hd = cfg->head_dim, group = cfg->n_head / cfg->n_kv_head;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = c->scores + (size_t)ith * TD_ATTEND_QMAX * c->p.max_ctx;
+    float *sc = c->scores + (size_t)ith * TD_ATTEND_QMAX * c->kv_cap;
     float *qg = c->qg + (size_t)ith * ATT_TC * c->q_dim, *og = c->og + (size_t)ith * ATT_TC * c->q_dim;
     int *nk = c->nkg + (size_t)ith * ATT_TC * cfg->n_head;
     int row = c->tok_row[ta];
     size_t lo = kv_head_off(c, row, layer, kvh);
+    if (c->kv_tile) { /* the group's queries of the tokens, 16 (one tile of rows) at a time */
+        uint16_t *qt = c->qt + (size_t)ith * TD_ATTEND_QMAX * hd, *pr = c->probs + (size_t)ith * TD_ATTEND_QMAX * c->kv_cap;
+        const uint16_t *kp = (const uint16_t *)c->k_cache + lo, *vp = (const uint16_t *)c->v_cache + lo;
+        int nq = (tb - ta) * group, qmax = ATT_TC * cfg->n_head < TD_ATTEND_QMAX ? ATT_TC * cfg->n_head : TD_ATTEND_QMAX;
+        for (int i0 = 0; i0 < nq; i0 += qmax) { /* qmax: what og and nk hold */
+            int n = nq - i0 < qmax ? nq - i0 : qmax;
+            for (int i = 0; i < n; i++) {
+                int t = ta + (i0 + i) / group, h = kvh * group + (i0 + i) % group;
+                const float *qs = c->q + (size_t)t * c->q_dim + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) qt[(size_t)i * hd + d] = td_f32_to_bf16(qs[d] * scale);
+                nk[i] = c->tok_pos[t] + 1;
+            }
+            td_amx_attend_rows(og, hd, qt, n, kp, vp, hd, nk, sc, pr);
+            for (int i = 0; i < n; i++) {
+                int t = ta + (i0 + i) / group, h = kvh * group + (i0 + i) % group;
+                memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, og + (size_t)i * hd, sizeof(float) * (size_t)hd);
+            }
+        }
+        return;
+    }
     for (int t0 = ta; t0 < tb; t0 += ATT_TC) {
         int nt = tb - t0 < ATT_TC ? tb - t0 : ATT_TC, nq = nt * group;
         for (int i = 0; i < nt; i++) {

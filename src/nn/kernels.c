@@ -765,11 +765,152 @@ ATT_SET(TD_DTYPE_BF16, bf16)
 #define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block3_##SUF, att_block4_##SUF}
 static const att_fn ATT[3][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
 
+/* Many queries over one K/V: att_multi below. The values of keys [j0, j1)
+ * only, each query's running sums parked in o between calls (from zero when
+ * j0 == 0): query b takes keys [j0, min(j1, nk[b])) in order, the operations
+ * of att_values, so a pass split into key blocks gives att_values' bits.
+ * pf: V rows before pf may be prefetched (the block's end; 0: none). */
+AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
+                        const char *V, size_t rs, int hd, int j0, int j1, int pf) {
+    const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
+    int je[4], nmin = j1;
+    for (int b = 0; b < qb; b++) {
+        je[b] = nk[b] < j1 ? nk[b] : j1;
+        nmin = je[b] < nmin ? je[b] : nmin;
+    }
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        int rem = hd - d0;
+        int nb = rem >= 64 ? 4 : (rem + 15) / 16;
+        int last = rem - 16 * (nb - 1);
+        __mmask16 mk[4];
+        for (int v = 0; v < 4; v++) mk[v] = v < nb - 1 ? (__mmask16)0xFFFF : v == nb - 1 ? (last >= 16 ? (__mmask16)0xFFFF : tailmask(last)) : 0;
+        __m512 a[4][4];
+#pragma GCC unroll 4
+        for (int b = 0; b < qb; b++)
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                a[b][v] = j0 && v < nb ? _mm512_maskz_loadu_ps(mk[v], o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
+        if (nb == 4 && mk[3] == 0xFFFF) {
+            for (int j = j0; j < nmin; j++) {
+                const char *vj = V + (size_t)j * rs;
+                if (j + ATT_PF < pf)
+                    for (int off = 0; off < 64 * esz; off += 64) _mm_prefetch(vj + ATT_PF * rs + (size_t)d0 * esz + off, _MM_HINT_T0);
+                __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
+                       v3 = ldw(vj, d0 + 48, dt);
+                __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));
+#pragma GCC unroll 4
+                for (int b = 0; b < qb; b++) {
+                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
+                    a[b][0] = _mm512_fmadd_ps(p, v0, a[b][0]);
+                    a[b][1] = _mm512_fmadd_ps(p, v1, a[b][1]);
+                    a[b][2] = _mm512_fmadd_ps(p, v2, a[b][2]);
+                    a[b][3] = _mm512_fmadd_ps(p, v3, a[b][3]);
+                }
+            }
+        } else {
+            for (int j = j0; j < nmin; j++) {
+                const char *vj = V + (size_t)j * rs;
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) {
+                    if (v >= nb) break;
+                    __m512 vv = ldwm(vj, d0 + 16 * v, dt, mk[v]);
+                    __asm__("" : "+v"(vv));
+#pragma GCC unroll 4
+                    for (int b = 0; b < qb; b++)
+                        a[b][v] = _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]), vv, a[b][v]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < qb; b++) {
+            for (int j = nmin > j0 ? nmin : j0; j < je[b]; j++) { /* this query's keys beyond the shared ones */
+                __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
+                const char *vj = V + (size_t)j * rs;
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++)
+                    if (v < nb) a[b][v] = _mm512_fmadd_ps(p, ldwm(vj, d0 + 16 * v, dt, mk[v]), a[b][v]);
+            }
+            float *ob = o + (size_t)b * ldo + d0;
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                if (v < nb) _mm512_mask_storeu_ps(ob + 16 * v, mk[v], a[b][v]);
+        }
+    }
+}
+
+/* Parts of att_multi, instantiated per block size and K/V dtype: the scores of
+ * keys [j0, j0 + n) (att_scores on the shifted rows: a score is its D16 dot
+ * wherever it falls in a block), and att_values_part. */
+typedef void (*att_sc_fn)(float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd, int n,
+                          float scale);
+typedef void (*att_pv_fn)(float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
+                          const char *V, size_t rs, int hd, int j0, int j1, int pf);
+#define ATTP_INST(QB, DT, SUF)                                                                                      \
+    static void att_sc##QB##_##SUF(float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,  \
+                                   int n, float scale) {                                                            \
+        att_scores(QB, DT, sc, ss, q, ldq, K, rs, hd, n, scale);                                                    \
+    }                                                                                                               \
+    static void att_pv##QB##_##SUF(float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,   \
+                                   const char *V, size_t rs, int hd, int j0, int j1, int pf) {                      \
+        att_values_part(QB, DT, o, ldo, sc, ss, inv, nk, V, rs, hd, j0, j1, pf);                                    \
+    }
+#define ATTP_SET(DT, SUF) ATTP_INST(1, DT, SUF) ATTP_INST(2, DT, SUF) ATTP_INST(3, DT, SUF) ATTP_INST(4, DT, SUF)
+ATTP_SET(TD_DTYPE_F32, f32)
+ATTP_SET(TD_DTYPE_F16, f16)
+ATTP_SET(TD_DTYPE_BF16, bf16)
+#define ATSC(SUF) {att_sc1_##SUF, att_sc2_##SUF, att_sc3_##SUF, att_sc4_##SUF}
+#define ATPV(SUF) {att_pv1_##SUF, att_pv2_##SUF, att_pv3_##SUF, att_pv4_##SUF}
+static const att_sc_fn ATT_SC[3][4] = {[TD_DTYPE_F32] = ATSC(f32), [TD_DTYPE_F16] = ATSC(f16), [TD_DTYPE_BF16] = ATSC(bf16)};
+static const att_pv_fn ATT_PV[3][4] = {[TD_DTYPE_F32] = ATPV(f32), [TD_DTYPE_F16] = ATPV(f16), [TD_DTYPE_BF16] = ATPV(bf16)};
+
+/* Up to TD_ATTEND_QMAX queries over one K/V (a T = 8 verify of a GQA-2 model:
+ * 16 queries a kv head). Blocks of 4 queries as att_block, but each pass over
+ * the keys goes in blocks of about 16 KiB of K (or V) rows, every query block
+ * taking its turn on a key block while it sits in L1: the K/V rows come from
+ * memory once, not once per 4 queries. Each query's operations are att_block's
+ * (scores, softmax, values in key order), so its bits are those of any other
+ * blocking, alone or not. */
+static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const int *nk, const char *K,
+                      const char *V, int dt, size_t rs, int hd, float scale, float *sc) {
+    int nmax = 0, bmax[TD_ATTEND_QMAX / 4];
+    for (int i = 0; i < nq; i += 4) {
+        int qb = nq - i >= 4 ? 4 : nq - i, m = 0;
+        for (int b = 0; b < qb; b++) m = nk[i + b] > m ? nk[i + b] : m;
+        bmax[i / 4] = m;
+        nmax = m > nmax ? m : nmax;
+    }
+    const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
+    int kc = (int)(16384 / ((size_t)hd * esz)) & ~15; /* keys a block: a multiple of every kb */
+    if (kc < 16) kc = 16;
+    for (int j0 = 0; j0 < nmax; j0 += kc)
+        for (int i = 0; i < nq; i += 4) {
+            int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
+            if (j0 < j1)
+                ATT_SC[dt][qb - 1](sc + (size_t)i * nmax + j0, nmax, q + (size_t)i * ldq, ldq, K + (size_t)j0 * rs, rs, hd,
+                                   j1 - j0, scale);
+        }
+    float inv[TD_ATTEND_QMAX];
+    for (int b = 0; b < nq; b++) inv[b] = att_softmax(sc + (size_t)b * nmax, nk[b]);
+    for (int j0 = 0; j0 < nmax; j0 += kc)
+        for (int i = 0; i < nq; i += 4) {
+            int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
+            if (j0 < j1 || j0 == 0) /* j0 == 0: a block of queries without keys still writes its zeros */
+                ATT_PV[dt][qb - 1](o + (size_t)i * ldo, ldo, sc + (size_t)i * nmax, nmax, inv + i, nk + i, V, rs, hd, j0,
+                                   j1 > j0 ? j1 : j0, i == 0 ? nmax : 0);
+        }
+}
+
 static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                      const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
     const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2);
     for (int i = 0; i < nq;) {
-        int qb = nq - i >= 4 ? 4 : nq - i; /* 3: a GQA group of 3 reads its K/V once */
+        if (nq - i > 4) { /* several blocks of queries share each pass over the keys */
+            int n = nq - i < TD_ATTEND_QMAX ? nq - i : TD_ATTEND_QMAX;
+            att_multi(o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n, n_keys + i, K, V, dt, rs, hd, scale, sc);
+            i += n;
+            continue;
+        }
+        int qb = nq - i; /* 3: a GQA group of 3 reads its K/V once */
         ATT[dt][qb - 1](o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n_keys + i, K, V, rs, hd, scale, sc);
         i += qb;
     }
