@@ -544,7 +544,9 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
             for (int i = 0; i < n; i++) {
                 int t = ta + (i0 + i) / group, h = kvh * group + (i0 + i) % group;
                 const float *qs = c->q + (size_t)t * c->q_dim + (size_t)h * hd;
-                for (int d = 0; d < hd; d++) qt[(size_t)i * hd + d] = td_f32_to_bf16(qs[d] * scale);
+                float *qf = c->wbuf + (size_t)ith * c->wbuf_stride; /* q_dim >= hd floats */
+                for (int d = 0; d < hd; d++) qf[d] = qs[d] * scale;
+                td_from_f32(qt + (size_t)i * hd, qf, TD_DTYPE_BF16, (size_t)hd);
                 nk[i] = c->tok_pos[t] + 1;
             }
             td_amx_attend_rows(og, hd, qt, n, kp, vp, hd, nk, sc, pr);
