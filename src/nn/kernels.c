@@ -602,7 +602,7 @@ AI __m512 exp_v(__m512 x) {
 }
 
 #ifndef ATT_PF
-#define ATT_PF 8 /* att_values: V rows prefetched this many keys ahead */
+#define ATT_PF 8 /* att_values_part: V rows prefetched this many keys ahead */
 #endif
 /* Attention in blocks of qb queries (1, 2 or 4) that share every K and V load.
  * Each query's scores, softmax and output are computed with exactly the
@@ -673,103 +673,13 @@ static float att_softmax(float *sc, int n) {
     return 1.0f / fold16(acc);
 }
 
-/* o_b = sum_j (e_bj * inv_b) V_j for the qb queries, sequential in j per query,
- * 64 dimensions (4 vectors, the last masked) at a time; the keys all queries
- * attend to are shared, each query then finishes its own remaining keys. */
-AI void att_values(int qb, int dt, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
-                   const char *V, size_t rs, int hd) {
-    int nmin = nk[0];
-    const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
-    for (int b = 1; b < qb; b++) nmin = nk[b] < nmin ? nk[b] : nmin;
-    for (int d0 = 0; d0 < hd; d0 += 64) {
-        int rem = hd - d0;
-        int nb = rem >= 64 ? 4 : (rem + 15) / 16;
-        int last = rem - 16 * (nb - 1);
-        __mmask16 mk[4];
-        for (int v = 0; v < 4; v++) mk[v] = v < nb - 1 ? (__mmask16)0xFFFF : v == nb - 1 ? (last >= 16 ? (__mmask16)0xFFFF : tailmask(last)) : 0;
-        __m512 a[4][4];
-#pragma GCC unroll 4
-        for (int b = 0; b < qb; b++)
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) a[b][v] = _mm512_setzero_ps();
-        if (nb == 4 && mk[3] == 0xFFFF) {
-            for (int j = 0; j < nmin; j++) {
-                const char *vj = V + (size_t)j * rs;
-                if (j + ATT_PF < nmin)
-                    for (int off = 0; off < 64 * esz; off += 64) _mm_prefetch(vj + ATT_PF * rs + (size_t)d0 * esz + off, _MM_HINT_T0);
-                __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
-                       v3 = ldw(vj, d0 + 48, dt);
-                __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
-#pragma GCC unroll 4
-                for (int b = 0; b < qb; b++) {
-                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
-                    a[b][0] = _mm512_fmadd_ps(p, v0, a[b][0]);
-                    a[b][1] = _mm512_fmadd_ps(p, v1, a[b][1]);
-                    a[b][2] = _mm512_fmadd_ps(p, v2, a[b][2]);
-                    a[b][3] = _mm512_fmadd_ps(p, v3, a[b][3]);
-                }
-            }
-        } else {
-            for (int j = 0; j < nmin; j++) {
-                const char *vj = V + (size_t)j * rs;
-#pragma GCC unroll 4
-                for (int v = 0; v < 4; v++) {
-                    if (v >= nb) break;
-                    __m512 vv = ldwm(vj, d0 + 16 * v, dt, mk[v]);
-                    __asm__("" : "+v"(vv));
-#pragma GCC unroll 4
-                    for (int b = 0; b < qb; b++)
-                        a[b][v] = _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]), vv, a[b][v]);
-                }
-            }
-        }
-#pragma GCC unroll 4
-        for (int b = 0; b < qb; b++) {
-            for (int j = nmin; j < nk[b]; j++) { /* this query's keys beyond the shared ones */
-                __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
-                const char *vj = V + (size_t)j * rs;
-#pragma GCC unroll 4
-                for (int v = 0; v < 4; v++)
-                    if (v < nb) a[b][v] = _mm512_fmadd_ps(p, ldwm(vj, d0 + 16 * v, dt, mk[v]), a[b][v]);
-            }
-            float *ob = o + (size_t)b * ldo + d0;
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++)
-                if (v < nb) _mm512_mask_storeu_ps(ob + 16 * v, mk[v], a[b][v]);
-        }
-    }
-}
-
-AI void att_block(int qb, int dt, float *o, int ldo, const float *q, int ldq, const int *nk, const char *K,
-                  const char *V, size_t rs, int hd, float scale, float *sc) {
-    int n = nk[0];
-    for (int b = 1; b < qb; b++) n = nk[b] > n ? nk[b] : n;
-    att_scores(qb, dt, sc, n, q, ldq, K, rs, hd, n, scale);
-    float inv[4];
-    for (int b = 0; b < qb; b++) inv[b] = att_softmax(sc + (size_t)b * n, nk[b]);
-    att_values(qb, dt, o, ldo, sc, n, inv, nk, V, rs, hd);
-}
-/* att_block instantiated per block size and K/V dtype (constants, so each
- * variant has its own loads and conversions inlined) */
-typedef void (*att_fn)(float *o, int ldo, const float *q, int ldq, const int *nk, const char *K, const char *V,
-                       size_t rs, int hd, float scale, float *sc);
-#define ATT_INST(QB, DT, SUF)                                                                               \
-    static void att_block##QB##_##SUF(float *o, int ldo, const float *q, int ldq, const int *nk, const char *K, \
-                                      const char *V, size_t rs, int hd, float scale, float *sc) {          \
-        att_block(QB, DT, o, ldo, q, ldq, nk, K, V, rs, hd, scale, sc);                                     \
-    }
-#define ATT_SET(DT, SUF) ATT_INST(1, DT, SUF) ATT_INST(2, DT, SUF) ATT_INST(3, DT, SUF) ATT_INST(4, DT, SUF)
-ATT_SET(TD_DTYPE_F32, f32)
-ATT_SET(TD_DTYPE_F16, f16)
-ATT_SET(TD_DTYPE_BF16, bf16)
-#define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block3_##SUF, att_block4_##SUF}
-static const att_fn ATT[3][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
-
-/* Many queries over one K/V: att_multi below. The values of keys [j0, j1)
- * only, each query's running sums parked in o between calls (from zero when
- * j0 == 0): query b takes keys [j0, min(j1, nk[b])) in order, the operations
- * of att_values, so a pass split into key blocks gives att_values' bits.
- * pf: V rows before pf may be prefetched (the block's end; 0: none). */
+/* o_b = sum_j (e_bj * inv_b) V_j for the qb queries over keys [j0, j1), in j
+ * order per query, 64 dimensions (4 vectors, the last masked) at a time; the
+ * keys all queries attend to are shared, each query then finishes its own
+ * (query b takes [j0, min(j1, nk[b]))). Each query's running sums start from
+ * zero when j0 == 0, else from o (parked there between calls), so a pass
+ * split into key blocks (att_multi) gives the bits of one pass (att_block).
+ * pf: V rows before pf may be prefetched (0: none). */
 AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
                         const char *V, size_t rs, int hd, int j0, int j1, int pf) {
     const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
@@ -837,6 +747,35 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         }
     }
 }
+
+AI void att_block(int qb, int dt, float *o, int ldo, const float *q, int ldq, const int *nk, const char *K,
+                  const char *V, size_t rs, int hd, float scale, float *sc) {
+    int n = nk[0];
+    for (int b = 1; b < qb; b++) n = nk[b] > n ? nk[b] : n;
+    att_scores(qb, dt, sc, n, q, ldq, K, rs, hd, n, scale);
+    float inv[4];
+    int nmin = nk[0];
+    for (int b = 0; b < qb; b++) {
+        inv[b] = att_softmax(sc + (size_t)b * n, nk[b]);
+        nmin = nk[b] < nmin ? nk[b] : nmin;
+    }
+    att_values_part(qb, dt, o, ldo, sc, n, inv, nk, V, rs, hd, 0, n, nmin);
+}
+/* att_block instantiated per block size and K/V dtype (constants, so each
+ * variant has its own loads and conversions inlined) */
+typedef void (*att_fn)(float *o, int ldo, const float *q, int ldq, const int *nk, const char *K, const char *V,
+                       size_t rs, int hd, float scale, float *sc);
+#define ATT_INST(QB, DT, SUF)                                                                               \
+    static void att_block##QB##_##SUF(float *o, int ldo, const float *q, int ldq, const int *nk, const char *K, \
+                                      const char *V, size_t rs, int hd, float scale, float *sc) {          \
+        att_block(QB, DT, o, ldo, q, ldq, nk, K, V, rs, hd, scale, sc);                                     \
+    }
+#define ATT_SET(DT, SUF) ATT_INST(1, DT, SUF) ATT_INST(2, DT, SUF) ATT_INST(3, DT, SUF) ATT_INST(4, DT, SUF)
+ATT_SET(TD_DTYPE_F32, f32)
+ATT_SET(TD_DTYPE_F16, f16)
+ATT_SET(TD_DTYPE_BF16, bf16)
+#define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block3_##SUF, att_block4_##SUF}
+static const att_fn ATT[3][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
 
 /* Parts of att_multi, instantiated per block size and K/V dtype: the scores of
  * keys [j0, j0 + n) (att_scores on the shifted rows: a score is its D16 dot
