@@ -64,6 +64,10 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
     a=$(echo "$a" | grep '^ids:')
     b=$($T run -m $M -p 'def main(' -n 32 --act-type amx --draft block:models/tiny-code/block --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
     [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_act_amx_spec_equals_plain || bad cli_run_act_amx_spec_equals_plain "plain [$a] spec [$b]"
+    # with a bf16 cache the target's and the draft model's attention run on the tiles as well
+    a=$($T run -m $M -p 'def main(' -n 32 --act-type amx --kv-type bf16 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
+    b=$($T run -m $M -p 'def main(' -n 32 --act-type amx --kv-type bf16 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_act_amx_kv_bf16_spec_equals_plain || bad cli_run_act_amx_kv_bf16_spec_equals_plain "plain [$a] spec [$b]"
   else
     echo "$a" | grep -q 'AMX' && ok cli_run_act_amx_refused_without_tiles || bad cli_run_act_amx_refused_without_tiles "rc=$rc: $a"
   fi

@@ -878,6 +878,8 @@ int main(void) {
         ts_exact("block_exact_act_amx", g_m, "block:" BLK, TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
         /* its matrices in Q8_0 (quant=q8_0): R16 products over their repacks */
         ts_exact("block_exact_act_amx_q8_0", g_m, "block:" BLK ",quant=q8_0", TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
+        /* a bf16 target cache: the target's attention on the tiles too (head_dim 64) */
+        ts_exact("block_exact_act_amx_kv_bf16", g_m, "block:" BLK ",quant=q8_0", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
         ts_act = TD_DTYPE_F32;
     }
     cJSON_Delete(fx);

@@ -196,6 +196,8 @@ done:
     if (m && fx && td_amx_available()) { /* the target's and the head's products on AMX tiles */
         ts_act = TD_ACT_AMX;
         ts_exact("mtp_exact_act_amx", m, "mtp:models/tiny-code/mtp", TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
+        /* a bf16 cache: the target's and the head's attention on the tiles too (head_dim 64) */
+        ts_exact("mtp_exact_act_amx_kv_bf16", m, "mtp:models/tiny-code/mtp,quant=q8_0", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
         ts_act = TD_DTYPE_F32;
     }
     cJSON_Delete(fx);
