@@ -245,6 +245,10 @@ typedef struct td_ctx_params {
                         activations as td_matmul's, each 32-value block's integer sum whole
                         before its scale; AVX-512 VNNI over a repacked copy of the weights
                         the model builds at the first such context, ~1.06x the Q8_0 bytes).
+                        With kv_type TD_DTYPE_BF16 and a head_dim that is a multiple of 32, the
+                        cache is kept in the tiles' layouts and attention runs on the tiles too
+                        (queries and probabilities rounded to bf16; each query's bits its own,
+                        so batch invariance and exactness hold).
                         TD_EUNSUPPORTED where the CPU or kernel offers no AMX-BF16 tiles.
                         Other values: TD_EINVAL. */
     const struct td_ctx *share_threads; /* borrowed, or NULL: run on this context's threads

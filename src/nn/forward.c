@@ -1,9 +1,12 @@
 /* forward — the transformer forward pass over a ragged batch of rows (CPU).
  *
  * Design: a td_ctx owns, allocated once at open, the KV cache of max_rows rows
- * ([row][layer][position][n_kv_head*head_dim] for K and for V, stored as
+ * ([row][layer][kv head][position][head_dim] for K and for V, stored as
  * p.kv_type: f32, bf16 or f16 — rows are rounded once by td_from_f32 when
- * written and widened exactly by td_attend_kv when read), a RoPE
+ * written and widened exactly by td_attend_kv when read; under act_type amx a
+ * bf16 cache with head_dim a multiple of 32 keeps each head's K and V in the
+ * AMX tiles' pair layouts instead, and attention runs on the tiles,
+ * td_amx_attend_rows), a RoPE
  * table by absolute position, and activation buffers for max_tokens tokens.
  * td_ctx_forward lays every new token of every row side by side as one
  * [T][n_embd] activation matrix, so each weight matrix is streamed once per
