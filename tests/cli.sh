@@ -28,7 +28,7 @@ out=$($T run -p x --draft telepathy 2>&1); rc=$?
 for c in "run -p x" "bench forward" "bench spec --random 1" "serve"; do
   out=$($T $c --kv-type fp8 2>&1); rc=$?
   n=cli_err_kv_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
-  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not f32, bf16 or f16" && ok "$n" || bad "$n" "rc=$rc: $out"
+  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not auto, f32, bf16 or f16" && ok "$n" || bad "$n" "rc=$rc: $out"
   out=$($T $c --act-type f16 2>&1); rc=$?
   n=cli_err_act_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
   [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32, bf16, amx or auto" && ok "$n" || bad "$n" "rc=$rc: $out"
@@ -80,6 +80,12 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   [ $rc -eq 0 ] && echo "$out" | grep -q '"act_type": "bf16"' && ok cli_bench_forward_act_type || bad cli_bench_forward_act_type "rc=$rc: $out"
   out=$($T bench forward -m $M --kv-type f16 --bw-mib 16 --json 2>&1); rc=$?
   [ $rc -eq 0 ] && echo "$out" | grep -q '"kv_type": "f16"' && ok cli_bench_forward_kv_type || bad cli_bench_forward_kv_type "rc=$rc: $out"
+  # --kv-type auto (the default): bf16 under act amx (attention on the tiles), f32 otherwise
+  out=$($T bench forward -m $M --bw-mib 16 --json 2>&1); rc=$?
+  [ $rc -eq 0 ] && echo "$out" | grep -q '"kv_type": "f32"' && ok cli_bench_forward_kv_auto_f32 || bad cli_bench_forward_kv_auto_f32 "rc=$rc: $out"
+  out=$($T bench forward -m $M --act-type auto --kv-type auto --bw-mib 16 --json 2>&1); rc=$?
+  if echo "$out" | grep -q '"act_type": "amx"'; then want=bf16; else want=f32; fi
+  [ $rc -eq 0 ] && echo "$out" | grep -q "\"kv_type\": \"$want\"" && ok cli_bench_forward_kv_auto_follows_act || bad cli_bench_forward_kv_auto_follows_act "rc=$rc want $want: $out"
   # --reps 2: one paired bandwidth and floor fraction per repetition, 9 T=8/T=1 pairs per repetition;
   # the paired fraction is the median of the per-repetition ones, each the floor at that
   # repetition's bandwidth over its decode time (checked against the JSON's own figures)

@@ -243,6 +243,7 @@ int cmd_bench(int argc, char **argv) {
     cp.max_tokens = cp.max_rows * (TD_SPEC_MAX_DEPTH + 1) > 512 ? cp.max_rows * (TD_SPEC_MAX_DEPTH + 1) : 512;
     cp.max_logits = cp.max_rows * (TD_SPEC_MAX_DEPTH + 1);
     cp.n_threads = (int)o.threads;
+    o.kv_type = cli_kv_type(o.kv_type, o.act_type);
     cp.kv_type = o.kv_type;
     cp.act_type = o.act_type;
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }

@@ -42,7 +42,8 @@ static void bf_help(void) {
            "      --reps N           repeat every measurement N times and keep each one's best\n"
            "                         (for a machine shared with other work; default 1)\n"
            "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
-           "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, else\n"
+           "                         f32) | f32 | bf16 | f16\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
            "                         | auto (amx: bf16 weights on AMX tiles, Q8_0 weights in the R16\n"
            "                         order; auto: amx where the CPU has the tiles, else f32)\n"
@@ -199,7 +200,7 @@ int cmd_bench_forward(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv) {
     const char *model_dir = NULL;
     long threads = 0, bw_mib = 1024, reps = 1;
-    int json = 0, quant = -1, kv_type = td_ctx_default_params().kv_type, act_type = td_ctx_default_params().act_type;
+    int json = 0, quant = -1, kv_type = CLI_KV_AUTO, act_type = td_ctx_default_params().act_type;
     td_model_params mp = td_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -253,6 +254,7 @@ int cmd_bench_forward(int argc, char **argv) {
     cp.max_tokens = PREFILL;
     cp.max_logits = MAXT;
     cp.n_threads = (int)threads;
+    kv_type = cli_kv_type(kv_type, act_type);
     cp.kv_type = kv_type;
     cp.act_type = act_type;
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }

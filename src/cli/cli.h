@@ -18,9 +18,16 @@ int cli_die(const char *what, const td_err *e);
 int cli_need_arg(int i, int argc, const char *opt);
 int cli_parse_int(const char *s, const char *opt, long lo, long hi, long *out);
 int cli_parse_float(const char *s, const char *opt, double lo, double hi, double *out);
-/* --kv-type's value: f32 | bf16 | f16 -> TD_DTYPE_* in *out; 0 (message
- * printed) for anything else. Every subcommand parses it here. */
+/* --kv-type's value: auto | f32 | bf16 | f16 -> CLI_KV_AUTO or TD_DTYPE_* in
+ * *out; 0 (message printed) for anything else. Every subcommand parses it
+ * here, and resolves auto with cli_kv_type once the act type is known. */
+#define CLI_KV_AUTO (-2)
 int cli_parse_kv_type(const char *s, const char *opt, int *out);
+/* The cache type kv (from cli_parse_kv_type) for activations act: auto is bf16
+ * under act amx (with bf16 K/V the target's attention runs on the AMX tiles:
+ * the fastest configuration there, bench/forward-notes.md) and f32 otherwise
+ * (the cache that matches transformers closest). */
+int cli_kv_type(int kv, int act);
 /* --act-type's value: f32 | bf16 -> TD_DTYPE_* in *out; 0 (message printed)
  * for anything else. */
 int cli_parse_act_type(const char *s, const char *opt, int *out);
@@ -33,7 +40,7 @@ typedef struct cli_gen_opts {
     int fixed_depth;          /* 1 = no depth controller */
     td_accept_rule accept;
     long threads, ctx;
-    int kv_type;              /* td_ctx_params.kv_type (default: td_ctx_default_params()'s) */
+    int kv_type;              /* --kv-type: CLI_KV_AUTO (default) or td_ctx_params.kv_type */
     td_model_params mp;       /* --no-mmap / --mmap (default: td_model_default_params()) */
     int act_type;             /* td_ctx_params.act_type (default: td_ctx_default_params()'s) */
     td_gen_params gp;

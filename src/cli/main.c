@@ -121,7 +121,7 @@ static int cmd_run(int argc, char **argv) {
     cp.max_rows = 2; /* the row, and a spare for measuring verify cost */
     cp.max_ctx = (int)o.ctx;
     cp.n_threads = (int)o.threads;
-    cp.kv_type = o.kv_type;
+    cp.kv_type = cli_kv_type(o.kv_type, o.act_type);
     cp.act_type = o.act_type;
     if (td_ctx_open(&c, m, &cp, &err) != 0) { cli_die("context", &err); goto out; }
     cp = td_ctx_get_params(c);

@@ -94,12 +94,25 @@ static int parse_type(const char *s, const char *opt, int (*parse)(const char *)
     *out = t;
     return 1;
 }
-int cli_parse_kv_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_kv_type_parse, "f32, bf16 or f16", out); }
+static int kv_type_parse(const char *s) { return s && !strcmp(s, "auto") ? CLI_KV_AUTO : td_kv_type_parse(s); }
+int cli_parse_kv_type(const char *s, const char *opt, int *out) {
+    int t = kv_type_parse(s);
+    if (t == -1) {
+        fprintf(stderr, "tandem: %s: '%s' is not auto, f32, bf16 or f16\n", opt, s);
+        return 0;
+    }
+    *out = t;
+    return 1;
+}
+int cli_kv_type(int kv, int act) {
+    if (kv != CLI_KV_AUTO) return kv;
+    return act == TD_ACT_AMX ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+}
 int cli_parse_act_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_act_type_parse, "f32, bf16, amx or auto", out); }
 
 void cli_gen_opts_init(cli_gen_opts *o) {
     memset(o, 0, sizeof *o);
-    o->kv_type = td_ctx_default_params().kv_type;
+    o->kv_type = CLI_KV_AUTO;
     o->mp = td_model_default_params();
     o->act_type = td_ctx_default_params().act_type;
     o->depth = 8;
@@ -129,8 +142,9 @@ void cli_gen_opts_help(void) {
            "      --stop STR         stop at STR (repeatable, at most 16)\n"
            "      --ignore-eos       keep going past end-of-sequence tokens\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16 (half the bytes;\n"
-           "                         a model drafter's cache follows it)\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, where\n"
+           "                         attention then runs on the tiles; else f32) | f32 | bf16 | f16\n"
+           "                         (half the bytes; a model drafter's cache follows it)\n"
            "      --act-type T       activations entering bf16-weight products: f32 (default) |\n"
            "                         bf16 (rounded to bf16, bf16 dot products: faster, logits move\n"
            "                         by ~1e-2 relative; a model drafter follows it) | amx (bf16 on\n"

@@ -51,7 +51,8 @@ static void serve_help(void) {
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"
            "      --accept RULE      match (exact, default) | rejection\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "      --kv-type T        KV cache storage: f32 (default) | bf16 | f16\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, else\n"
+           "                         f32) | f32 | bf16 | f16\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
            "  -t, --threads N        threads per context (default: physical cores)\n"
            CLI_MMAP_HELP
@@ -163,7 +164,7 @@ int td_serve_main(int argc, char **argv) {
     cf->accept = o.accept;
     cf->threads = (int)o.threads;
     cf->ctx = (int)o.ctx;
-    cf->kv_type = o.kv_type;
+    cf->kv_type = cli_kv_type(o.kv_type, o.act_type);
     cf->act_type = o.act_type;
     if (name) snprintf(cf->model_id, sizeof cf->model_id, "%s", name);
     else derive_model_id(o.model_dir, cf->model_id, sizeof cf->model_id);
