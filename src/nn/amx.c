@@ -16,7 +16,9 @@
  * each thread keeps the shape it last loaded and reloads only when it changes.
  * Which block, set or configuration computes an output never changes its bits:
  * an element of the result tile depends on its own row, column and
- * accumulator alone. */
+ * accumulator alone. Attention (td_amx_attend, td_amx_attend_rows) runs on the
+ * same tiles, over K and V in pair layouts: a query is one row of the score
+ * and output tiles, so its bits are its own. */
 #define _GNU_SOURCE
 #include "nn/amx.h"
 #include "nn/kernels.h"

@@ -74,13 +74,14 @@ void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t 
  * it serves a drafter, spec/drafters/block.c). */
 void td_amx_attend(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int c0,
                    const uint16_t *kt, const uint16_t *vt, int hd, int nk, float *s, uint16_t *p);
-/* The same over keys [0, c0) of kp / vp only, each query i attending to keys
- * [0, nk[i]) (nk[i] >= 1; all keys below the largest nk[i], rounded up to 32,
- * hold finite values): a target's causal attention over its KV cache in the
- * pair layouts. Query i's bits depend on its q row, nk[i] and the keys and
- * values below nk[i] only, not on the other queries or their nk: batch
- * invariant (nn/forward.c). s: [nq][np] f32, p: [nq][np] bf16, np the largest
- * nk rounded up to 32. */
+/* The same with every key in kp / vp (no tail), each query i attending to
+ * keys [0, nk[i]) (nk[i] >= 1; the values of all positions below the largest
+ * nk[i], rounded up to 32, finite): a target's causal attention over its KV
+ * cache in the pair layouts (nn/forward.c). Query i's bits depend on its q
+ * row, nk[i] and the keys and values below nk[i] only, not on the other
+ * queries or their counts, and equal td_amx_attend's of the query alone over
+ * [0, nk[i]): batch invariant. s: [nq][np] f32, p: [nq][np] bf16, np the
+ * largest nk rounded up to 32. */
 void td_amx_attend_rows(float *o, int ldo, const uint16_t *q, int nq, const uint16_t *kp, const uint16_t *vp, int hd,
                         const int *nk, float *s, uint16_t *p);
 /* Element d of key / value position pos in those layouts: keys in blocks of 16
