@@ -707,7 +707,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
                     for (int off = 0; off < 64 * esz; off += 64) _mm_prefetch(vj + ATT_PF * rs + (size_t)d0 * esz + off, _MM_HINT_T0);
                 __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
                        v3 = ldw(vj, d0 + 48, dt);
-                __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));
+                __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
 #pragma GCC unroll 4
                 for (int b = 0; b < qb; b++) {
                     __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
