@@ -244,7 +244,7 @@ typedef struct td_ctx_params {
                         weights take the "R16" order in this mode (src/nn/q8r.h: the same Q8
                         activations as td_matmul's, each 32-value block's integer sum whole
                         before its scale; AVX-512 VNNI over a repacked copy of the weights
-                        the model builds at the first such context, ~1.06x the Q8_0 bytes).
+                        the model builds at the first such context, the Q8_0 bytes again).
                         With kv_type TD_DTYPE_BF16 and a head_dim that is a multiple of 32, the
                         cache is kept in the tiles' layouts and attention runs on the tiles too
                         (queries and probabilities rounded to bf16; each query's bits its own,

@@ -2,9 +2,13 @@
  *
  * A register tile is T tokens x G groups of 16 outputs: per block it starts T x G
  * integer accumulators at -128 * (sum of the token's q), runs 8 VPDPBUSD steps
- * (one 64-byte vector of the group's record against 4 bytes of the token's q,
- * broadcast), and folds each accumulator into its f32 chain with one FMA. The
- * weights of a group are read once per token tile, from cache after the first;
+ * (one 64-byte vector of the group's values against 4 bytes of the token's q,
+ * broadcast), and folds each accumulator into its f32 chain with one FMA (the
+ * block's 16 f16 scales widened exactly by VCVTPH2PS). Records go in pairs of
+ * blocks, [32 + 32 bytes of scales][512 + 512 of values], so every value vector
+ * is a whole aligned line and the copy has the Q8_0 file's bytes (34 a block
+ * of 32 weights), not more. The weights of a group are read once per token
+ * tile, from cache after the first;
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
@@ -18,23 +22,25 @@
 #include <stdint.h>
 #include <string.h>
 
-size_t td_q8r_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * (size_t)(K / 32) * TD_Q8R_REC; }
+size_t td_q8r_group_bytes(int64_t K) { return (size_t)((K / 32 + 1) / 2) * TD_Q8R_PAIR; }
+size_t td_q8r_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * td_q8r_group_bytes(K); }
 
-/* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights) of block b */
-static void repack_rec(uint8_t *rec, const uint8_t *src, int64_t N, int64_t nb, int64_t row0, int64_t b) {
-    float *dw = (float *)(void *)rec;
-    uint8_t *v = rec + 64;
+/* where block b's 16 f16 scales and its 8 x 64 value bytes start in a group */
+static inline size_t rec_scales(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + (size_t)(b & 1) * 32; }
+static inline size_t rec_values(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + 64 + (size_t)(b & 1) * 512; }
+
+/* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights) of block b,
+ * its scales at sc and its values at v */
+static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int64_t N, int64_t nb, int64_t row0, int64_t b) {
     for (int n = 0; n < 16; n++) {
         int64_t row = row0 + n;
         if (row >= N) {
-            dw[n] = 0.0f;
+            memset(sc + 2 * n, 0, 2);
             for (int j = 0; j < 8; j++) memset(v + 64 * j + 4 * n, 128, 4);
             continue;
         }
         const uint8_t *blk = src + (size_t)(row * nb + b) * 34;
-        uint16_t h;
-        memcpy(&h, blk, 2);
-        dw[n] = td_f16_to_f32(h);
+        memcpy(sc + 2 * n, blk, 2); /* the f16 scale, as the file has it */
         for (int j = 0; j < 8; j++) {
             uint32_t w;
             memcpy(&w, blk + 2 + 4 * j, 4);
@@ -48,14 +54,14 @@ static void repack_rec(uint8_t *rec, const uint8_t *src, int64_t N, int64_t nb, 
 #include <immintrin.h>
 /* a full record (16 rows in range) by 8 dword gathers: dword j of row n is
  * 4 bytes at blk(n) + 2 + 4j, blk(n) = the row's block b, nb * 34 bytes apart */
-__attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *rec, const uint8_t *blk0, int64_t nb) {
+__attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, int64_t nb) {
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32((int)(nb * 34)));
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
-    __m512i h = _mm512_and_si512(_mm512_i32gather_epi32(rows, (const void *)blk0, 1), _mm512_set1_epi32(0xffff));
-    _mm512_store_ps((void *)rec, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    __m512i h = _mm512_i32gather_epi32(rows, (const void *)blk0, 1);
+    _mm256_store_si256((void *)sc, _mm512_cvtepi32_epi16(h)); /* the low 16 bits: the f16 scales */
     for (int j = 0; j < 8; j++)
-        _mm512_store_si512((void *)(rec + 64 + 64 * j),
+        _mm512_store_si512((void *)(v + 64 * j),
                            _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk0 + 2 + 4 * j), 1), flip));
 }
 static int repack_fast(void) {
@@ -63,7 +69,7 @@ static int repack_fast(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 #else
-static void repack_rec16(uint8_t *rec, const uint8_t *blk0, int64_t nb) { (void)rec; (void)blk0; (void)nb; }
+static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, int64_t nb) { (void)sc; (void)v; (void)blk0; (void)nb; }
 static int repack_fast(void) { return 0; }
 #endif
 
@@ -72,12 +78,19 @@ void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, i
     const uint8_t *src = W;
     /* the gathers' offsets (15 rows of nb * 34 bytes) must fit an int32 */
     int fast = repack_fast() && nb * 34 * 15 < INT32_MAX;
-    for (int64_t g = r0 / 16; g * 16 < r1; g++)
+    size_t gs = td_q8r_group_bytes(K);
+    for (int64_t g = r0 / 16; g * 16 < r1; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * gs;
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *rec = (uint8_t *)dst + (size_t)(g * nb + b) * TD_Q8R_REC;
-            if (fast && g * 16 + 16 <= N) repack_rec16(rec, src + (size_t)(g * 16 * nb + b) * 34, nb);
-            else repack_rec(rec, src, N, nb, g * 16, b);
+            uint8_t *sc = grp + rec_scales(b), *v = grp + rec_values(b);
+            if (fast && g * 16 + 16 <= N) repack_rec16(sc, v, src + (size_t)(g * 16 * nb + b) * 34, nb);
+            else repack_rec(sc, v, src, N, nb, g * 16, b);
         }
+        if (nb & 1) { /* the last pair's missing block: zero bytes, never read */
+            memset(grp + rec_scales(nb), 0, 32);
+            memset(grp + rec_values(nb), 0, 512);
+        }
+    }
 }
 
 void td_q8r_act(void *xq, const float *x, int ldx, int M, int K) {
@@ -121,10 +134,11 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) f[t][g] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *rec = wr + (size_t)b * TD_Q8R_REC;
-        for (int g = 0; g < pfg; g++) /* the next groups' block b, toward L2, while these compute */
-            for (int i = 0; i < TD_Q8R_REC / 64; i++)
-                _mm_prefetch((const char *)(pf + g * gs + (size_t)b * TD_Q8R_REC + 64 * i), _MM_HINT_T1);
+        const uint8_t *rec = wr + rec_values(b), *sc = wr + rec_scales(b);
+        for (int g = 0; g < pfg; g++) { /* the next groups' block b, toward L2, while these compute */
+            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf + g * gs + rec_values(b) + 64 * i), _MM_HINT_T1);
+            if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(b)), _MM_HINT_T1);
+        }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m512i s = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b));
@@ -135,7 +149,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
         for (int j = 0; j < 8; j++) {
             __m512i w[8];
 #pragma GCC unroll 8
-            for (int g = 0; g < G; g++) w[g] = _mm512_load_si512((const void *)(rec + g * gs + 64 + 64 * j));
+            for (int g = 0; g < G; g++) w[g] = _mm512_load_si512((const void *)(rec + g * gs + 64 * j));
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 __m512i xb = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + 32 * b + 4 * j));
@@ -148,7 +162,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));
 #pragma GCC unroll 8
             for (int g = 0; g < G; g++) {
-                __m512 c = _mm512_mul_ps(_mm512_load_ps((const void *)(rec + g * gs)), dx);
+                __m512 c = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(sc + g * gs))), dx);
                 f[t][g] = _mm512_fmadd_ps(c, _mm512_cvtepi32_ps(a[t][g]), f[t][g]);
             }
         }
@@ -181,7 +195,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
     TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
     int nb = K / 32;
-    size_t rb = td_q8r_row_bytes(K), gs = (size_t)nb * TD_Q8R_REC;
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
     const uint8_t *W = Wr;
     for (int s0 = 0; s0 < Mall; s0 += 128) {
         int M = Mall - s0 < 128 ? Mall - s0 : 128;

@@ -21,12 +21,16 @@
  * for every M, output range and thread count (batch invariance).
  *
  * Repacked layout (td_q8r_repack): output group g (rows 16g .. 16g+15; a last
- * group of fewer rows is padded with zero weights), block b is one record of
- * TD_Q8R_REC bytes at ((g * (K/32)) + b) * TD_Q8R_REC: 16 f32 scales dw[n],
- * then 8 x 64 bytes where byte (j, n, i) = w[n][4j + i] + 128 (unsigned), so
- * one 64-byte vector holds 4 consecutive values of each of the 16 rows — the
- * unsigned operand of VPDPBUSD. The +128 is taken back exactly through the
- * activation record's -128 * (sum of the block's q).
+ * group of fewer rows is padded with zero weights) takes td_q8r_group_bytes(K)
+ * bytes at g * td_q8r_group_bytes(K): its blocks in pairs (2p, 2p + 1) of
+ * TD_Q8R_PAIR bytes each, [16 f16 scales dw[n] of block 2p][those of 2p + 1]
+ * [block 2p's values][block 2p + 1's values] (an odd last block's partner is
+ * zero bytes, never read). A block's values are 8 x 64 bytes where byte
+ * (j, n, i) = w[n][4j + i] + 128 (unsigned), so one aligned 64-byte vector holds
+ * 4 consecutive values of each of the 16 rows — the unsigned operand of
+ * VPDPBUSD. The +128 is taken back exactly through the activation record's
+ * -128 * (sum of the block's q). The copy has the file's bytes (34 a block of
+ * 32 weights), padding aside.
  * Kernel: AVX-512 VNNI (td_q8r_available); register tiles of up to 4 tokens x
  * 3 groups (1 x 8 for a single token). */
 #ifndef TD_Q8R_H
@@ -35,11 +39,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { TD_Q8R_REC = 576 }; /* bytes of one (group, block) record: 64 of scales, 512 of values */
+enum { TD_Q8R_PAIR = 1088 }; /* bytes of two blocks of one group: 2 x 32 of f16 scales, 2 x 512 of values */
 
 /* 1 when the CPU has AVX-512 VNNI (the one kernel path of this order). */
 int td_q8r_available(void);
-/* Bytes of the repack of an [N][K] Q8_0 matrix (K a multiple of 32). */
+/* Bytes of one 16-row group of an [N][K] repack, and of the whole repack
+ * (K a multiple of 32): both multiples of 64. */
+size_t td_q8r_group_bytes(int64_t K);
 size_t td_q8r_bytes(int64_t N, int64_t K);
 /* Repack rows [r0, r1) of W ([N][K] GGUF Q8_0 blocks) into dst (td_q8r_bytes,
  * 64-byte aligned); r0 a multiple of 16; a range ending at N pads the group. */
