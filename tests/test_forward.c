@@ -82,6 +82,33 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
             T_REQUIRE(tc_feed(c3, r, seq + 5, 7, dd) == 0, "block chunks");
             T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=7 with %d threads x %d chunks differs", nth, per);
         }
+    /* a long prefill (40 tokens: its products' inputs converted by the threads in
+     * 16-row chunks, the last one short) gives every position the logits of 40
+     * T=1 steps, with 2 and 3 threads */
+    {
+        enum { NL = 40 };
+        int32_t lseq[NL];
+        for (int i = 0; i < NL; i++) lseq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+        float *one = malloc(sizeof(float) * NL * V), *all = malloc(sizeof(float) * NL * V);
+        T_REQUIRE(one && all, "memory");
+        td_ctx_free(c3);
+        c3 = tc_open_ctx(m, 1, 1, kv);
+        T_REQUIRE(c3 != NULL, "context");
+        td_ctx_row_add(c3, &r);
+        int ok = 1;
+        for (int i = 0; i < NL; i++) ok &= tc_feed(c3, r, lseq + i, 1, one + (size_t)i * V) == 0;
+        for (int nth = 2; nth <= 3; nth++) {
+            td_ctx_free(c3);
+            c3 = tc_open_ctx(m, 1, nth, kv);
+            T_REQUIRE(c3 != NULL, "context");
+            td_ctx_row_add(c3, &r);
+            memset(all, 0, sizeof(float) * NL * V);
+            ok &= tc_feed(c3, r, lseq, NL, all) == 0;
+            T_CHECK(ok && memcmp(one, all, sizeof(float) * NL * V) == 0, "a %d-token prefill on %d threads differs from T=1 steps",
+                    NL, nth);
+        }
+        free(one); free(all);
+    }
 done:
     free(a); free(dd);
     td_ctx_free(c3);

@@ -417,6 +417,18 @@ static void mm_run(void *arg, int ith, int nth) {
     }
 }
 
+/* The input conversion of a product of many rows (prefill), shared out in
+ * 16-row chunks: chunk i converts rows [16 i, 16 i + 16) (td_mm_fill writes the
+ * same bytes in any split). A few rows stay on the caller: a job's hand-off
+ * costs more than they do. */
+#define FILL_PAR_MIN 32
+static void fill_run(void *arg, int ith, int nth) {
+    (void)nth;
+    const td_mm_in *in = arg;
+    int m1 = 16 * (ith + 1) < in->M ? 16 * (ith + 1) : in->M;
+    td_mm_fill(in, 16 * ith, m1);
+}
+
 /* Run a product job as mm_chunks chunks per thread (each a whole number of
  * 8-output (AMX, R16: 16-output) blocks of every output, claimed dynamically, so a thread that falls
  * behind — descheduled, or sharing memory bandwidth unevenly — leaves its
@@ -424,10 +436,13 @@ static void mm_run(void *arg, int ith, int nth) {
  * one block. Every output element is computed the same way whatever chunk it
  * falls in: the chunk count never changes a bit. */
 static void mm_pool_run(td_ctx *c, mm_job *j) {
-    /* the input converted once, on the caller, for the act type's kernels */
+    /* the input converted once for the act type's kernels: on the caller, or
+       shared out by rows when there are many */
     const td_tensor *ws[3];
     for (int i = 0; i < j->n_out; i++) ws[i] = j->o[i].w;
-    td_mm_prepare(&j->in, c->p.act_type, ws, j->n_out, j->x, j->K, j->M, j->K, c->xa, c->xq);
+    td_mm_plan(&j->in, c->p.act_type, ws, j->n_out, j->x, j->K, j->M, j->K, c->xa, c->xq);
+    if (c->serial || j->M < FILL_PAR_MIN) td_mm_fill(&j->in, 0, j->M);
+    else if (td_mm_converts(&j->in)) td_pool_run_n(c->pool, fill_run, &j->in, (j->M + 15) / 16);
     if (c->serial) { mm_run(j, 0, 1); return; }
     int nth = td_pool_size(c->pool);
     size_t bytes = 0;

@@ -6,16 +6,11 @@
 #include "nn/pool.h"
 #include "nn/q8r.h"
 #include "tandem.h"
+#include "util/util.h"
 
-void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
-                   uint16_t *xa_buf, uint8_t *xq_buf) {
-    in->x = x;
-    in->ldx = ldx;
-    in->xa = NULL;
-    in->xp = NULL;
-    in->xq = NULL;
-    in->xi = NULL;
-    in->xs = NULL;
+void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
+                uint16_t *xa_buf, uint8_t *xq_buf) {
+    *in = (td_mm_in){.x = x, .ldx = ldx, .M = M, .K = K, .xa_buf = xa_buf, .xq_buf = xq_buf};
     int bf16 = 0, rp = 0, ip = 0;
     for (int i = 0; i < n_w; i++) {
         bf16 |= w[i]->dtype == TD_DTYPE_BF16;
@@ -23,21 +18,37 @@ void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_
         if (act_type == TD_ACT_AMX) rp |= w[i]->rp != NULL, ip |= w[i]->ip != NULL;
     }
     if (ip && xq_buf && M >= TD_MM_I8T_MIN_M) { /* the int8 rows, then their scales (K % 64 == 0: aligned) */
-        td_i8t_act((uint32_t *)(void *)xq_buf, (float *)(void *)(xq_buf + (size_t)M * K), x, ldx, M, K);
         in->xi = (const uint32_t *)(const void *)xq_buf;
         in->xs = (const float *)(const void *)(xq_buf + (size_t)M * K);
     } else if (rp && xq_buf) {
-        td_q8r_act(xq_buf, x, ldx, M, K);
         in->xq = xq_buf;
     }
     if (!bf16 || !xa_buf || act_type == TD_DTYPE_F32) return;
-    if (act_type == TD_ACT_AMX && td_amx_fits(K)) {
-        td_amx_pack((uint32_t *)(void *)xa_buf, x, ldx, M, K);
-        in->xp = (const uint32_t *)(const void *)xa_buf;
-        return;
-    }
-    for (int m = 0; m < M; m++) td_from_f32(xa_buf + (size_t)m * K, x + (size_t)m * ldx, TD_DTYPE_BF16, (size_t)K);
-    in->xa = xa_buf;
+    if (act_type == TD_ACT_AMX && td_amx_fits(K)) in->xp = (const uint32_t *)(const void *)xa_buf;
+    else in->xa = xa_buf;
+}
+
+void td_mm_fill(const td_mm_in *in, int m0, int m1) {
+    int K = in->K, n = m1 - m0;
+    if (n <= 0) return;
+    TD_ASSERT(m0 % 16 == 0 && (m1 % 16 == 0 || m1 == in->M) && m1 <= in->M);
+    const float *x = in->x + (size_t)m0 * (size_t)in->ldx;
+    /* each layout is a function of the row alone, or of its 16-row chunk */
+    if (in->xi)
+        td_i8t_act((uint32_t *)(void *)in->xq_buf + (size_t)m0 * (size_t)K / 4,
+                   (float *)(void *)(in->xq_buf + (size_t)in->M * K) + m0, x, in->ldx, n, K);
+    else if (in->xq)
+        td_q8r_act(in->xq_buf + (size_t)m0 * td_q8r_row_bytes(K), x, in->ldx, n, K);
+    if (in->xp) td_amx_pack((uint32_t *)(void *)in->xa_buf + (size_t)m0 * (size_t)K / 2, x, in->ldx, n, K);
+    else if (in->xa)
+        for (int m = 0; m < n; m++)
+            td_from_f32(in->xa_buf + (size_t)(m0 + m) * K, x + (size_t)m * in->ldx, TD_DTYPE_BF16, (size_t)K);
+}
+
+void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
+                   uint16_t *xa_buf, uint8_t *xq_buf) {
+    td_mm_plan(in, act_type, w, n_w, x, ldx, M, K, xa_buf, xq_buf);
+    td_mm_fill(in, 0, M);
 }
 
 void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w, int K, int n0, int n1, int add) {

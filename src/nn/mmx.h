@@ -8,8 +8,10 @@
  *   bf16 weights, act amx, K a multiple of 32       td_amx_matmul (nn/amx.h)
  *   bf16 weights, act bf16 (or amx, other K)        td_matmul_bf16a (B32)
  *   anything else                                   td_matmul on the f32 input
- * The input is converted once per product (on the caller, before a pool job
- * splits the outputs) into the scratch the caller owns; which kernel serves a
+ * The input is converted once per product, before a pool job splits the
+ * outputs, into the scratch the caller owns (td_mm_prepare on the caller; or
+ * td_mm_plan, then td_mm_fill over 16-row ranges that threads may share out,
+ * the same bytes either way); which kernel serves a
  * tensor depends only on the act type, its dtype and K — never on M or on how
  * the outputs are split — so each order's batch invariance carries over. The
  * one exception is a drafter's own int8 copies (td_tensor.ip, never the
@@ -33,6 +35,9 @@ typedef struct td_mm_in {
     const uint8_t *xq;  /* x quantized for the R16 products (td_q8r_act), or NULL */
     const uint32_t *xi; /* x quantized per row and packed for the AMX-INT8 products (td_i8t_act), or NULL */
     const float *xs;    /* [M] their scales */
+    int M, K;           /* the rows and width planned */
+    uint16_t *xa_buf;   /* the caller's scratch behind xa / xp, writable (td_mm_fill) */
+    uint8_t *xq_buf;    /* the caller's scratch behind xq / xi and xs, writable */
 } td_mm_in;
 
 /* Tokens from which a product with an int8 copy (td_tensor.ip) takes it
@@ -50,6 +55,16 @@ static inline size_t td_mm_xa_elems(int M, int K) { return (size_t)M * (size_t)K
  * caller's scratch, valid while `in` is used. */
 void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
                    uint16_t *xa_buf, uint8_t *xq_buf);
+/* td_mm_prepare in two steps: td_mm_plan chooses the conversions (and sets
+ * `in`'s pointers) without converting; td_mm_fill converts input rows
+ * [m0, m1), m0 a multiple of 16 (the tile layouts' row chunks), m1 a multiple
+ * of 16 or M. Ranges that cover [0, M) once, run in any order or on any
+ * threads, write the bytes td_mm_prepare writes. */
+void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
+                uint16_t *xa_buf, uint8_t *xq_buf);
+void td_mm_fill(const td_mm_in *in, int m0, int m1);
+/* 1 when a plan converts the input at all (else td_mm_fill does nothing). */
+static inline int td_mm_converts(const td_mm_in *in) { return in->xa || in->xp || in->xq || in->xi; }
 /* y[m*ldy + n] (+)= the product of input row m with W's row n, n in [n0, n1),
  * by the kernel above; [n0, n1) from td_mm_range with td_mm_block(in). */
 void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w, int K, int n0, int n1, int add);
