@@ -39,9 +39,9 @@
 #define XFEATURE_XTILEDATA 18
 
 
-/* Round x[k .. k + 32) to bf16 as td_f32_to_bf16 does (nearest even, a NaN
- * quieted) and store the 16 pairs at step[r * mc], r = 0..15. */
-TA static void pack_step(uint32_t *step, const float *x, int mc) {
+/* x[0 .. 32) rounded to bf16 as td_f32_to_bf16 does (nearest even, a NaN
+ * quieted): dword r = (x[2r], x[2r+1]). */
+TA static inline __m512i pairs_of(const float *x) {
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
     const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     __m256i h[2];
@@ -51,15 +51,49 @@ TA static void pack_step(uint32_t *step, const float *x, int mc) {
         r = _mm512_mask_or_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, abs), inf), hi, quiet);
         h[e] = _mm512_cvtepi32_epi16(r);
     }
-    __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1); /* dword r = (x[2r], x[2r+1]) */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
+}
+
+/* Round x[k .. k + 32) and store the 16 pairs at step[r * mc], r = 0..15. */
+TA static void pack_step(uint32_t *step, const float *x, int mc) {
+    __m512i pairs = pairs_of(x);
     if (mc == 1) _mm512_storeu_si512(step, pairs);
     else _mm512_i32scatter_epi32(step, _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(mc)), pairs, 4);
+}
+
+/* pack_step for 16 rows at once (rows ldx apart): step[r * 16 + i] = pair r
+ * of row i, a 16 x 16 transpose of dwords in registers instead of 16 scatters. */
+TA static void pack_step16(uint32_t *step, const float *x, int ldx) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 16; i++) a[i] = pairs_of(x + (size_t)i * ldx);
+    for (int i = 0; i < 16; i += 2) { /* lane L of b[i]: rows i, i+1 at columns 4L, 4L+1 (lo) or 4L+2, 4L+3 (hi) */
+        b[i] = _mm512_unpacklo_epi32(a[i], a[i + 1]);
+        b[i + 1] = _mm512_unpackhi_epi32(a[i], a[i + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) { /* lane L of a[j + c]: rows j .. j+3 at column 4L + c */
+        a[j] = _mm512_unpacklo_epi64(b[j], b[j + 2]);
+        a[j + 1] = _mm512_unpackhi_epi64(b[j], b[j + 2]);
+        a[j + 2] = _mm512_unpacklo_epi64(b[j + 1], b[j + 3]);
+        a[j + 3] = _mm512_unpackhi_epi64(b[j + 1], b[j + 3]);
+    }
+    for (int c = 0; c < 4; c++) { /* column 4L + c: lane L of a[c], a[4 + c], a[8 + c], a[12 + c] */
+        __m512i d1 = _mm512_shuffle_i32x4(a[c], a[4 + c], 0x88), d2 = _mm512_shuffle_i32x4(a[c], a[4 + c], 0xdd);
+        __m512i e1 = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0x88), e2 = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0xdd);
+        _mm512_storeu_si512(step + 16 * c, _mm512_shuffle_i32x4(d1, e1, 0x88));
+        _mm512_storeu_si512(step + 16 * (4 + c), _mm512_shuffle_i32x4(d2, e2, 0x88));
+        _mm512_storeu_si512(step + 16 * (8 + c), _mm512_shuffle_i32x4(d1, e1, 0xdd));
+        _mm512_storeu_si512(step + 16 * (12 + c), _mm512_shuffle_i32x4(d2, e2, 0xdd));
+    }
 }
 
 void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
     for (int m0 = 0; m0 < M; m0 += 16) {
         int mc = M - m0 < 16 ? M - m0 : 16;
         uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
+        if (mc == 16) {
+            for (int k = 0; k < K; k += 32) pack_step16(chunk + (size_t)(k / 32) * 256, x + (size_t)m0 * ldx + k, ldx);
+            continue;
+        }
         for (int i = 0; i < mc; i++)
             for (int k = 0; k < K; k += 32) pack_step(chunk + (size_t)(k / 32) * 16 * mc + i, x + (size_t)(m0 + i) * ldx + k, mc);
     }
