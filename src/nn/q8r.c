@@ -14,7 +14,10 @@
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
  * a forward); tokens are taken in slabs of 128 so a slab's activations stay in
  * L2 while the thread's output range streams past. The tile shape never changes a bit
- * (the integer sums are exact; the f32 chain is per output). */
+ * (the integer sums are exact; the f32 chain is per output). Where the CPU has
+ * AMX-INT8, products of 16 tokens or more run their whole 16-token chunks on
+ * the tiles instead (matmul_amx: a record is already a B tile), the same sums
+ * and the same f32 steps; TD_Q8R_AMX=0 keeps them on VNNI (for A/B runs). */
 #include "nn/q8r.h"
 #include "nn/quant.h"
 #include "util/util.h"
@@ -192,40 +195,166 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
         }                                                                                                          \
     } while (0)
 
-TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
+#if defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11
+#include "nn/amx.h"
+#include "nn/i8t.h"
+#include <stdatomic.h>
+#include <stdlib.h>
+#define TQ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vnni")))
+
+/* tile sets (C, A, B): 0, 1, 2 for even blocks, 3, 4, 5 for odd ones */
+static void amx_cfg(td_amx_tilecfg *c) {
+    memset(c, 0, sizeof *c);
+    c->palette = 1;
+    for (int s = 0; s < 6; s += 3) {
+        c->rows[s] = 16;     /* C: 16 tokens x 16 int32 sums */
+        c->colsb[s] = 64;
+        c->rows[s + 1] = 16; /* A: 16 tokens x the block's 32 int8 q */
+        c->colsb[s + 1] = 32;
+        c->rows[s + 2] = 8;  /* B: the block's record, 8 quads x 16 outputs */
+        c->colsb[s + 2] = 64;
+    }
+}
+
+/* 16 tokens' f32 steps for block bb of the group at grp, from its stored sums cb
+ * (tile()'s: P = sums - 128 * sum q, c = dw * d, f = fma(c, P, f)) */
+#define AMX_STEP(bb, cb)                                                                                             \
+    do {                                                                                                             \
+        __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + rec_scales(bb))));                       \
+        _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                     \
+            const uint8_t *xr = xs + (size_t)t * rb;                                                                 \
+            __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb) + 16 * t)),                           \
+                                         _mm512_set1_epi32(*(const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb)))); \
+            __m512 c = _mm512_mul_ps(sc, _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * (bb))));       \
+            f[t] = _mm512_fmadd_ps(c, _mm512_cvtepi32_ps(p), f[t]);                                                  \
+        }                                                                                                            \
+    } while (0)
+
+/* The R16 order on AMX-INT8 tiles, for M a multiple of 16 tokens: per group of
+ * 16 outputs and chunk of 16 tokens, each block b is one TDPBSUD of the tokens'
+ * 32 q (tile A, read in place at the activation rows' stride) against the
+ * block's record (tile B, read in place: the record is the B layout) into a
+ * zeroed C tile; C leaves through a store, and each token's 16 sums take
+ * tile()'s f32 step. The two tile sets alternate by block, and a block's sums
+ * are read back after the next block's product is issued, so the store has
+ * landed meanwhile. The integer sums are exact, so the bits are tile()'s. */
+TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add) {
     int nb = K / 32;
     size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    _Alignas(64) int32_t buf[2][16 * 16];
+    td_amx_tilecfg found, want;
+    td_amx_store_cfg(&found);
+    amx_cfg(&want);
+    if (memcmp(&want, &found, sizeof want) != 0) td_amx_load_cfg(&want);
+    for (int n = n0; n < n1; n += 16) {
+        int nv = n1 - n < 16 ? n1 - n : 16;
+        __mmask16 km = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+        const uint8_t *grp = W + (size_t)(n / 16) * gs;
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            const uint8_t *xs = xq + (size_t)m0 * rb;
+            /* the next group's records toward L2 during the last chunk */
+            const uint8_t *pf = m0 + 16 >= M && n + 16 < n1 ? grp + gs : NULL;
+            __m512 f[16];
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                if (pf)
+                    for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf + rec_values(b) + 64 * i), _MM_HINT_T1);
+                if (b & 1) {
+                    _tile_zero(3);
+                    _tile_loadd(4, xs + 32 * b, (int)rb);
+                    _tile_loadd(5, grp + rec_values(b), 64);
+                    _tile_dpbsud(3, 4, 5);
+                    _tile_stored(3, buf[1], 64);
+                } else {
+                    _tile_zero(0);
+                    _tile_loadd(1, xs + 32 * b, (int)rb);
+                    _tile_loadd(2, grp + rec_values(b), 64);
+                    _tile_dpbsud(0, 1, 2);
+                    _tile_stored(0, buf[0], 64);
+                }
+                if (b > 0) AMX_STEP(b - 1, buf[(b - 1) & 1]);
+            }
+            AMX_STEP(nb - 1, buf[(nb - 1) & 1]);
+            float *ys = y + (size_t)m0 * ldy + n;
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) {
+                float *yy = ys + (size_t)t * ldy;
+                __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, yy), f[t]) : f[t];
+                _mm512_mask_storeu_ps(yy, km, v);
+            }
+        }
+    }
+    /* put back what this thread had (amx.c and i8t.c rely on their cached shapes) */
+    if (found.palette != 0 && memcmp(&found, &want, sizeof want) != 0) td_amx_load_cfg(&found);
+}
+
+/* 1 when products of 16 tokens or more take the tiles: the CPU has AMX-INT8
+ * and TD_Q8R_AMX (a knob for A/B runs) is not "0" */
+static int amx_on(void) {
+    static _Atomic int v = -1;
+    int r = atomic_load_explicit(&v, memory_order_relaxed);
+    if (r < 0) {
+        const char *e = getenv("TD_Q8R_AMX");
+        r = td_i8t_available() && !(e && !strcmp(e, "0"));
+        atomic_store_explicit(&v, r, memory_order_relaxed);
+    }
+    return r;
+}
+#else
+static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add) {
+    (void)y; (void)ldy; (void)xq; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add;
+}
+static int amx_on(void) { return 0; }
+#endif
+
+/* tokens [0, M) of a slab (M <= 128) on the VNNI register tiles */
+TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1, int add) {
+    int nb = K / 32;
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    for (int n = n0; n < n1;) {
+        int left = (n1 - n + 15) / 16, G = M == 1 ? (left < 8 ? left : 8) : (left < 3 ? left : 3);
+        int nv[8];
+        for (int g = 0; g < G; g++) nv[g] = n1 - (n + 16 * g) < 16 ? n1 - (n + 16 * g) : 16;
+        const uint8_t *wg = W + (size_t)(n / 16) * gs;
+        float *yg = ys + n;
+        /* the next chunk's groups (in this range), prefetched during the last token tile */
+        int nxt = (n1 - (n + 16 * G) + 15) / 16, pfg = M > 1 ? (nxt < 3 ? nxt : 3) : 0;
+        const uint8_t *pf = pfg > 0 ? wg + (size_t)G * gs : NULL;
+        if (M == 1) {
+            switch (G) {
+            case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0); break;
+            case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0); break;
+            case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0); break;
+            case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0); break;
+            case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0); break;
+            case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0); break;
+            case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0); break;
+            default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0); break;
+            }
+        } else if (G == 3) TOK_TILES(3);
+        else if (G == 2) TOK_TILES(2);
+        else TOK_TILES(1);
+        n += 16 * G;
+    }
+}
+
+/* Slabs of tokens: 128 on the VNNI tiles (a slab's activations stay in L2
+ * while the thread's outputs stream past); with AMX-INT8, slabs of 48 whose
+ * whole 16-token chunks take the tiles (measured: 48 beat 32, 64, 128 and 256
+ * in a 512-token forward, bench/forward-notes.md) and whose remainder takes
+ * VNNI. Either way each output's f32 chain is the same. */
+TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
+    size_t rb = td_q8r_row_bytes(K);
     const uint8_t *W = Wr;
-    for (int s0 = 0; s0 < Mall; s0 += 128) {
-        int M = Mall - s0 < 128 ? Mall - s0 : 128;
+    int amx = Mall >= 16 && amx_on(), slab = amx ? 48 : 128;
+    for (int s0 = 0; s0 < Mall; s0 += slab) {
+        int M = Mall - s0 < slab ? Mall - s0 : slab, Mt = amx ? M / 16 * 16 : 0;
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
-        for (int n = n0; n < n1;) {
-            int left = (n1 - n + 15) / 16, G = M == 1 ? (left < 8 ? left : 8) : (left < 3 ? left : 3);
-            int nv[8];
-            for (int g = 0; g < G; g++) nv[g] = n1 - (n + 16 * g) < 16 ? n1 - (n + 16 * g) : 16;
-            const uint8_t *wg = W + (size_t)(n / 16) * gs;
-            float *yg = ys + n;
-            /* the next chunk's groups (in this range), prefetched during the last token tile */
-            int nxt = (n1 - (n + 16 * G) + 15) / 16, pfg = M > 1 ? (nxt < 3 ? nxt : 3) : 0;
-            const uint8_t *pf = pfg > 0 ? wg + (size_t)G * gs : NULL;
-            if (M == 1) {
-                switch (G) {
-                case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0); break;
-                case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0); break;
-                case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0); break;
-                case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0); break;
-                case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0); break;
-                case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0); break;
-                case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0); break;
-                default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0); break;
-                }
-            } else if (G == 3) TOK_TILES(3);
-            else if (G == 2) TOK_TILES(2);
-            else TOK_TILES(1);
-            n += 16 * G;
-        }
+        if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add);
+        if (M > Mt) slab_vnni(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add);
     }
 }
 

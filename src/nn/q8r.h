@@ -32,7 +32,9 @@
  * -128 * (sum of the block's q). The copy has the file's bytes (34 a block of
  * 32 weights), padding aside.
  * Kernel: AVX-512 VNNI (td_q8r_available); register tiles of up to 4 tokens x
- * 3 groups (1 x 8 for a single token). */
+ * 3 groups (1 x 8 for a single token); with AMX-INT8, chunks of 16 tokens of a
+ * product of 16 or more on the tiles (TDPBSUD per block, the record read as the
+ * B tile), the same bits. */
 #ifndef TD_Q8R_H
 #define TD_Q8R_H
 
