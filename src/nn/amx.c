@@ -100,15 +100,20 @@ void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
 }
 
 /* the shape this thread's tiles are configured for: tokens of the B and C
- * tiles, rows of the A and C tiles (0: none yet) */
-static _Thread_local int cfg_mc, cfg_rows;
+ * tiles of set 0 and of set 1, rows of the A and C tiles (cfg_mc 0: none yet) */
+static _Thread_local int cfg_mc, cfg_mc1, cfg_rows;
 
-TA static void configure(int mc, int rows) {
-    if (cfg_mc == mc && cfg_rows == rows) return;
+/* Set 0 (tiles 0-2) for chunks of mc0 tokens, set 1 (3-5) for chunks of mc1:
+ * a product whose tokens end in a shorter chunk keeps one configuration for
+ * all its blocks (LDTILECFG per chunk cost ~1 ms a forward of 8 rows x 3
+ * tokens, whose 24 tokens then ran as slow as 32). */
+TA static void configure(int mc0, int mc1, int rows) {
+    if (cfg_mc == mc0 && cfg_mc1 == mc1 && cfg_rows == rows) return;
     td_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 6; t += 3) { /* two sets: tiles 0-2 and 3-5 */
+        int mc = t ? mc1 : mc0;
         c.rows[t] = (uint8_t)rows; /* C: rows outputs x mc tokens, f32 */
         c.colsb[t] = (uint16_t)(mc * 4);
         c.rows[t + 1] = (uint8_t)rows; /* A: rows outputs x 32 bf16 */
@@ -117,7 +122,8 @@ TA static void configure(int mc, int rows) {
         c.colsb[t + 2] = (uint16_t)(mc * 4);
     }
     td_amx_load_cfg(&c);
-    cfg_mc = mc;
+    cfg_mc = mc0;
+    cfg_mc1 = mc1;
     cfg_rows = rows;
 }
 
@@ -154,19 +160,24 @@ TA static void scatter(float *y, int ldy, const float *a, int mc, int rows, int 
     }
 }
 
-/* Rows [n0, n1) x tokens [m0, M) (m0 on a chunk boundary), one block at a time. */
+/* Rows [n0, n1) x tokens [m0, M) (m0 on a chunk boundary), one block at a
+ * time: full chunks on tile set 0, a last shorter one on set 1 (when every
+ * chunk has one width, the sets alternate by chunk). */
 static void blocks_1x1(float *y, int ldy, const uint32_t *xp, int m0, int M, const uint16_t *W, int K, int n0, int n1,
                        int add) {
+    if (m0 >= M) return;
     float acc[2][16 * 16]; /* per tile set: [16 outputs][16 tokens] */
+    int mc0 = M - m0 < 16 ? M - m0 : 16, mc1 = M - m0 <= 16 || (M - m0) % 16 == 0 ? mc0 : (M - m0) % 16;
     int set = 0;
     for (int n = n0; n < n1; n += 16) {
         int rows = n1 - n < 16 ? n1 - n : 16;
-        for (int m = m0; m < M; m += 16, set ^= 1) {
+        configure(mc0, mc1, rows);
+        for (int m = m0; m < M; m += 16) {
             int mc = M - m < 16 ? M - m : 16;
-            configure(mc, rows);
-            float *a = acc[set];
+            int t = mc0 == mc1 ? (set ^= 1) : mc != 16; /* the tile set */
+            float *a = acc[t];
             const uint16_t *pf = m == m0 && n + 32 <= n1 ? W + (size_t)(n + 16) * K : NULL;
-            (set ? block1 : block0)(a, xp + (size_t)m * (size_t)K / 2, mc, W + (size_t)n * K, K, pf);
+            (t ? block1 : block0)(a, xp + (size_t)m * (size_t)K / 2, mc, W + (size_t)n * K, K, pf);
             scatter(y + (size_t)m * ldy + n, ldy, a, mc, rows, add);
         }
     }
@@ -212,18 +223,17 @@ TA static void block_2x2(float *acc, const uint32_t *x0, const uint32_t *x1, con
 
 void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
     int m2 = M / 32 * 32, n2 = n0 + (n1 - n0) / 32 * 32; /* the part the 2x2 blocks cover */
-    if (m2 && n2 > n0) {
+    if (m2 && n2 > n0) { /* every 2x2 block, then the tokens past m2 (two configurations, not two a block) */
         float acc[4 * 256];
-        for (int n = n0; n < n2; n += 32) {
-            configure_2x2();
+        configure_2x2();
+        for (int n = n0; n < n2; n += 32)
             for (int m = 0; m < m2; m += 32) {
                 const uint32_t *x0 = xp + (size_t)m * (size_t)K / 2;
                 block_2x2(acc, x0, x0 + (size_t)8 * K, W + (size_t)n * K, K);
                 for (int q = 0; q < 4; q++) /* tile q: rows n + 16 (q / 2), tokens m + 16 (q % 2) */
                     scatter(y + (size_t)(m + 16 * (q % 2)) * ldy + n + 16 * (q / 2), ldy, acc + 256 * q, 16, 16, add);
             }
-            if (m2 < M) blocks_1x1(y, ldy, xp, m2, M, W, K, n, n + 32, add);
-        }
+        blocks_1x1(y, ldy, xp, m2, M, W, K, n0, n2, add);
         n0 = n2;
     }
     blocks_1x1(y, ldy, xp, 0, M, W, K, n0, n1, add);
