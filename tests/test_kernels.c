@@ -242,6 +242,10 @@ static void test_pool_chunks(void) {
     atomic_int *cnt = calloc(1000, sizeof *cnt);
     T_REQUIRE(cnt, "memory");
     for (int k = 0; k < 3; k++) T_REQUIRE(td_pool_open(&p[k], nthr[k]) == 0, "pool %d", nthr[k]);
+    if (td_pool_size(p[0]) != nthr[0]) { /* TD_MAX_THREADS (an emulator run): one-thread pools take one chunk */
+        printf("  (pools capped at %d threads by TD_MAX_THREADS: not tested)\n", td_pool_size(p[0]));
+        goto done;
+    }
     int wrong = 0;
     for (int it = 0; it < 3000; it++)
         for (int k = 0; k < 3; k++) {
@@ -1564,7 +1568,8 @@ done:
  * random inputs of ragged sizes (and exp over its whole clamped range, tails,
  * infinities and NaN). Leaves the portable path in force. */
 #define ON(p, stmt) do { td_kernels_set_path(p); stmt; } while (0)
-static const char *PNAME[TD_KPATH_COUNT] = {[TD_KPATH_PORTABLE] = "portable", [TD_KPATH_AVX512] = "avx512", [TD_KPATH_AVX2] = "avx2"};
+static const char *PNAME[TD_KPATH_COUNT] = {[TD_KPATH_PORTABLE] = "portable", [TD_KPATH_AVX512] = "avx512", [TD_KPATH_AVX2] = "avx2",
+                                           [TD_KPATH_NEON] = "neon"};
 
 static void test_path_equal(int path) {
     char nm[64];

@@ -202,6 +202,11 @@ static const char *ggml_lib(char *buf, size_t n, const char *name) {
 static void *ggml_open(const char *name, int flags, int *missing) {
     char buf[300];
     const char *lib = ggml_lib(buf, sizeof buf, name);
+#if !defined(__x86_64__)
+    *missing = 1; /* the prebuilt library is x86-64 code */
+    printf("  %s is an x86-64 library: skipped on this architecture\n", lib);
+    return NULL;
+#endif
     *missing = access(lib, R_OK) != 0;
     if (*missing) {
         printf("  %s not installed: skipped (scripts/test-deps llama installs it on x86-64 Linux)\n", lib);
@@ -697,6 +702,10 @@ static void test_ggml_dot(void) {
     float *x = NULL, *W = NULL;
     unsigned char *wq = NULL, *yq = NULL;
     int8_t *q = NULL;
+#if !defined(__x86_64__)
+    printf("  %s is an x86-64 library: skipped on this architecture\n", cpu);
+    goto done;
+#endif
     if (access(cpu, R_OK) != 0 || access(base, R_OK) != 0) {
         printf("  %s not installed: skipped (scripts/test-deps llama installs it on x86-64 Linux)\n", cpu);
         goto done;

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "kernels.h"
 #include "kernels_avx2.h"
+#include "kernels_neon.h"
 #include "quant.h"
 #include "tandem.h"
 #include "util/util.h"
@@ -38,6 +39,7 @@
 static _Atomic int g_path = -1;
 
 static int best_path(void) {
+    if (td_kernels_supported(TD_KPATH_NEON)) return TD_KPATH_NEON;
     if (td_kernels_supported(TD_KPATH_AVX512)) return TD_KPATH_AVX512;
     if (td_kernels_supported(TD_KPATH_AVX2)) return TD_KPATH_AVX2;
     return TD_KPATH_PORTABLE;
@@ -50,6 +52,7 @@ static int resolve_path(void) {
     p = !e || !*e                  ? best_path()
         : !strcmp(e, "avx512")     ? TD_KPATH_AVX512
         : !strcmp(e, "avx2")       ? TD_KPATH_AVX2
+        : !strcmp(e, "neon")       ? TD_KPATH_NEON
                                    : TD_KPATH_PORTABLE;
     if (!td_kernels_supported(p)) p = TD_KPATH_PORTABLE;
     atomic_store_explicit(&g_path, p, memory_order_relaxed);
@@ -68,6 +71,9 @@ int td_kernels_supported(int path) {
 #ifdef TD_HAVE_AVX2_PATH
     case TD_KPATH_AVX2: return td_avx2_cpu_ok();
 #endif
+#ifdef TD_HAVE_NEON_PATH
+    case TD_KPATH_NEON: return 1; /* Advanced SIMD is part of every AArch64 CPU */
+#endif
     default: return 0;
     }
 }
@@ -80,7 +86,7 @@ int td_kernels_set_path(int path) {
 int td_kernels_path(void) { return resolve_path(); }
 const char *td_kernels_path_name(void) {
     int p = resolve_path();
-    return p == TD_KPATH_AVX512 ? "avx512" : p == TD_KPATH_AVX2 ? "avx2" : "portable";
+    return p == TD_KPATH_AVX512 ? "avx512" : p == TD_KPATH_AVX2 ? "avx2" : p == TD_KPATH_NEON ? "neon" : "portable";
 }
 
 /* The AVX2 hook of an entry point: AVX2_DO(stmt) runs stmt when that path is in force. */
@@ -88,6 +94,12 @@ const char *td_kernels_path_name(void) {
 #define AVX2_DO(stmt) do { if (resolve_path() == TD_KPATH_AVX2) { stmt; } } while (0)
 #else
 #define AVX2_DO(stmt) ((void)0)
+#endif
+/* and the NEON hook: NEON_DO(stmt) runs stmt when that path is in force */
+#ifdef TD_HAVE_NEON_PATH
+#define NEON_DO(stmt) do { if (resolve_path() == TD_KPATH_NEON) { stmt; } } while (0)
+#else
+#define NEON_DO(stmt) ((void)0)
 #endif
 
 /* ---- portable path: the reference implementation of every order ---------- */
@@ -866,6 +878,7 @@ static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const i
 
 float td_dot(const float *a, const float *b, int n) {
     AVX2_DO(return td_avx2_dot(a, b, TD_DTYPE_F32, n));
+    NEON_DO(return td_neon_dot(a, b, TD_DTYPE_F32, n));
 #ifdef TD_HAVE_AVX512
     if (FAST()) return dot_v(a, (const char *)b, TD_DTYPE_F32, n);
 #endif
@@ -873,6 +886,7 @@ float td_dot(const float *a, const float *b, int n) {
 }
 float td_dot_bf16(const float *a, const uint16_t *w, int n) {
     AVX2_DO(return td_avx2_dot(a, w, TD_DTYPE_BF16, n));
+    NEON_DO(return td_neon_dot(a, w, TD_DTYPE_BF16, n));
 #ifdef TD_HAVE_AVX512
     if (FAST()) return dot_v(a, (const char *)w, TD_DTYPE_BF16, n);
 #endif
@@ -880,6 +894,7 @@ float td_dot_bf16(const float *a, const uint16_t *w, int n) {
 }
 float td_dot_f16(const float *a, const uint16_t *w, int n) {
     AVX2_DO(return td_avx2_dot(a, w, TD_DTYPE_F16, n));
+    NEON_DO(return td_neon_dot(a, w, TD_DTYPE_F16, n));
 #ifdef TD_HAVE_AVX512
     if (FAST()) return dot_v(a, (const char *)w, TD_DTYPE_F16, n);
 #endif
@@ -905,6 +920,7 @@ void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W,
     if (M <= 0 || n0 >= n1) return;
     if (td_dtype_is_quant(dtype)) { td_quant_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return; }
     AVX2_DO(td_avx2_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return);
+    NEON_DO(td_neon_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { matmul_v(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add); return; }
 #endif

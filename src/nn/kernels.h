@@ -27,19 +27,20 @@
  * AVX2, an AVX-512 CPU without BF16) runs a C emulation of the same lanes
  * (td_bf16_dp_lane) — the same bits, much slower.
  *
- * Three implementations produce the same bits: an AVX-512 path (compiled when
+ * Four implementations produce the same bits: an AVX-512 path (compiled when
  * the target has AVX-512F/BW/VL), an AVX2+FMA path (kernels_avx2.c, in every
- * x86-64 build) and a portable C path that emulates the 16 lanes with fmaf. The
- * default is the best one the CPU supports; TD_KERNELS=portable|avx2|avx512 in
- * the environment or td_kernels_set_path() forces one (tests check they agree
- * bit for bit). */
+ * x86-64 build), a NEON path (kernels_neon.c, in every AArch64 build: the
+ * matrix products and dots, the rest portable) and a portable C path that
+ * emulates the 16 lanes with fmaf. The default is the best one the CPU
+ * supports; TD_KERNELS=portable|avx2|avx512|neon in the environment or
+ * td_kernels_set_path() forces one (tests check they agree bit for bit). */
 #ifndef TD_KERNELS_H
 #define TD_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-enum { TD_KPATH_PORTABLE = 0, TD_KPATH_AVX512 = 1, TD_KPATH_AVX2 = 2, TD_KPATH_COUNT = 3 };
+enum { TD_KPATH_PORTABLE = 0, TD_KPATH_AVX512 = 1, TD_KPATH_AVX2 = 2, TD_KPATH_NEON = 3, TD_KPATH_COUNT = 4 };
 /* 1 when the path is compiled in and the CPU has its instructions. */
 int td_kernels_supported(int path);
 /* Select the implementation (falls back to portable when not supported; so

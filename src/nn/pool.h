@@ -20,6 +20,8 @@
 typedef struct td_pool td_pool;
 typedef void (*td_pool_fn)(void *arg, int ith, int nth);
 
+/* A pool of n_threads (the caller counts as one; at most the environment's
+ * TD_MAX_THREADS where that is set, for emulators). */
 int td_pool_open(td_pool **out, int n_threads);
 /* The pool a forward context runs on: borrowed, valid while the context lives.
  * For drafters that run their own products between the target's forwards on

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "nn/quant.h"
 #include "nn/kernels.h"
+#include "nn/kernels_neon.h"
 #include "nn/kquant.h"
 #include "util/util.h"
 
@@ -882,6 +883,12 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
 #ifdef TD_HAVE_QUANT_AVX2
         if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { /* AVX-512 without VNNI: the AVX2 kernels */
             td_avx2_qmatmul(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
+            continue;
+        }
+#endif
+#ifdef TD_HAVE_NEON_PATH
+        if (path == TD_KPATH_NEON && (dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0) && td_neon_dotprod_ok()) {
+            td_neon_qmatmul(y + (size_t)m * ldy, ldy, a, lda, me - m, W, dtype, K, n0, n1, add);
             continue;
         }
 #endif

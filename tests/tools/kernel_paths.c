@@ -6,7 +6,7 @@
 
 int main(void) {
     static const char *names[TD_KPATH_COUNT] = {[TD_KPATH_PORTABLE] = "portable", [TD_KPATH_AVX512] = "avx512",
-                                                [TD_KPATH_AVX2] = "avx2"};
+                                                [TD_KPATH_AVX2] = "avx2", [TD_KPATH_NEON] = "neon"};
     int best = td_kernels_path();
     printf("%s", names[best]);
     for (int p = 0; p < TD_KPATH_COUNT; p++)
