@@ -234,6 +234,13 @@ static void matmul_bp(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
         }
 }
 
+#ifdef TD_HAVE_NEON_PATH
+/* td_exp's portable loop (the NEON path's attention takes its exponentials from it) */
+static void exp_n_p(float *out, const float *x, int n) {
+    for (int i = 0; i < n; i++) out[i] = exp_p(x[i]);
+}
+#endif
+
 /* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                      const char *K, const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
@@ -1038,6 +1045,7 @@ void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, flo
     float ss = td_dot(x, x, n);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
     AVX2_DO(td_avx2_norm_apply(out, x, w, dtype, n, r); return);
+    NEON_DO(td_neon_norm_apply(out, x, w, dtype, n, r); return);
     int i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -1084,6 +1092,7 @@ void td_swiglu(float *out, const float *g, const float *u, int n) {
 void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                   const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch) {
     AVX2_DO(td_avx2_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
+    NEON_DO(td_neon_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch, exp_n_p); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return; }
 #endif

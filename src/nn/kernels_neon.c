@@ -7,7 +7,10 @@
  * not a multiple of 16 ends with a step over zero-padded copies, as the
  * portable path's fmaf(0, 0, acc) does. Tiles: 1 token x 4 outputs for one
  * token (decode streams the weights once), 2 tokens x 2 outputs otherwise (the
- * weights converted once per step and applied to both tokens).
+ * weights converted once per step and applied to both tokens). Attention: the
+ * scores as D16 dots, the portable softmax (its exponentials from td_exp's
+ * portable loop, passed in), then the values four output elements a register,
+ * each element's fma chain over the keys in key order, as attend_p's.
  *
  * Q8_0 / Q4_0 (Q16 order): per block, two SDOTs of 16 weight bytes against 16
  * activation bytes give P_b[0..3] and P_b[4..7]; they are converted to f32
@@ -22,6 +25,7 @@
 #include "util/util.h"
 
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 #include <sys/auxv.h>
 
@@ -170,6 +174,63 @@ void td_neon_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
         int n = n0;
         for (; n + 4 <= n1; n += 4) tile_1x4(y + (size_t)m * ldy + n, x + (size_t)m * ldx, w + (size_t)n * wrow, wrow, dt, K, add);
         for (; n < n1; n++) put(y + (size_t)m * ldy + n, td_neon_dot(x + (size_t)m * ldx, w + (size_t)n * wrow, dt, K), add);
+    }
+}
+
+void td_neon_norm_apply(float *out, const float *x, const void *w, int dt, int n, float r) {
+    float32x4_t vr = vdupq_n_f32(r);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(out + i, vmulq_f32(ld4(w, (size_t)i, dt), vmulq_f32(vld1q_f32(x + i), vr)));
+    for (; i < n; i++) {
+        float wv = dt == TD_DTYPE_F32    ? ((const float *)w)[i]
+                   : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
+                                         : td_f16_to_f32(((const uint16_t *)w)[i]);
+        out[i] = wv * (x[i] * r);
+    }
+}
+
+/* D16 sum (adds, zero-padded tail) */
+static float sum16(const float *a, int n) {
+    float32x4_t acc[4];
+    zero16(acc);
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int j = 0; j < 4; j++) acc[j] = vaddq_f32(acc[j], vld1q_f32(a + k + 4 * j));
+    if (k < n) {
+        float a16[16] = {0};
+        memcpy(a16, a + k, sizeof(float) * (size_t)(n - k));
+        for (int j = 0; j < 4; j++) acc[j] = vaddq_f32(acc[j], vld1q_f32(a16 + 4 * j));
+    }
+    return fold16(acc);
+}
+
+void td_neon_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K, const char *V,
+                    int dt, int ldkv, int hd, float scale, float *sc, void (*expf_n)(float *, const float *, int)) {
+    const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2); /* bytes between rows */
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * ldq;
+        int n = n_keys[i];
+        float *oi = o + (size_t)i * ldo;
+        for (int j = 0; j < n; j++) sc[j] = td_neon_dot(qi, K + (size_t)j * rs, dt, hd) * scale;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        for (int j = 0; j < n; j++) sc[j] = sc[j] - mx;
+        expf_n(sc, sc, n);
+        float inv = 1.0f / sum16(sc, n);
+        int d4 = hd / 4 * 4;
+        for (int d = 0; d < hd; d++) oi[d] = 0.0f;
+        for (int j = 0; j < n; j++) { /* each output element its own fma chain over the keys, in key order */
+            float pr = sc[j] * inv;
+            const char *vj = V + (size_t)j * rs;
+            float32x4_t p = vdupq_n_f32(pr);
+            for (int d = 0; d < d4; d += 4) vst1q_f32(oi + d, vfmaq_f32(vld1q_f32(oi + d), p, ld4(vj, (size_t)d, dt)));
+            for (int d = d4; d < hd; d++) {
+                float v = dt == TD_DTYPE_F32    ? ((const float *)vj)[d]
+                          : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)vj)[d])
+                                                : td_f16_to_f32(((const uint16_t *)vj)[d]);
+                oi[d] = fmaf(pr, v, oi[d]);
+            }
+        }
     }
 }
 
