@@ -417,16 +417,17 @@ static void mm_run(void *arg, int ith, int nth) {
     }
 }
 
-/* The input conversion of a product of many rows (prefill), shared out in
- * 16-row chunks: chunk i converts rows [16 i, 16 i + 16) (td_mm_fill writes the
- * same bytes in any split). A few rows stay on the caller: a job's hand-off
+/* The input conversion of a product of many rows (prefill), shared out by
+ * 16-row units: chunk ith of nth converts units [U ith / nth, U (ith + 1) / nth)
+ * of the U = ceil(M / 16) (td_mm_fill writes the same bytes in any split). The
+ * job asks for U chunks, but a pool of one thread runs it as chunk 0 of 1, which
+ * then converts every row. A few rows stay on the caller: a job's hand-off
  * costs more than they do. */
 #define FILL_PAR_MIN 32
 static void fill_run(void *arg, int ith, int nth) {
-    (void)nth;
     const td_mm_in *in = arg;
-    int m1 = 16 * (ith + 1) < in->M ? 16 * (ith + 1) : in->M;
-    td_mm_fill(in, 16 * ith, m1);
+    int units = (in->M + 15) / 16, u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
+    td_mm_fill(in, 16 * u0, 16 * u1 < in->M ? 16 * u1 : in->M);
 }
 
 /* Run a product job as mm_chunks chunks per thread (each a whole number of

@@ -53,6 +53,13 @@ AI float32x4_t ld4(const void *w, size_t i, int dt) {
     return vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
+/* the weight at element i of w (dt), as f32 (exact; the scalar tails) */
+AI float wv1(const void *w, size_t i, int dt) {
+    return dt == TD_DTYPE_F32    ? ((const float *)w)[i]
+           : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
+                                 : td_f16_to_f32(((const uint16_t *)w)[i]);
+}
+
 /* one 16-step: the weights at w + i (dt) into r[0..3] */
 AI void ld16(float32x4_t *r, const void *w, size_t i, int dt) {
     for (int j = 0; j < 4; j++) r[j] = ld4(w, i + 4 * (size_t)j, dt);
@@ -63,10 +70,7 @@ static void tail16(float *a16, float *w16, const float *a, const void *w, int dt
     memset(a16, 0, 16 * sizeof(float));
     memset(w16, 0, 16 * sizeof(float));
     if (a) memcpy(a16, a + k, sizeof(float) * (size_t)(n - k));
-    for (int i = 0; i < n - k; i++)
-        w16[i] = dt == TD_DTYPE_F32    ? ((const float *)w)[k + i]
-                 : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[k + i])
-                                       : td_f16_to_f32(((const uint16_t *)w)[k + i]);
+    for (int i = 0; i < n - k; i++) w16[i] = wv1(w, (size_t)(k + i), dt);
 }
 
 AI void fma16(float32x4_t *acc, const float32x4_t *x, const float32x4_t *w) {
@@ -181,12 +185,7 @@ void td_neon_norm_apply(float *out, const float *x, const void *w, int dt, int n
     float32x4_t vr = vdupq_n_f32(r);
     int i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(out + i, vmulq_f32(ld4(w, (size_t)i, dt), vmulq_f32(vld1q_f32(x + i), vr)));
-    for (; i < n; i++) {
-        float wv = dt == TD_DTYPE_F32    ? ((const float *)w)[i]
-                   : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
-                                         : td_f16_to_f32(((const uint16_t *)w)[i]);
-        out[i] = wv * (x[i] * r);
-    }
+    for (; i < n; i++) out[i] = wv1(w, (size_t)i, dt) * (x[i] * r);
 }
 
 /* D16 sum (adds, zero-padded tail) */
@@ -224,12 +223,7 @@ void td_neon_attend(float *o, int ldo, const float *q, int ldq, int nq, const in
             const char *vj = V + (size_t)j * rs;
             float32x4_t p = vdupq_n_f32(pr);
             for (int d = 0; d < d4; d += 4) vst1q_f32(oi + d, vfmaq_f32(vld1q_f32(oi + d), p, ld4(vj, (size_t)d, dt)));
-            for (int d = d4; d < hd; d++) {
-                float v = dt == TD_DTYPE_F32    ? ((const float *)vj)[d]
-                          : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)vj)[d])
-                                                : td_f16_to_f32(((const uint16_t *)vj)[d]);
-                oi[d] = fmaf(pr, v, oi[d]);
-            }
+            for (int d = d4; d < hd; d++) oi[d] = fmaf(pr, wv1(vj, (size_t)d, dt), oi[d]);
         }
     }
 }
