@@ -234,12 +234,6 @@ static void matmul_bp(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
         }
 }
 
-#ifdef TD_HAVE_NEON_PATH
-/* td_exp's portable loop (the NEON path's attention takes its exponentials from it) */
-static void exp_n_p(float *out, const float *x, int n) {
-    for (int i = 0; i < n; i++) out[i] = exp_p(x[i]);
-}
-#endif
 
 /* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
@@ -1059,6 +1053,7 @@ void td_rmsnorm(float *out, const float *x, const void *w, int dtype, int n, flo
 
 void td_exp(float *out, const float *x, int n) {
     AVX2_DO(td_avx2_exp(out, x, n); return);
+    NEON_DO(td_neon_exp(out, x, n); return);
     int i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -1075,6 +1070,7 @@ void td_exp(float *out, const float *x, int n) {
 
 void td_swiglu(float *out, const float *g, const float *u, int n) {
     AVX2_DO(td_avx2_swiglu(out, g, u, n); return);
+    NEON_DO(td_neon_swiglu(out, g, u, n); return);
     int i = 0;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
@@ -1092,7 +1088,7 @@ void td_swiglu(float *out, const float *g, const float *u, int n) {
 void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                   const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch) {
     AVX2_DO(td_avx2_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
-    NEON_DO(td_neon_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch, exp_n_p); return);
+    NEON_DO(td_neon_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return; }
 #endif

@@ -8,8 +8,8 @@
  * portable path's fmaf(0, 0, acc) does. Tiles: 1 token x 4 outputs for one
  * token (decode streams the weights once), 2 tokens x 2 outputs otherwise (the
  * weights converted once per step and applied to both tokens). Attention: the
- * scores as D16 dots, the portable softmax (its exponentials from td_exp's
- * portable loop, passed in), then the values four output elements a register,
+ * scores as D16 dots, the softmax as attend_p's (exp4 for exp_p), then the
+ * values four output elements a register,
  * each element's fma chain over the keys in key order, as attend_p's.
  *
  * Q8_0 / Q4_0 (Q16 order): per block, two SDOTs of 16 weight bytes against 16
@@ -20,6 +20,7 @@
 #include "nn/kernels_neon.h"
 
 #ifdef TD_HAVE_NEON_PATH
+#include "nn/kernels_avx2.h" /* td_exp's constants (EXP_*), shared by every path */
 #include "nn/quant.h"
 #include "tandem.h"
 #include "util/util.h"
@@ -188,6 +189,59 @@ void td_neon_norm_apply(float *out, const float *x, const void *w, int dt, int n
     for (; i < n; i++) out[i] = wv1(w, (size_t)i, dt) * (x[i] * r);
 }
 
+/* 2^k for k in [-126, 127], exactly */
+AI float32x4_t pow2i(int32x4_t k) { return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(k, vdupq_n_s32(127)), 23)); }
+
+/* td_exp's polynomial (kernels_avx2.h's constants), lane by lane as exp_p: the
+ * clamps as comparisons (a NaN becomes EXP_LO, as there), rint by FRINTN, the
+ * fmas fused, and p * 2^n as two power-of-two multiplies, n1 = n >> 1 exact,
+ * the second rounding once as ldexpf does */
+AI float32x4_t exp4(float32x4_t x) {
+    float32x4_t lo = vdupq_n_f32(EXP_LO), hi = vdupq_n_f32(EXP_HI);
+    x = vbslq_f32(vcgtq_f32(x, lo), x, lo);
+    x = vbslq_f32(vcltq_f32(x, hi), x, hi);
+    float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(EXP_LOG2E)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(EXP_C1));
+    r = vfmsq_f32(r, n, vdupq_n_f32(EXP_C2));
+    float32x4_t p = vdupq_n_f32(EXP_P0);
+    p = vfmaq_f32(vdupq_n_f32(EXP_P1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(EXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(EXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(EXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(EXP_P5), p, r);
+    p = vfmaq_f32(r, p, vmulq_f32(r, r));
+    p = vaddq_f32(p, vdupq_n_f32(1.0f));
+    int32x4_t ni = vcvtq_s32_f32(n), n1 = vshrq_n_s32(ni, 1);
+    return vmulq_f32(vmulq_f32(p, pow2i(n1)), pow2i(vsubq_s32(ni, n1)));
+}
+
+void td_neon_exp(float *out, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(out + i, exp4(vld1q_f32(x + i)));
+    if (i < n) {
+        float b[4] = {0};
+        memcpy(b, x + i, sizeof(float) * (size_t)(n - i));
+        vst1q_f32(b, exp4(vld1q_f32(b)));
+        memcpy(out + i, b, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+AI float32x4_t swiglu4(float32x4_t g, float32x4_t u) {
+    return vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(g)))), u);
+}
+
+void td_neon_swiglu(float *out, const float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(out + i, swiglu4(vld1q_f32(g + i), vld1q_f32(u + i)));
+    if (i < n) {
+        float gb[4] = {0}, ub[4] = {0};
+        memcpy(gb, g + i, sizeof(float) * (size_t)(n - i));
+        memcpy(ub, u + i, sizeof(float) * (size_t)(n - i));
+        vst1q_f32(gb, swiglu4(vld1q_f32(gb), vld1q_f32(ub)));
+        memcpy(out + i, gb, sizeof(float) * (size_t)(n - i));
+    }
+}
+
 /* D16 sum (adds, zero-padded tail) */
 static float sum16(const float *a, int n) {
     float32x4_t acc[4];
@@ -204,7 +258,7 @@ static float sum16(const float *a, int n) {
 }
 
 void td_neon_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K, const char *V,
-                    int dt, int ldkv, int hd, float scale, float *sc, void (*expf_n)(float *, const float *, int)) {
+                    int dt, int ldkv, int hd, float scale, float *sc) {
     const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2); /* bytes between rows */
     for (int i = 0; i < nq; i++) {
         const float *qi = q + (size_t)i * ldq;
@@ -214,7 +268,7 @@ void td_neon_attend(float *o, int ldo, const float *q, int ldq, int nq, const in
         float mx = -INFINITY;
         for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
         for (int j = 0; j < n; j++) sc[j] = sc[j] - mx;
-        expf_n(sc, sc, n);
+        td_neon_exp(sc, sc, n);
         float inv = 1.0f / sum16(sc, n);
         int d4 = hd / 4 * 4;
         for (int d = 0; d < hd; d++) oi[d] = 0.0f;

@@ -9,8 +9,7 @@
  * products also need the dot-product extension (SDOT: four int8 products summed
  * into one int32 lane — exactly one P_b[l] of the Q16 order, quant.h), asked
  * at run time (td_neon_dotprod_ok). What has no NEON twin here (bf16
- * activations, exp and swiglu, the other quantized formats) runs portably
- * under this path. Shapes and strides are those of the td_* function
+ * activations, the other quantized formats) runs portably under this path. Shapes and strides are those of the td_* function
  * of the same name; dt = TD_DTYPE_*. */
 #ifndef TD_KERNELS_NEON_H
 #define TD_KERNELS_NEON_H
@@ -28,14 +27,16 @@ float td_neon_dot(const float *a, const void *w, int dt, int n);
 /* td_matmul for f32, bf16 or f16 weights. */
 void td_neon_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W, int dt, int K, int n0, int n1,
                     int add);
+/* td_exp and td_swiglu (exp_p's operations lane by lane). */
+void td_neon_exp(float *out, const float *x, int n);
+void td_neon_swiglu(float *out, const float *g, const float *u, int n);
 /* td_rmsnorm's scaling step: out[i] = w[i] * (x[i] * r). */
 void td_neon_norm_apply(float *out, const float *x, const void *w, int dt, int n, float r);
 /* td_attend_kv (K, V rows of dt, ldkv elements apart; sc: scratch of the most
- * keys): D16 scores, the portable softmax with the exponentials by expf_n
- * (td_exp's portable loop, whose bits every path shares), then each output
+ * keys): D16 scores, the softmax of the portable path, then each output
  * element's fma chain over the keys, four elements a register. */
 void td_neon_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K, const char *V,
-                    int dt, int ldkv, int hd, float scale, float *sc, void (*expf_n)(float *, const float *, int));
+                    int dt, int ldkv, int hd, float scale, float *sc);
 /* The Q16 order of quant.h for Q8_0 or Q4_0 weights (dt), over M activation
  * rows in quant.c's plain layout (row m at a + m * lda: K int8 q, then K/32 f32
  * d). Requires td_neon_dotprod_ok(). */
