@@ -234,7 +234,6 @@ static void matmul_bp(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
         }
 }
 
-
 /* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                      const char *K, const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
