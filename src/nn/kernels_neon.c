@@ -9,8 +9,8 @@
  * token (decode streams the weights once), 2 tokens x 2 outputs otherwise (the
  * weights converted once per step and applied to both tokens). Attention: the
  * scores as D16 dots, the softmax as attend_p's (exp4 for exp_p), then the
- * values four output elements a register,
- * each element's fma chain over the keys in key order, as attend_p's.
+ * values four output elements a register, each element's fma chain over the
+ * keys in key order, as attend_p's.
  *
  * Q8_0 / Q4_0 (Q16 order): per block, two SDOTs of 16 weight bytes against 16
  * activation bytes give P_b[0..3] and P_b[4..7]; they are converted to f32
@@ -70,7 +70,7 @@ AI void ld16(float32x4_t *r, const void *w, size_t i, int dt) {
 static void tail16(float *a16, float *w16, const float *a, const void *w, int dt, int k, int n) {
     memset(a16, 0, 16 * sizeof(float));
     memset(w16, 0, 16 * sizeof(float));
-    if (a) memcpy(a16, a + k, sizeof(float) * (size_t)(n - k));
+    memcpy(a16, a + k, sizeof(float) * (size_t)(n - k));
     for (int i = 0; i < n - k; i++) w16[i] = wv1(w, (size_t)(k + i), dt);
 }
 
@@ -103,7 +103,7 @@ float td_neon_dot(const float *a, const void *w, int dt, int n) {
 
 AI void put(float *y, float s, int add) { *y = add ? *y + s : s; }
 
-/* token x against outputs w0..w3 (rows of K elements, esz bytes each) */
+/* token x against outputs w0..w3 (rows of K elements, wrow bytes apart) */
 static void tile_1x4(float *y, const float *x, const char *w, size_t wrow, int dt, int K, int add) {
     float32x4_t acc[4][4], xv[4], v[4];
     for (int o = 0; o < 4; o++) zero16(acc[o]);
@@ -312,7 +312,7 @@ TDP AI void qtile(float *y, int ldy, const char *a, size_t lda, int T, const uin
             const uint8_t *blk = w + (size_t)o * wrow + (size_t)b * bs;
             uint16_t h;
             memcpy(&h, blk, 2);
-            dw[o] = td_f16_to_f32(h);
+            dw[o] = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); /* FCVTL: exact */
             wvals(blk, dt, &wl[o], &wh[o]);
         }
         int s = 2 * (b & 1); /* even blocks: lanes 0-7, odd: 8-15 */

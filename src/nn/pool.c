@@ -121,8 +121,9 @@ int td_pool_open(td_pool **out, int n_threads) {
     *out = NULL;
     /* TD_MAX_THREADS caps every pool (for emulators such as qemu-user, where a
      * spinning thread starves the others: scripts/test-aarch64) */
-    const char *cap = getenv("TD_MAX_THREADS");
-    if (cap && atoi(cap) >= 1 && n_threads > atoi(cap)) n_threads = atoi(cap);
+    const char *ce = getenv("TD_MAX_THREADS");
+    int cap = ce ? atoi(ce) : 0;
+    if (cap >= 1 && n_threads > cap) n_threads = cap;
     if (n_threads < 1) n_threads = 1;
     td_pool *p = calloc(1, sizeof *p);
     if (!p) return -2;
