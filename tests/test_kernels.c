@@ -487,10 +487,13 @@ static uint16_t rbf(int e0, int e1) {
     return (uint16_t)(((r & 1) << 15) | ((uint32_t)(e0 + (int)((r >> 1) % (uint32_t)(e1 - e0 + 1))) << 7) | ((r >> 9) & 127));
 }
 
-/* One lane's inputs in class cls (0..4): ordinary magnitudes; cancellation (acc
+/* One lane's inputs in class cls (0..5): ordinary magnitudes; cancellation (acc
  * = -x1*w1 within a few ulp); products in and below f32's subnormal range;
  * subnormal bf16 inputs and subnormal or tiny accumulators; arbitrary bit
- * patterns (overflow to inf, inf - inf). a, b: the pair of x and of w. */
+ * patterns (overflow to inf, inf - inf); an accumulator at or just above
+ * FLT_MIN in magnitude with products of 2^-160 .. 2^-144 (where x86's FTZ rule,
+ * tininess after rounding to 24 bits, differs from "the result is subnormal").
+ * a, b: the pair of x and of w. */
 static void edge_pair(int cls, uint16_t *a, uint16_t *b, float *accl) {
     if (cls == 0) {
         for (int k = 0; k < 2; k++) { a[k] = rbf(100, 150); b[k] = rbf(100, 150); }
@@ -507,9 +510,17 @@ static void edge_pair(int cls, uint16_t *a, uint16_t *b, float *accl) {
         if (rnd32() & 1) { uint16_t t = a[1]; a[1] = b[1]; b[1] = t; }
         *accl = rnd32() & 1 ? u2f(rnd32() & 0x807fffffu)
                              : u2f((rnd32() & 0x80000000u) | ((1 + rnd32() % 60) << 23) | (rnd32() & 0x7fffff));
-    } else {
+    } else if (cls == 4) {
         for (int k = 0; k < 2; k++) { a[k] = (uint16_t)rnd32(); b[k] = (uint16_t)rnd32(); }
         *accl = u2f(rnd32());
+    } else {
+        for (int k = 0; k < 2; k++) { /* biased exponents summing to 94 .. 110: products 2^-160 .. 2^-143 */
+            int sum = 94 + (int)(rnd32() % 17), ea = 20 + (int)(rnd32() % 60);
+            a[k] = rbf(ea, ea);
+            b[k] = rbf(sum - ea, sum - ea);
+        }
+        if (rnd32() % 4 == 0) a[0] = 0;
+        *accl = u2f((rnd32() & 0x80000000u) | (1u << 23) | (rnd32() % 4 == 0 ? rnd32() % 4 : 0));
     }
 }
 
@@ -525,7 +536,7 @@ static void test_dp_lane(void) {
     for (int it = 0; it < (1 << 17); it++) {
         float acc[16], hw[16];
         uint16_t x[32], w[32];
-        int cls = it % 5;
+        int cls = it % 6;
         for (int l = 0; l < 16; l++) edge_pair(cls, x + 2 * l, w + 2 * l, &acc[l]);
         hw_dp16(hw, acc, x, w);
         for (int l = 0; l < 16; l++, n++) {
@@ -547,7 +558,9 @@ static void test_dp_lane(void) {
         int same = 1;
         for (int l = 0; l < TD_BF16_PROBES; l++) {
             float e = td_bf16_dp_lane(acc[l], x[2 * l], x[2 * l + 1], w[2 * l], w[2 * l + 1]);
-            T_CHECK(e == -0x1p-126f, "probe %d: the definition rounds each step to -FLT_MIN (%a)", l, e);
+            /* exact sums just under FLT_MIN in magnitude: flushed, with the sign of the step that flushed */
+            T_CHECK(e == 0.0f && !signbit(e) == (l == 1), "probe %d: the definition flushes to %s0 (%a)", l,
+                    l == 1 ? "+" : "-", e);
             same &= memcmp(&e, &hw[l], 4) == 0;
         }
         printf("  this CPU's vdpbf16ps %s the definition on the probe lanes%s\n", same ? "matches" : "differs from",
@@ -558,6 +571,14 @@ static void test_dp_lane(void) {
     T_CHECK(td_bf16_dp_lane(1.0f, 0x0001, 0, 0x3f80, 0) == 1.0f, "a subnormal bf16 input reads as zero");
     float r = td_bf16_dp_lane(0.0f, 0x2000, 0, 0x9f00, 0); /* 2^-63 * -2^-65 = -2^-128: subnormal -> -0 */
     T_CHECK(r == 0.0f && signbit(r), "a subnormal result flushes to a signed zero (%a)", r);
+    /* x86's tininess after rounding to 24 bits: FLT_MIN + p with p = -2^-160 or the tie -2^-151 keeps
+     * FLT_MIN; p = -1.5 * 2^-151 (exact sum under FLT_MIN - 2^-151) flushes although fmaf gives FLT_MIN */
+    T_CHECK(td_bf16_dp_lane(0x1p-126f, 0, 0x9780, 0, 0x1780) == 0x1p-126f, "FLT_MIN - 2^-160 keeps FLT_MIN");
+    T_CHECK(td_bf16_dp_lane(0x1p-126f, 0, 0x9a00, 0, 0x1980) == 0x1p-126f, "FLT_MIN - 2^-151 (a tie) keeps FLT_MIN");
+    r = td_bf16_dp_lane(0x1p-126f, 0, 0x9a40, 0, 0x1980);
+    T_CHECK(r == 0.0f && !signbit(r), "FLT_MIN - 1.5 * 2^-151 flushes to +0 (%a)", r);
+    r = td_bf16_dp_lane(-0x1p-126f, 0x1a40, 0, 0x1980, 0); /* the same on the second fma, negative */
+    T_CHECK(r == 0.0f && signbit(r), "-FLT_MIN + 1.5 * 2^-151 flushes to -0 (%a)", r);
 #else
     printf("  (not an x86-64 GCC build: not compared)\n");
 #endif
@@ -594,7 +615,7 @@ static void test_matmul_bf16a_edges(void) {
             for (int l = 0; l < 16; l++) {
                 uint16_t a[2], b[2], h;
                 float acc;
-                edge_pair(it % 5, a, b, &acc); /* one class per dot: a large lane would hide a flush */
+                edge_pair(it % 6, a, b, &acc); /* one class per dot: a large lane would hide a flush */
                 td_from_f32(&h, &acc, TD_DTYPE_BF16, 1);
                 if (r < M) { x[r][2 * l] = 0; x[r][2 * l + 1] = h; x[r][32 + 2 * l] = a[0]; x[r][33 + 2 * l] = a[1]; }
                 if (r < N) { w[r][2 * l] = 0; w[r][2 * l + 1] = 0x3f80; w[r][32 + 2 * l] = b[0]; w[r][33 + 2 * l] = b[1]; }

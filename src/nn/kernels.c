@@ -174,26 +174,44 @@ static void matmul_p(float *y, int ldy, const float *x, int ldx, int M, const vo
 }
 
 /* bf16 activations x bf16 weights (the "B32" order of kernels.h): one lane of
- * vdpbf16ps as measured on AMD Zen 5 (test_kernels compares): inputs with a zero
- * exponent read as signed zeros, then acc = ftz(fma(x1, w1, acc)), acc =
- * ftz(fma(x0, w0, acc)) — the odd element of the pair first, each fma rounded to
- * nearest even, a subnormal result flushed to a zero of its sign. */
+ * vdpbf16ps as x86 defines it: inputs with a zero exponent read as signed
+ * zeros, then acc = fma(x1, w1, acc), acc = fma(x0, w0, acc) — the odd element
+ * of the pair first, each fma rounded to nearest even and flushed to a zero of
+ * its sign when tiny. "Tiny" is x86's MXCSR.FTZ rule: the exact result, rounded
+ * to 24 bits with an unbounded exponent, is below FLT_MIN in magnitude. It
+ * differs from "the rounded f32 is subnormal" only where fmaf gives +-FLT_MIN
+ * from an exact value at or below FLT_MIN - 2^-151 (the 24-bit grid under
+ * FLT_MIN is 2^-150, finer than the subnormal grid): those flush (fz24).
+ * Measured on AMD Zen 5 (EPYC, 2026-12-05: 16.8M lanes near FLT_MIN, all equal)
+ * and what Intel Sapphire Rapids did on the lanes of bf16_probe. */
 AI float bfz(uint16_t h) { return td_bf16_to_f32((h & 0x7f80u) ? h : (uint16_t)(h & 0x8000u)); }
 AI float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+/* the exact c + a*b is below FLT_MIN - 2^-151 in magnitude (a, b bf16 values,
+ * c an f32). a*b (16 significant bits) is exact in double. The sum is rounded
+ * only when it is not representable, which needs a*b's lowest bit under 2^-179
+ * (sum near 2^-126); then |a*b| < 2^-163 and c, a multiple of 2^-149 there,
+ * keeps the sum at least 2^-152 away from the bound, so the comparison holds. */
+AI int below24(float a, float b, float c) { return fabs((double)c + (double)a * (double)b) < 0x1.ffffffp-127; }
+AI float fz24(float a, float b, float c) {
+    float r = fmaf(a, b, c);
+    if (fabsf(r) < FLT_MIN || (fabsf(r) == FLT_MIN && below24(a, b, c))) return copysignf(0.0f, r);
+    return r;
+}
+float td_bf16_fz24(float a, float b, float c) { return fz24(a, b, c); }
 AI float dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1) {
-    acc = ftz(fmaf(bfz(x1), bfz(w1), ftz(acc)));
-    return ftz(fmaf(bfz(x0), bfz(w0), acc));
+    acc = fz24(bfz(x1), bfz(w1), ftz(acc));
+    return fz24(bfz(x0), bfz(w0), acc);
 }
 float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1) {
     return dp_lane(acc, x0, x1, w0, w1);
 }
 
-/* Lanes on which vdpbf16ps implementations have been seen to differ from the
- * definition (td_bf16_dp_lane), as {acc bits, x0, x1, w0, w1}: an accumulator of
- * -FLT_MIN and two tiny products that bring the exact sum just under FLT_MIN in
- * magnitude. The definition (and AMD Zen 5) rounds each step to -FLT_MIN and
- * keeps it; Intel Sapphire Rapids returns -0 (2026-12-03, bench/forward-notes.md).
- * td_bf16_probe_lanes lays them out for the tests too. */
+/* Lanes on which vdpbf16ps implementations have been seen to differ from a
+ * definition, as {acc bits, x0, x1, w0, w1}: an accumulator of -FLT_MIN and two
+ * tiny products that bring the exact sum just under FLT_MIN in magnitude. The
+ * definition flushes them (to -0, +0, -0), as Sapphire Rapids and Zen 5 EPYC
+ * do; a CPU that kept -FLT_MIN (rounding first, then testing for subnormal)
+ * would run the emulation. td_bf16_probe_lanes lays them out for the tests too. */
 static const uint32_t bf16_probe[TD_BF16_PROBES][5] = {
     {0x80800000u, 0x938b, 0x9931, 0x1f39, 0x9ab2},
     {0x80800000u, 0x03ff, 0x946c, 0x22dc, 0x9f14},

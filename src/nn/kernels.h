@@ -17,9 +17,12 @@
  * (td_from_f32: nearest even); one accumulator of 16 lanes; for k = 0, 32, 64,
  * ... lane l performs one step of AVX-512 BF16's vdpbf16ps on the pair
  * (k+2l, k+2l+1) — as measured on AMD Zen 5 and matching Intel's definition:
- * bf16 inputs with a zero exponent read as zero (DAZ), then acc = ftz(fma(x1,
- * w1, acc)), acc = ftz(fma(x0, w0, acc)) (odd element first, each fma rounded
- * to nearest even, a subnormal result flushed to a zero of its sign); a final
+ * bf16 inputs with a zero exponent read as zero (DAZ), then acc = fz(fma(x1,
+ * w1, acc)), acc = fz(fma(x0, w0, acc)) (odd element first, each fma rounded
+ * to nearest even, a tiny result flushed to a zero of its sign — tiny as x86's
+ * FTZ judges it: below FLT_MIN after rounding to 24 bits with an unbounded
+ * exponent, so an exact value <= FLT_MIN - 2^-151 that fmaf rounds to FLT_MIN
+ * flushes too); a final
  * partial step zero-pads both operands; then the D16 fold. Because bf16 x bf16
  * products are exact, this differs from the D16 dot only by the activation
  * rounding (relative 2^-9 per element) and the summation order. The AVX-512
@@ -81,12 +84,14 @@ void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W,
 void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
                      int add);
 /* One lane of the B32 step, the portable definition of vdpbf16ps (see above):
- * ftz(fma(x0, w0, ftz(fma(x1, w1, ftz(acc))))) over DAZ-read bf16 inputs. */
+ * fz(fma(x0, w0, fz(fma(x1, w1, daz(acc))))) over DAZ-read bf16 inputs. */
 float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1);
+/* One step of it: fz(fma(a, b, c)) for bf16 values a, b and an f32 c with a
+ * nonzero exponent or zero (the emulations' fix-up where fma gives +-FLT_MIN). */
+float td_bf16_fz24(float a, float b, float c);
 /* 1 when td_matmul_bf16a runs on vdpbf16ps (AVX-512 path in force, the CPU has
  * AVX512_BF16, and the instruction computes the lanes of td_bf16_probe_lanes as
- * td_bf16_dp_lane does — Intel Sapphire Rapids does not, so there the emulation
- * runs), 0 when it runs the emulation. */
+ * td_bf16_dp_lane does), 0 when it runs the emulation. */
 int td_kernels_bf16_native(void);
 /* The operands of one vdpbf16ps whose first TD_BF16_PROBES lanes are those on
  * which a CPU's instruction has been seen to differ from td_bf16_dp_lane

@@ -355,8 +355,9 @@ void td_avx2_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
  * pair (element 2l in its low half, 2l+1 in its high half), so the pair's two
  * f32 values are the dword shifted left by 16 and the dword with its low half
  * cleared. Each lane then does exactly what kernels.c's dp_lane does: inputs
- * with a zero exponent read as signed zeros, acc = ftz(fma(x1, w1, acc)), acc =
- * ftz(fma(x0, w0, acc)). */
+ * with a zero exponent read as signed zeros, acc = fz(fma(x1, w1, acc)), acc =
+ * fz(fma(x0, w0, acc)): flush8 below FLT_MIN, and where fma gives +-FLT_MIN
+ * (rare), td_bf16_fz24 decides lane by lane from the exact value. */
 
 /* v with a subnormal (zero-exponent) value replaced by the zero of its sign */
 AI __m256 flush8(__m256 v) {
@@ -374,9 +375,26 @@ AI void pairs8(const uint16_t *p, __m256 *e, __m256 *o) {
     *o = flush8(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))));
 }
 
+/* the lanes of fma(a, b, c) that are +-FLT_MIN, recomputed by td_bf16_fz24 */
+static __attribute__((noinline, cold)) __m256 fz24_fix8(__m256 r, __m256 a, __m256 b, __m256 c, int mask) {
+    float rv[8], av[8], bv[8], cv[8];
+    _mm256_storeu_ps(rv, r), _mm256_storeu_ps(av, a), _mm256_storeu_ps(bv, b), _mm256_storeu_ps(cv, c);
+    for (int l = 0; l < 8; l++)
+        if (mask >> l & 1) rv[l] = td_bf16_fz24(av[l], bv[l], cv[l]);
+    return _mm256_loadu_ps(rv);
+}
+
+AI __m256 fz8(__m256 a, __m256 b, __m256 c) {
+    __m256 r = _mm256_fmadd_ps(a, b, c);
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    int edge = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, r), _mm256_set1_ps(FLT_MIN), _CMP_EQ_OQ));
+    if (__builtin_expect(edge != 0, 0)) r = fz24_fix8(r, a, b, c, edge);
+    return flush8(r);
+}
+
 AI __m256 dp8(__m256 acc, __m256 x0, __m256 x1, __m256 w0, __m256 w1) {
-    acc = flush8(_mm256_fmadd_ps(x1, w1, acc));
-    return flush8(_mm256_fmadd_ps(x0, w0, acc));
+    acc = fz8(x1, w1, acc);
+    return fz8(x0, w0, acc);
 }
 
 /* one 32-step of an MR x NR tile (x rows at stride ldx, weight rows at stride wrow elements) */
