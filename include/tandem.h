@@ -235,16 +235,17 @@ typedef struct td_ctx_params {
                         bf16 dot products, AVX-512 BF16's vdpbf16ps where the CPU has it, a
                         bit-identical emulation elsewhere; src/nn/kernels.h, "B32"). Batch
                         invariance and speculative exactness hold in both; bf16 moves the
-                        logits (tests/test_conformance.c states the tolerance). Products with
-                        f32, f16 or quantized weights are unchanged. TD_ACT_AMX: bf16-rounded
-                        activations as with TD_DTYPE_BF16, the products on Intel AMX tiles
-                        (TDPBF16PS, src/nn/amx.h, "AMX"): batch invariant and exact like the
-                        others, but the bits are this CPU's AMX unit's, not portable; products
-                        whose input width is not a multiple of 32 take the bf16 order. Q8_0
-                        weights take the "R16" order in this mode (src/nn/q8r.h: the same Q8
-                        activations as td_matmul's, each 32-value block's integer sum whole
-                        before its scale; AVX-512 VNNI over a repacked copy of the weights
-                        the model builds at the first such context, the Q8_0 bytes again).
+                        logits (tests/test_conformance.c states the tolerance). Q8_0 weights
+                        take the "R16" order under bf16 (src/nn/q8r.h: the same Q8 activations
+                        as td_matmul's, each 32-value block's integer sum whole before its
+                        scale; over a repacked copy of the weights the model builds at the
+                        first such context, the Q8_0 bytes again; the same bits on every
+                        kernel path); products with f32, f16 or other quantized weights are
+                        unchanged. TD_ACT_AMX: bf16-rounded activations and R16 as with
+                        TD_DTYPE_BF16, the bf16 products on Intel AMX tiles (TDPBF16PS,
+                        src/nn/amx.h, "AMX"): batch invariant and exact like the others, but
+                        the bits are this CPU's AMX unit's, not portable; products whose input
+                        width is not a multiple of 32 take the bf16 order.
                         With kv_type TD_DTYPE_BF16 and a head_dim that is a multiple of 32, the
                         cache is kept in the tiles' layouts and attention runs on the tiles too
                         (queries and probabilities rounded to bf16; each query's bits its own,

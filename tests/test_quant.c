@@ -486,8 +486,8 @@ static void test_matmul(void) {
     t_end();
 }
 
-/* The R16 order (act_type amx's Q8_0 products, q8r.h), where AVX-512 VNNI
- * exists: the activation record holds td_quant_act_row's q and d and -128 times
+/* The R16 order (Q8_0 products under act_type bf16 and amx, q8r.h), on the
+ * kernel path in force: the activation record holds td_quant_act_row's q and d and -128 times
  * each block's sum of q; the kernel's outputs are the bits of a scalar
  * statement of the order for every M (1 .. 130: token tiles of 4, 3, 2, 1 and
  * two slabs), N (tails of fewer than 16 outputs), K, add = 0 / 1 and output
@@ -510,12 +510,9 @@ static float r16_ref(const int8_t *q, const float *d, const unsigned char *wrow,
 }
 
 static void test_q8r(void) {
-    t_begin("matmul_r16_order_amx");
-    if (!td_q8r_available()) {
-        printf("  (no AVX-512 VNNI here: act_type amx's R16 order is not tested)\n");
-        t_end();
-        return;
-    }
+    char name[64];
+    snprintf(name, sizeof name, "matmul_r16_order_%s", td_kernels_path_name());
+    t_begin(name);
     static const int Ms[] = {1, 2, 3, 4, 5, 7, 8, 13, 130};
     static const int Ns[] = {1, 15, 16, 17, 45, 67};
     static const int Ks[] = {32, 96, 1024};
@@ -1205,7 +1202,7 @@ static const tm_shape KSHAPE = {.vocab = 301, .hidden = 256, .layers = 2, .heads
 static void test_invariance(int dt, int tied) {
     char name[96];
     snprintf(name, sizeof name, "invariance_%s_%s_%s%s", td_dtype_name(dt), tied ? "tied" : "untied", td_kernels_path_name(),
-             tc_act == TD_ACT_AMX ? "_act_amx" : "");
+             tc_act == TD_ACT_AMX ? "_act_amx" : tc_act == TD_DTYPE_BF16 ? "_act_bf16" : "");
     t_begin(name);
     tm_shape s = td_dtype_is_kquant(dt) ? KSHAPE : QSHAPE;
     s.tied = tied;
@@ -1228,7 +1225,7 @@ static void test_invariance(int dt, int tied) {
     /* T=1 steps (one thread) == one T=7 block == inside a ragged B=5 batch (two threads) */
     const char *bad = tc_invariance(m, V, seq, a, TD_DTYPE_F32);
     T_CHECK(bad == NULL, "%s", bad ? bad : "");
-    if (tc_act == TD_ACT_AMX && dt == TD_DTYPE_Q8_0) /* the contexts multiplied the R16 repacks */
+    if (tc_act != TD_DTYPE_F32 && dt == TD_DTYPE_Q8_0) /* the contexts multiplied the R16 repacks */
         T_CHECK(m->w.layers[0].wq.rp && m->w.lm_head.rp && !m->w.layers[0].attn_norm.rp, "Q8_0 matrices repacked");
     int finite = 1;
     for (int i = 0; i < 7 * V; i++) finite &= isfinite(a[i]);
@@ -1260,7 +1257,8 @@ done:
 /* plain decoding == speculative decoding (ngram drafter) on a quantized target */
 static void test_spec(int dt) {
     char name[64];
-    snprintf(name, sizeof name, "spec_equals_plain_%s%s", td_dtype_name(dt), tc_act == TD_ACT_AMX ? "_act_amx" : "");
+    snprintf(name, sizeof name, "spec_equals_plain_%s%s", td_dtype_name(dt),
+             tc_act == TD_ACT_AMX ? "_act_amx" : tc_act == TD_DTYPE_BF16 ? "_act_bf16" : "");
     t_begin(name);
     tm_shape s = td_dtype_is_kquant(dt) ? KSHAPE : QSHAPE;
     s.seed = 11;
@@ -1408,11 +1406,14 @@ int main(void) {
     test_kq_layout();
     test_kq_ggml();
     test_kq_matmul();
-    test_q8r();
     int deflt = td_kernels_path();
     for (int path = 0; path < TD_KPATH_COUNT; path++) {
         if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
         td_kernels_set_path(path);
+        test_q8r();
+        tc_act = TD_DTYPE_BF16; /* Q8_0 in the R16 order */
+        test_invariance(TD_DTYPE_Q8_0, 1);
+        tc_act = TD_DTYPE_F32;
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q4_0, 0);
         test_invariance(TD_DTYPE_Q4_K, 0);
@@ -1438,13 +1439,17 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    if (td_amx_available() && td_q8r_available()) { /* act_type amx: Q8_0 in the R16 order */
+    /* act_type bf16, and amx where the tiles are: Q8_0 in the R16 order */
+    tc_act = TD_DTYPE_BF16;
+    test_invariance(TD_DTYPE_Q8_0, 0);
+    test_spec(TD_DTYPE_Q8_0);
+    if (td_amx_available()) {
         tc_act = TD_ACT_AMX;
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q8_0, 0);
         test_spec(TD_DTYPE_Q8_0);
-        tc_act = TD_DTYPE_F32;
     }
+    tc_act = TD_DTYPE_F32;
     test_tiny_target();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -636,8 +636,8 @@ static void test_repack_i8t(void) {
     void *arena = NULL, *iarena = NULL;
     td_pool *pool = NULL;
     T_REQUIRE(q && xq && wq && row && x && y && want && xi && td_pool_open(&pool, 2) == 0, "out of memory");
-    if (!td_q8r_available() || !td_i8t_available()) {
-        printf("  (no AVX-512 VNNI or no AMX-INT8 tiles here: nothing to check)\n");
+    if (!td_i8t_available()) {
+        printf("  (no AMX-INT8 tiles here: nothing to check)\n");
         goto done;
     }
     uint64_t st = 0x9e3779b97f4a7c15ull;
@@ -697,7 +697,7 @@ static void *conc_thread(void *v) {
     td_ctx *c = NULL;
     td_spec *g = NULL;
     td_ctx_params cp = td_ctx_default_params();
-    cp.max_rows = 2; cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 1; cp.act_type = TD_ACT_AMX;
+    cp.max_rows = 2; cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 1; cp.act_type = g_act;
     td_spec_params sp = td_spec_default_params();
     sp.max_depth = 3;
     sp.fixed_depth = 1;
@@ -726,7 +726,7 @@ static void test_concurrent_open(const char *spec, const char *name) {
     for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(5 + 7 * i % 290);
     T_REQUIRE(td_drafter_open(&d, spec, g_target, &err) == 0, "drafter %s: %s", spec, err.msg);
     td_ctx_params cp = td_ctx_default_params();
-    cp.max_rows = 1; cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 1; cp.act_type = TD_ACT_AMX;
+    cp.max_rows = 1; cp.max_ctx = 128; cp.max_tokens = 64; cp.max_logits = 64; cp.n_threads = 1; cp.act_type = g_act;
     T_REQUIRE(td_ctx_open(&c, g_target, &cp, &err) == 0, "ctx: %s", err.msg);
     td_gen_params gp = {.sampling = td_sampling_default(), .max_tokens = 16, .ignore_eos = 1};
     td_gen_stats st;
@@ -1312,7 +1312,11 @@ int main(void) {
         run_exact(oth, "model_other_act_bf16", temp, quick ? 3 : 8, 3);
         run_exact(mtp, "mtp_random_act_bf16", temp, 3, 3);
         run_exact(blk, "block_random_act_bf16", temp, 3, 5);
+        /* the drafters' own matrices in Q8_0: R16 products over their repacks */
+        run_exact(same_q8, "model_same_q8_0_act_bf16", temp, 3, 4);
+        run_exact(mtp_q8, "mtp_random_q8_0_act_bf16", temp, 3, 3);
     }
+    test_concurrent_open(mtp_q8, "concurrent_open_mtp_q8_0_act_bf16");
     /* AMX tiles (every product of this target has a width of 64 or 96), where
      * the machine has them: token-identical to plain decoding in the same mode */
     if (td_amx_available()) {
@@ -1329,10 +1333,9 @@ int main(void) {
             run_exact(blk_q8, "block_random_q8_0_act_amx", temp, 3, 5);
             run_exact(chn, "block_chain_random_act_amx", temp, 3, 5);
         }
-        if (td_q8r_available()) { /* the drafters' R16 repacks, asked for by four opens at once */
-            test_concurrent_open(mtp_q8, "concurrent_open_mtp_q8_0_act_amx");
-            test_concurrent_open(blk_q8, "concurrent_open_block_q8_0_act_amx");
-        }
+        /* the drafters' R16 repacks, asked for by four opens at once */
+        test_concurrent_open(mtp_q8, "concurrent_open_mtp_q8_0_act_amx");
+        test_concurrent_open(blk_q8, "concurrent_open_block_q8_0_act_amx");
     } else {
         printf("  (no AMX-BF16 tiles here: exactness with act_type amx not run)\n");
     }

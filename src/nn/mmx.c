@@ -14,8 +14,10 @@ void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, 
     int bf16 = 0, rp = 0, ip = 0;
     for (int i = 0; i < n_w; i++) {
         bf16 |= w[i]->dtype == TD_DTYPE_BF16;
-        /* rp, ip are read only in amx mode: another context's first amx open may be writing them */
-        if (act_type == TD_ACT_AMX) rp |= w[i]->rp != NULL, ip |= w[i]->ip != NULL;
+        /* rp is read only in the bf16 and amx modes, ip only in amx mode: another context's first
+         * open in such a mode may be writing them */
+        if (act_type != TD_DTYPE_F32) rp |= w[i]->rp != NULL;
+        if (act_type == TD_ACT_AMX) ip |= w[i]->ip != NULL;
     }
     if (ip && xq_buf && M >= TD_MM_I8T_MIN_M) { /* the int8 rows, then their scales (K % 64 == 0: aligned) */
         in->xi = (const uint32_t *)(const void *)xq_buf;
@@ -82,7 +84,7 @@ void td_mm_parts(td_pool *pool, int act_type, const float *x, int ldx, int M, in
     for (int i = 0; i < n; i++) {
         const td_tensor *w = parts[i].w;
         if (!bf && w->dtype == TD_DTYPE_BF16) { ws[nw++] = w; bf = 1; }
-        else if (!rp && act_type == TD_ACT_AMX && (w->rp || w->ip)) { ws[nw++] = w; rp = 1; }
+        else if (!rp && ((act_type != TD_DTYPE_F32 && w->rp) || (act_type == TD_ACT_AMX && w->ip))) { ws[nw++] = w; rp = 1; }
     }
     td_mm_prepare(&j.in, act_type, ws, nw, x, ldx, M, K, xa_buf, xq_buf);
     td_pool_run(pool, parts_run, &j);

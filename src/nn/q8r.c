@@ -1,5 +1,9 @@
 /* q8r — the R16 order of Q8_0 products over repacked weights (q8r.h).
  *
+ * td_q8r_matmul runs the VNNI tiles below on the AVX-512 path where the CPU has
+ * VNNI, quant_avx2.c's kernel on the AVX2 path (and AVX-512 without VNNI), and
+ * matmul_p, the order written out in C, elsewhere.
+ *
  * A register tile is T tokens x G groups of 16 outputs: per block it starts T x G
  * integer accumulators at -128 * (sum of the token's q), runs 8 VPDPBUSD steps
  * (one 64-byte vector of the group's values against 4 bytes of the token's q,
@@ -19,18 +23,21 @@
  * the tiles instead (matmul_amx: a record is already a B tile), the same sums
  * and the same f32 steps; TD_Q8R_AMX=0 keeps them on VNNI (for A/B runs). */
 #include "nn/q8r.h"
+#include "nn/kernels.h"
 #include "nn/quant.h"
+#include "nn/quant_avx2.h"
 #include "util/util.h"
 
+#include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
 size_t td_q8r_group_bytes(int64_t K) { return (size_t)((K / 32 + 1) / 2) * TD_Q8R_PAIR; }
 size_t td_q8r_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * td_q8r_group_bytes(K); }
 
-/* where block b's 16 f16 scales and its 8 x 64 value bytes start in a group */
-static inline size_t rec_scales(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + (size_t)(b & 1) * 32; }
-static inline size_t rec_values(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + 64 + (size_t)(b & 1) * 512; }
+#define rec_scales td_q8r_rec_scales
+#define rec_values td_q8r_rec_values
 
 /* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights) of block b,
  * its scales at sc and its values at v */
@@ -118,11 +125,12 @@ void td_q8r_act(void *xq, const float *x, int ldx, int M, int K) {
 
 #define TV __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-int td_q8r_available(void) {
+static int vnni_ok(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vnni");
 }
+#define HAVE_VNNI_TILES 1
 
 /* T tokens (rows of xq, rb bytes apart) x G groups (records gs bytes apart,
  * from wr) over all nb blocks; writes y[t * ldy + 16 g + lane] for lanes below
@@ -344,8 +352,7 @@ TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uin
  * whole 16-token chunks take the tiles (measured: 48 beat 32, 64, 128 and 256
  * in a 512-token forward, bench/forward-notes.md) and whose remainder takes
  * VNNI. Either way each output's f32 chain is the same. */
-TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
+TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
     size_t rb = td_q8r_row_bytes(K);
     const uint8_t *W = Wr;
     int amx = Mall >= 16 && amx_on(), slab = amx ? 48 : 128;
@@ -358,10 +365,50 @@ TV void td_q8r_matmul(float *y, int ldy, const void *xq, int Mall, const void *W
     }
 }
 
-#else
-int td_q8r_available(void) { return 0; }
-void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add) {
-    (void)y; (void)ldy; (void)xq; (void)M; (void)Wr; (void)K; (void)n0; (void)n1; (void)add;
-    TD_ASSERT(!"td_q8r_matmul without AVX-512 VNNI");
-}
 #endif
+
+/* The order in C: per token and output, each block's integer sum, then its f32 step. */
+static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add) {
+    int nb = K / 32;
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    for (int m = 0; m < M; m++) {
+        const uint8_t *xr = xq + (size_t)m * rb;
+        const int8_t *q = (const int8_t *)xr;
+        for (int n = n0; n < n1; n++) {
+            const uint8_t *grp = W + (size_t)(n / 16) * gs;
+            int l = n % 16;
+            float a = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *v = grp + rec_values(b) + 4 * l;
+                int32_t p, ns;
+                memcpy(&ns, xr + K + 4 * nb + 4 * b, 4);
+                p = ns; /* -128 * sum q: takes back the records' + 128 */
+                for (int j = 0; j < 8; j++)
+                    for (int i = 0; i < 4; i++) p += (int32_t)v[64 * j + i] * (int32_t)q[32 * b + 4 * j + i];
+                uint16_t h;
+                float d;
+                memcpy(&h, grp + rec_scales(b) + 2 * l, 2);
+                memcpy(&d, xr + K + 4 * b, 4);
+                a = fmaf(td_f16_to_f32(h) * d, (float)p, a);
+            }
+            float *yy = y + (size_t)m * ldy + n;
+            *yy = add ? *yy + a : a;
+        }
+    }
+}
+
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add) {
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
+    if (M <= 0 || n0 >= n1) return;
+    int path = td_kernels_path();
+#ifdef HAVE_VNNI_TILES
+    static _Atomic int vnni = -1;
+    int v = atomic_load_explicit(&vnni, memory_order_relaxed);
+    if (v < 0) atomic_store_explicit(&vnni, v = vnni_ok(), memory_order_relaxed);
+    if (path == TD_KPATH_AVX512 && v) { matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add); return; }
+#endif
+#ifdef TD_HAVE_QUANT_AVX2
+    if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { td_avx2_q8r_matmul(y, ldy, xq, M, Wr, K, n0, n1, add); return; }
+#endif
+    matmul_p(y, ldy, xq, M, Wr, K, n0, n1, add);
+}

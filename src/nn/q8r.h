@@ -1,13 +1,13 @@
-/* q8r — products of Q8_0 weights under act_type amx, over a repacked copy of
- * the weights (the "R16" order).
+/* q8r — products of Q8_0 weights under act_type bf16 and amx, over a repacked
+ * copy of the weights (the "R16" order).
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
  * every extra token cost nearly as much as the first (T = 8 verify ~1.9x T = 1
  * on the Qwen3-0.6B shape, prefill below llama.cpp's). R16 sums a whole block
  * in exact integers first, so 16 outputs can share one vector, one lane each.
- * act_type amx is its own order family already (bf16 weights on the tiles), so
- * R16 serves only there: the f32 and bf16 modes keep Q16 on every path.
+ * The bf16 and amx modes already trade f32 activations for speed, so R16 serves
+ * there; the f32 mode keeps Q16 (no repack: the file's bytes only).
  *
  * The order of y[m][n] = sum_k x[m][k] W[n][k] (K/32 blocks b; w the block's
  * int8 values, dw its f16 scale as f32; x quantized per block exactly as
@@ -31,10 +31,12 @@
  * VPDPBUSD. The +128 is taken back exactly through the activation record's
  * -128 * (sum of the block's q). The copy has the file's bytes (34 a block of
  * 32 weights), padding aside.
- * Kernel: AVX-512 VNNI (td_q8r_available); register tiles of up to 4 tokens x
- * 3 groups (1 x 8 for a single token); with AMX-INT8, chunks of 16 tokens of a
- * product of 16 or more on the tiles (TDPBSUD per block, the record read as the
- * B tile), the same bits. */
+ * Kernels (td_q8r_matmul picks by td_kernels_path(), the same bits on each):
+ * AVX-512 VNNI, register tiles of up to 4 tokens x 3 groups (1 x 8 for a single
+ * token), and with AMX-INT8, chunks of 16 tokens of a product of 16 or more on
+ * the tiles (TDPBSUD per block, the record read as the B tile); AVX2
+ * (quant_avx2.c: the signed bytes by vpmaddubsw and vpmaddwd, 2 tokens x 1
+ * group), also for AVX-512 CPUs without VNNI; portable C elsewhere. */
 #ifndef TD_Q8R_H
 #define TD_Q8R_H
 
@@ -43,8 +45,10 @@
 
 enum { TD_Q8R_PAIR = 1088 }; /* bytes of two blocks of one group: 2 x 32 of f16 scales, 2 x 512 of values */
 
-/* 1 when the CPU has AVX-512 VNNI (the one kernel path of this order). */
-int td_q8r_available(void);
+/* Offsets, within a group, of block b's 16 f16 scales and of its 8 x 64 value bytes. */
+static inline size_t td_q8r_rec_scales(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + (size_t)(b & 1) * 32; }
+static inline size_t td_q8r_rec_values(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + 64 + (size_t)(b & 1) * 512; }
+
 /* Bytes of one 16-row group of an [N][K] repack, and of the whole repack
  * (K a multiple of 32): both multiples of 64. */
 size_t td_q8r_group_bytes(int64_t K);
@@ -58,8 +62,7 @@ static inline size_t td_q8r_row_bytes(int K) { return ((size_t)K + (size_t)K / 4
 /* Quantize rows x[m * ldx .. + K), m in [0, M), into xq (M * td_q8r_row_bytes(K)). */
 void td_q8r_act(void *xq, const float *x, int ldx, int M, int K);
 /* y[m * ldy + n] (+)= the R16 product of activation row m (xq) with row n of
- * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16. Requires
- * td_q8r_available(). */
+ * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16. */
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add);
 
 #endif

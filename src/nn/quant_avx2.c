@@ -11,7 +11,8 @@
  * Q4_1 / Q5_1 add their minimums' 8-lane sum after the main loop (qmins).
  * Tiles: 1 token x 1 output (decode: one weight stream), 2 tokens x 2 outputs.
  * The k-quants (Q2_K .. Q6_K, IQ4_XS) have their own tiles below (ktile: int32
- * super-block sums, then one fma per super-block), 4 tokens x 2 outputs too. */
+ * super-block sums, then one fma per super-block), 4 tokens x 2 outputs too.
+ * Last, the R16 order of Q8_0 (q8r.h) over its repacked records. */
 #include "nn/quant_avx2.h"
 #include "nn/kernels_avx2.h"
 
@@ -20,6 +21,7 @@
 #error "quant_avx2.c needs -mavx2 -mfma -mf16c (the Makefile adds them on x86-64)"
 #endif
 #include "nn/kquant.h"
+#include "nn/q8r.h"
 #include "nn/quant.h"
 #include "tandem.h"
 
@@ -501,6 +503,73 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
             if (M - m >= 2) ts->t2(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
             else ts->t1(y + (size_t)m * ldy + n, ldy, a + (size_t)m * lda, lda, wb + n * wrow, wrow, K, add);
         }
+}
+
+/* ---- the R16 order (q8r.h) over repacked Q8_0 records ----------------------
+ * One group of 16 outputs x T (1 or 2) tokens per tile. A record line of 64
+ * bytes holds 4 values of each of the 16 rows; its two 32-byte halves (rows 0-7,
+ * 8-15) are flipped back to signed bytes (xor 0x80), and vpmaddubsw(|w|, sign(q,
+ * w)) then vpmaddwd with ones adds 4 exact products into each row's int32 lane
+ * (|w| <= 128, |q| <= 127: no saturation). The 8 lines of a block give P_b exact
+ * (no -128 * sum q needed: the bytes are signed again); then c = dw * d and one
+ * fma per output, as q8r.c's other kernels. */
+AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const uint8_t *grp, int nb, int K, int nv,
+                 int add) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 f[2][2];
+#pragma GCC unroll 2
+    for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *v = grp + td_q8r_rec_values(b);
+        __m256i p[2][2];
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) p[t][0] = p[t][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i w0 = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(const void *)(v + 64 * j)), flip);
+            __m256i w1 = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(const void *)(v + 64 * j + 32)), flip);
+            __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                int32_t q4;
+                memcpy(&q4, xq + (size_t)t * rb + 32 * b + 4 * j, 4);
+                __m256i x = _mm256_set1_epi32(q4);
+                p[t][0] = _mm256_add_epi32(p[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
+                p[t][1] = _mm256_add_epi32(p[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
+            }
+        }
+        const uint8_t *sc = grp + td_q8r_rec_scales(b);
+        __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)sc));
+        __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(sc + 16)));
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            float d;
+            memcpy(&d, xq + (size_t)t * rb + K + 4 * b, 4);
+            __m256 dx = _mm256_set1_ps(d);
+            f[t][0] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(p[t][0]), f[t][0]);
+            f[t][1] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(p[t][1]), f[t][1]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < T; t++) {
+        float o[16], *yy = y + (size_t)t * ldy;
+        _mm256_storeu_ps(o, f[t][0]);
+        _mm256_storeu_ps(o + 8, f[t][1]);
+        for (int l = 0; l < nv; l++) yy[l] = add ? yy[l] + o[l] : o[l];
+    }
+}
+
+void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add) {
+    int nb = K / 32;
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    const uint8_t *xs = xq;
+    for (int n = n0; n < n1; n += 16) {
+        int nv = n1 - n < 16 ? n1 - n : 16;
+        const uint8_t *grp = (const uint8_t *)Wr + (size_t)(n / 16) * gs;
+        int m = 0;
+        for (; m + 2 <= M; m += 2) r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add);
+        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add);
+    }
 }
 
 #else

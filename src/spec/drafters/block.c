@@ -883,7 +883,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         g->capp = (g->cap + 31) / 32 * 32;
         size_t nt = (size_t)td_pool_size(g->pool), nqm = (size_t)(p->H / p->KVH) * p->G;
         int rc = 0;
-        if (td_q8r_available()) { /* quant=q8_0: the R16 repacks, made once (under td_draft_repack_q8r's lock) */
+        { /* quant=q8_0: the R16 repacks, made once (under td_draft_repack_q8r's lock) */
             td_tensor *extra[5];
             int ne = own_matrices(p, extra);
             rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, &p->iarena, err);

@@ -372,7 +372,7 @@ static void dm_free(void *self) {
     dm_provider *p = self;
     if (!p) return;
     td_draft_vocab_free(&p->voc);
-    if (!p->m || p->view.q8r_arena != p->m->q8r_arena) free(p->view.q8r_arena); /* the view's repacks (act_type amx) */
+    if (!p->m || p->view.q8r_arena != p->m->q8r_arena) free(p->view.q8r_arena); /* the view's repacks (act_type bf16 or amx) */
     td_model_free(p->m);
     free(p);
 }

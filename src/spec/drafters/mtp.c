@@ -60,7 +60,7 @@ typedef struct {
     int tap;                  /* target layer tapped (= n_layer) */
     int lookup;               /* option lookup=N (prompt lookup first, td_draft_lookup); 0 = off */
     void *qarena;             /* owned: the quantized matrices (quant=), or NULL */
-    void *farena;             /* owned: fc's R16 repack (quant=q8_0 under act_type amx, made by the
+    void *farena;             /* owned: fc's R16 repack (quant=q8_0 under act_type bf16 or amx, made by the
                                  first such group), or NULL */
     int frepacked;            /* 1: td_draft_repack_q8r made it (or found nothing to repack) */
     td_draft_vocab voc;       /* the draft vocabulary (spec/vocab.h) */
@@ -412,13 +412,13 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     }
     g->pool = td_ctx_pool(g->ctx);
     g->act = td_ctx_get_params(g->ctx).act_type;
-    if (g->act == TD_ACT_AMX && p->fc.dtype == TD_DTYPE_Q8_0 && td_q8r_available()) {
+    if (g->act != TD_DTYPE_F32 && p->fc.dtype == TD_DTYPE_Q8_0) { /* bf16, amx: fc in the R16 order too */
         td_tensor *fc = &p->fc; /* fc's R16 repack, made once (the head's layer has its own, made by td_ctx_open) */
         if ((rc = td_draft_repack_q8r(&p->frepacked, NULL, 0, &fc, 1, &p->farena, NULL, err)) != 0) { mtp_free_group(g); return rc; }
     }
     if ((g->act != TD_DTYPE_F32 && p->fc.dtype == TD_DTYPE_BF16 &&
          !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tokens, 2 * g->D)))) ||
-        (g->act == TD_ACT_AMX && p->farena && !(g->xq = malloc(td_q8r_row_bytes(2 * g->D) * (size_t)g->max_tokens)))) {
+        (g->act != TD_DTYPE_F32 && p->farena && !(g->xq = malloc(td_q8r_row_bytes(2 * g->D) * (size_t)g->max_tokens)))) {
         mtp_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
@@ -436,7 +436,7 @@ static void mtp_free(void *self) {
     mtp_provider *p = self;
     if (!p) return;
     free(p->head.w.layers);
-    free(p->head.q8r_arena); /* the head's repacks (act_type amx), made by td_ctx_open */
+    free(p->head.q8r_arena); /* the head's repacks (act_type bf16 or amx), made by td_ctx_open */
     free(p->qarena);
     free(p->farena);
     td_draft_vocab_free(&p->voc);
