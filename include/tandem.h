@@ -268,7 +268,8 @@ int td_kv_type_parse(const char *name);
 /* The name of a KV type ("f32", "bf16", "f16"), or NULL when it is not one. */
 const char *td_kv_type_name(int kv_type);
 /* The activation type of a name: "f32" or "bf16" -> TD_DTYPE_*, "amx" -> TD_ACT_AMX, "auto" -> TD_ACT_AMX
- * where this CPU and kernel offer AMX tiles, else TD_DTYPE_F32; -1 for any other. */
+ * where this CPU and kernel offer AMX tiles, else TD_DTYPE_BF16 where the CPU's vdpbf16ps computes the
+ * B32 order natively, else TD_DTYPE_F32; -1 for any other. */
 int td_act_type_parse(const char *name);
 /* The name of an activation type ("f32", "bf16", "amx"), or NULL when it is not one. */
 const char *td_act_type_name(int act_type);

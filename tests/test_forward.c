@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "nn/amx.h"
+#include "nn/kernels.h"
 #include "nn/pool.h"
 
 static td_model *open_model(const char *dir, const tm_shape *s) {
@@ -391,8 +392,10 @@ done:
 static void test_act_amx(const tm_shape *sa, const char *da, const tm_shape *sf, const char *df) {
     t_begin("act_type_amx");
     T_CHECK(td_act_type_parse("amx") == TD_ACT_AMX && !strcmp(td_act_type_name(TD_ACT_AMX), "amx"), "amx name");
-    T_CHECK(td_act_type_parse("auto") == (td_amx_available() ? TD_ACT_AMX : TD_DTYPE_F32) && td_act_type_parse("Auto") == -1,
-            "auto: amx exactly where the tiles are");
+    int want = td_amx_available() ? TD_ACT_AMX : td_kernels_bf16_native() ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+    T_CHECK(td_act_type_parse("auto") == want && td_act_type_parse("Auto") == -1,
+            "auto: amx where the tiles are, else bf16 where vdpbf16ps is native, else f32 (%d, want %d)",
+            td_act_type_parse("auto"), want);
     td_model *ma = open_model(da, sa), *mf = open_model(df, sf);
     T_REQUIRE(ma && mf, "models");
     if (!td_amx_available()) {

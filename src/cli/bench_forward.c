@@ -42,11 +42,12 @@ static void bf_help(void) {
            "      --reps N           repeat every measurement N times and keep each one's best\n"
            "                         (for a machine shared with other work; default 1)\n"
            "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
-           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, else\n"
-           "                         f32) | f32 | bf16 | f16\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type bf16 or amx,\n"
+           "                         else f32) | f32 | bf16 | f16\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
-           "                         | auto (amx: bf16 weights on AMX tiles, Q8_0 weights in the R16\n"
-           "                         order; auto: amx where the CPU has the tiles, else f32)\n"
+           "                         | auto (bf16 and amx: Q8_0 weights in the R16 order; amx: bf16\n"
+           "                         weights on AMX tiles; auto: amx where the CPU has the tiles,\n"
+           "                         else bf16 where it has AVX-512 BF16, else f32)\n"
            CLI_MMAP_HELP
            "      --json             print one JSON object\n"
            "  -h, --help             this help\n");

@@ -106,7 +106,7 @@ int cli_parse_kv_type(const char *s, const char *opt, int *out) {
 }
 int cli_kv_type(int kv, int act) {
     if (kv != CLI_KV_AUTO) return kv;
-    return act == TD_ACT_AMX ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+    return act == TD_ACT_AMX || act == TD_DTYPE_BF16 ? TD_DTYPE_BF16 : TD_DTYPE_F32;
 }
 int cli_parse_act_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_act_type_parse, "f32, bf16, amx or auto", out); }
 
@@ -142,15 +142,17 @@ void cli_gen_opts_help(void) {
            "      --stop STR         stop at STR (repeatable, at most 16)\n"
            "      --ignore-eos       keep going past end-of-sequence tokens\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, where\n"
-           "                         attention then runs on the tiles; else f32) | f32 | bf16 | f16\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type bf16 or amx\n"
+           "                         (amx: attention then runs on the tiles); else f32) | f32 | bf16 | f16\n"
            "                         (half the bytes; a model drafter's cache follows it)\n"
            "      --act-type T       activations entering bf16-weight products: f32 (default) |\n"
            "                         bf16 (rounded to bf16, bf16 dot products: faster, logits move\n"
-           "                         by ~1e-2 relative; a model drafter follows it) | amx (bf16 on\n"
+           "                         by ~1e-2 relative; Q8_0 in the R16 order over a repacked copy;\n"
+           "                         a model drafter follows it) | amx (bf16 on\n"
            "                         Intel AMX tiles, where the CPU has them: bits are the CPU's;\n"
            "                         Q8_0 weights repacked for 16-output VNNI products) | auto (amx\n"
-           "                         where the CPU has the tiles, else f32)\n"
+           "                         where the CPU has the tiles, else bf16 where it has AVX-512\n"
+           "                         BF16, else f32)\n"
            "  -t, --threads N        threads (default: physical cores)\n"
            CLI_MMAP_HELP);
 }

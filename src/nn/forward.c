@@ -222,7 +222,8 @@ const char *td_kv_type_name(int kv_type) {
 
 int td_act_type_parse(const char *name) {
     if (!name) return -1;
-    if (!strcmp(name, "auto")) return td_amx_available() ? TD_ACT_AMX : TD_DTYPE_F32;
+    if (!strcmp(name, "auto")) /* the fastest mode this CPU runs natively */
+        return td_amx_available() ? TD_ACT_AMX : td_kernels_bf16_native() ? TD_DTYPE_BF16 : TD_DTYPE_F32;
     return !strcmp(name, "f32") ? TD_DTYPE_F32 : !strcmp(name, "bf16") ? TD_DTYPE_BF16 : !strcmp(name, "amx") ? TD_ACT_AMX : -1;
 }
 const char *td_act_type_name(int act_type) {
