@@ -401,6 +401,7 @@ void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int
     TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
+    (void)path; /* read only by the x86-64 kernels */
 #ifdef HAVE_VNNI_TILES
     static _Atomic int vnni = -1;
     int v = atomic_load_explicit(&vnni, memory_order_relaxed);
