@@ -27,8 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
 #ifndef __AVX512F__
 int main(void) {
@@ -36,28 +34,13 @@ int main(void) {
     return 2;
 }
 #else
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double med(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmpd);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bw.h"
 
 typedef struct {
     const uint16_t *W, *P; /* [N][K] row-major; the same, 8-row groups interleaved */
     const float *x;        /* [K] */
     float *y, *yp;         /* [N]: gemv's, packed's */
-    const uint64_t *buf;   /* read buffer, words */
-    size_t words;
     int K, N;
-    uint64_t sums[64];
 } job;
 
 static void gemv_run(void *arg, int i, int n) {
@@ -95,26 +78,6 @@ static void packed_run(void *arg, int i, int n) {
     }
 }
 
-static void read_run(void *arg, int i, int n) {
-    job *j = arg;
-    size_t a = (j->words * (size_t)i / (size_t)n) & ~(size_t)31, b = (j->words * (size_t)(i + 1) / (size_t)n) & ~(size_t)31;
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t k = a; k < b; k += 32) {
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512(j->buf + k));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512(j->buf + k + 8));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512(j->buf + k + 16));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512(j->buf + k + 24));
-    }
-    j->sums[i & 63] = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
-}
-
-static void *big(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, (size_t)1 << 21, bytes) != 0) return NULL;
-    madvise(p, bytes, MADV_HUGEPAGE);
-    return p;
-}
-
 int main(int argc, char **argv) {
     int N = argc > 1 ? atoi(argv[1]) : 585728, K = argc > 2 ? atoi(argv[2]) : 1024;
     int T = argc > 3 ? atoi(argv[3]) : 2, R = argc > 4 ? atoi(argv[4]) : 10;
@@ -123,8 +86,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t nw = (size_t)N * K, bytes = nw * 2;
-    uint16_t *W = big(bytes), *P = big(bytes);
-    uint64_t *buf = big(bytes);
+    uint16_t *W = bw_big(bytes), *P = bw_big(bytes);
+    uint64_t *buf = bw_big(bytes);
     float *x = malloc(sizeof(float) * (size_t)K), *y = malloc(sizeof(float) * (size_t)N), *yp = malloc(sizeof(float) * (size_t)N);
     double *rd = malloc(sizeof(double) * (size_t)R * 5);
     td_pool *pool = NULL;
@@ -143,16 +106,17 @@ int main(int argc, char **argv) {
                 memcpy(P + (size_t)q * 8 * K + (size_t)(k / 32) * 256 + r * 32, W + ((size_t)q * 8 + r) * K + k, 64);
     for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
     for (int k = 0; k < K; k++) x[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
-    job j = {W, P, x, y, yp, buf, bytes / 8, K, N, {0}};
+    job j = {W, P, x, y, yp, K, N};
+    bw_read rj = {buf, bytes / 8, {0}};
     double *r_rd = rd, *r_gv = rd + R, *r_pk = rd + 2 * R, *q_gv = rd + 3 * R, *q_pk = rd + 4 * R;
     for (int r = 0; r < R; r++) {
-        double t0 = now();
-        td_pool_run(pool, read_run, &j);
-        double t1 = now();
+        double t0 = bw_now();
+        td_pool_run(pool, bw_read_run, &rj);
+        double t1 = bw_now();
         td_pool_run(pool, gemv_run, &j);
-        double t2 = now();
+        double t2 = bw_now();
         td_pool_run(pool, packed_run, &j);
-        double t3 = now();
+        double t3 = bw_now();
         r_rd[r] = bytes / (t1 - t0) / 1e9, r_gv[r] = bytes / (t2 - t1) / 1e9, r_pk[r] = bytes / (t3 - t2) / 1e9;
         q_gv[r] = r_gv[r] / r_rd[r], q_pk[r] = r_pk[r] / r_rd[r];
     }
@@ -160,7 +124,7 @@ int main(int argc, char **argv) {
     printf("{\"N\": %d, \"K\": %d, \"threads\": %d, \"rounds\": %d, \"weight_mb\": %.1f, \"read_gbs\": %.2f, "
            "\"gemv_gbs\": %.2f, \"packed_gbs\": %.2f, \"gemv_over_read\": %.3f, \"packed_over_read\": %.3f, "
            "\"packed_bits_equal\": %s}\n",
-           N, K, T, R, bytes / 1e6, med(r_rd, R), med(r_gv, R), med(r_pk, R), med(q_gv, R), med(q_pk, R),
+           N, K, T, R, bytes / 1e6, bw_med(r_rd, R), bw_med(r_gv, R), bw_med(r_pk, R), bw_med(q_gv, R), bw_med(q_pk, R),
            same ? "true" : "false");
     td_pool_free(pool);
     free(W), free(P), free(buf), free(x), free(y), free(yp), free(rd);

@@ -19,8 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
 #ifndef __AVX512F__
 int main(void) {
@@ -28,56 +26,19 @@ int main(void) {
     return 2;
 }
 #else
-#include <immintrin.h>
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double med(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmpd);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bw.h"
 
 enum { K = 1024, MMAX = 8 };
 typedef struct {
     const uint8_t *R, *xq; /* repack; MMAX activation rows */
     float *y;              /* [MMAX][N] */
     int N, M;
-    const uint64_t *buf;   /* read buffer, words */
-    size_t words;
-    uint64_t sums[64];
 } job;
 
 static void q_run(void *arg, int i, int n) {
     job *j = arg;
     int g = (j->N + 15) / 16, g0 = g * i / n, g1 = g * (i + 1) / n;
     td_q8r_matmul(j->y, j->N, j->xq, j->M, j->R, K, g0 * 16, g1 * 16 < j->N ? g1 * 16 : j->N, 0);
-}
-
-static void read_run(void *arg, int i, int n) {
-    job *j = arg;
-    size_t a = (j->words * (size_t)i / (size_t)n) & ~(size_t)31, b = (j->words * (size_t)(i + 1) / (size_t)n) & ~(size_t)31;
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t k = a; k < b; k += 32) {
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512(j->buf + k));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512(j->buf + k + 8));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512(j->buf + k + 16));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512(j->buf + k + 24));
-    }
-    j->sums[i & 63] = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
-}
-
-static void *big(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, (size_t)1 << 21, bytes) != 0) return NULL;
-    madvise(p, bytes, MADV_HUGEPAGE);
-    memset(p, 1, bytes);
-    return p;
 }
 
 int main(int argc, char **argv) {
@@ -87,8 +48,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t rowb = (size_t)K / 32 * 34, rbytes = td_q8r_bytes(N, K);
-    uint8_t *W = malloc(rowb * (size_t)N), *Rp = big(rbytes), *xq = aligned_alloc(64, td_q8r_row_bytes(K) * MMAX);
-    uint64_t *buf = big(rbytes);
+    uint8_t *W = malloc(rowb * (size_t)N), *Rp = bw_big(rbytes), *xq = aligned_alloc(64, td_q8r_row_bytes(K) * MMAX);
+    uint64_t *buf = bw_big(rbytes);
     float *x = malloc(sizeof(float) * K * MMAX), *y = malloc(sizeof(float) * (size_t)N * MMAX);
     double *t = malloc(sizeof(double) * (size_t)R * 5);
     td_pool *pool = NULL;
@@ -103,29 +64,30 @@ int main(int argc, char **argv) {
     }
     for (int n = 0; n < N; n++)
         for (int b = 0; b < K / 32; b++) memcpy(W + (size_t)n * rowb + (size_t)b * 34, &(uint16_t){0x0400}, 2);
-    td_q8r_repack(Rp, W, N, K, 0, N);
+    td_q8r_repack(Rp, W, N, K, 0, N); /* every page written: no faults in the rounds */
     free(W);
     for (size_t i = 0; i < rbytes / 8; i++) buf[i] = i;
     for (int k = 0; k < K * MMAX; k++) x[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
     td_q8r_act(xq, x, K, MMAX, K);
-    job j = {Rp, xq, y, N, 1, buf, rbytes / 8, {0}};
+    job j = {Rp, xq, y, N, 1};
+    bw_read rj = {buf, rbytes / 8, {0}};
     static const int Ms[4] = {1, 2, 4, 8};
     for (int r = 0; r < R; r++) {
-        double t0 = now();
-        td_pool_run(pool, read_run, &j);
-        t[r] = rbytes / (now() - t0) / 1e9;
+        double t0 = bw_now();
+        td_pool_run(pool, bw_read_run, &rj);
+        t[r] = rbytes / (bw_now() - t0) / 1e9;
         for (int i = 0; i < 4; i++) {
             j.M = Ms[i];
-            double t1 = now();
+            double t1 = bw_now();
             td_pool_run(pool, q_run, &j);
-            t[(size_t)(i + 1) * R + r] = (now() - t1) * 1e3;
+            t[(size_t)(i + 1) * R + r] = (bw_now() - t1) * 1e3;
         }
     }
-    double bw = med(t, R);
+    double bw = bw_med(t, R);
     printf("{\"N\": %d, \"K\": %d, \"threads\": %d, \"rounds\": %d, \"weight_mb\": %.1f, \"read_gbs\": %.2f, "
            "\"floor_ms\": %.2f, \"ms\": {\"1\": %.2f, \"2\": %.2f, \"4\": %.2f, \"8\": %.2f}}\n",
-           N, K, T, R, rbytes / 1e6, bw, rbytes / bw / 1e6, med(t + R, R), med(t + 2 * R, R), med(t + 3 * R, R),
-           med(t + 4 * R, R));
+           N, K, T, R, rbytes / 1e6, bw, rbytes / bw / 1e6, bw_med(t + R, R), bw_med(t + 2 * R, R), bw_med(t + 3 * R, R),
+           bw_med(t + 4 * R, R));
     td_pool_free(pool);
     free(Rp), free(xq), free(buf), free(x), free(y), free(t);
     return 0;
