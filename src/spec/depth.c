@@ -32,13 +32,12 @@ double td_cost_at(const td_cost_curve *c, int T) {
 }
 
 void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
-    c->n = 0;
-    for (int p = 0; p < n && p < TD_COST_POINTS; p++) {
+    c->n = n < TD_COST_POINTS ? n : TD_COST_POINTS;
+    for (int p = c->n - 1; p >= 0; p--) {
         double v = s[p];
-        if (c->n > 0 && v < c->s[c->n - 1]) v = c->s[c->n - 1]; /* never cheaper with more tokens */
-        c->T[c->n] = T[p];
-        c->s[c->n] = v;
-        c->n++;
+        if (p + 1 < c->n && c->s[p + 1] < v) v = c->s[p + 1]; /* more tokens never cost less */
+        c->T[p] = T[p];
+        c->s[p] = v;
     }
 }
 
@@ -149,12 +148,23 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         }
     }
     int may_probe_free = (E + 1) / (td_cost_at(cv, T + 1) + step_s * (kmax > 0 ? kmax + step_extra : 0)) > rate;
+    /* No perfect draft pays, but one would were its steps free: the step's
+     * price alone holds such rows at 0, and that price is an estimate (a burst
+     * of load on a shared machine inflates it, and only a drafting round can
+     * bring it down), so they re-measure it every TD_DEPTH_PROBE_MAX rounds. */
+    int stale = !may_probe && step_s > 0 && (E + 1) / td_cost_at(cv, T + 1) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {
         td_depth_ctl *c = ctl[i];
         int fr = free_row && free_row[i];
         if (k[i] == 0 && maxk[i] > 0 && !(fr ? may_probe_free : may_probe)) {
-            c->since_probe = 0;
+            if (fr || !stale) c->since_probe = 0;
+            else if (c->since_probe < 0) c->since_probe = 1; /* a probe just ran: count afresh */
+            else if (++c->since_probe >= TD_DEPTH_PROBE_MAX && allow_probe) {
+                c->since_probe = -1;
+                k[i] = kp < maxk[i] ? kp : maxk[i];
+                probes++;
+            }
         } else if (k[i] == 0 && maxk[i] > 0) {
             if (c->since_probe == -1 && c->probe_every < TD_DEPTH_PROBE_MAX) c->probe_every *= 2; /* the last probe did not pay */
             if (c->since_probe < 0) c->since_probe = 0;
@@ -170,6 +180,12 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         }
     }
     return probes;
+}
+
+double td_step_cost_update(double est, double per, int steady, int measured) {
+    if (!measured) return per;
+    if (steady) return 0.8 * est + 0.2 * (per < 1.5 * est ? per : 1.5 * est);
+    return per < est ? 0.8 * est + 0.2 * per : est;
 }
 
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {

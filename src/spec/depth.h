@@ -27,7 +27,10 @@
  * the tokens it missed), and there is no probe at all while even a perfectly
  * accepted draft could not pay for its step — for the row alone, or for all
  * the rows held at 0 probing together (their schedules run alike), then at
- * the depth that pays best for them together — nor while the caller says
+ * the depth that pays best for them together; except that where only the
+ * step's price stands in the way (a perfect draft would pay were its steps
+ * free), the row re-measures that price every TD_DEPTH_PROBE_MAX rounds —
+ * nor while the caller says
  * probes have cost more than their budget (allow_probe = 0: the group keeps
  * the time spent in probe rounds, their drafting and their verify beyond a
  * plain round's, under TD_PROBE_BUDGET of its verify time, so a drafter that
@@ -64,10 +67,26 @@ typedef struct td_cost_curve {
     double s[TD_COST_POINTS];
 } td_cost_curve;
 
+/* The running price of one draft step (seconds) after a round whose steps
+ * cost per each: the first measured round sets it (measured = 0); a steady
+ * round (every drafting row drafted the round before) moves it a fifth of the
+ * way, a slow one by at most a tenth of the estimate (a burst of load lasting
+ * many rounds inflates it at most 1.1x a round, not 1.2x); a catch-up round
+ * (a row first catches its drafter up on tokens it missed) costs more than
+ * its steps, so it only lowers the price, a fifth of the way (setting it to
+ * the catch-up's own figure measured no better on the Zen 5 VM: 1.98-2.28x
+ * against 2.12-2.47x for MTP, three alternations). */
+double td_step_cost_update(double est, double per, int steady, int measured);
 double td_cost_at(const td_cost_curve *c, int T);
 /* Set c from n measured points (T increasing, s the fastest time seen at
- * each), made nondecreasing (a point cheaper than one before it takes that
- * one's cost). The steps stay: a forward's cost is flat while it streams
+ * each), made nondecreasing: a point dearer than one after it takes that
+ * one's cost. A forward of more tokens never costs less, so every later
+ * measurement bounds an earlier one from above, and load only ever inflates a
+ * measurement: the suffix minimum is the tightest curve the figures allow.
+ * (Raising a cheap later point to a dear earlier one instead let one burst of
+ * load during the measurement price every verify of 2 or more tokens at 4.6x
+ * one token for the group's life: on the Zen 5 VM, a run at depth 0 from the
+ * start, 0.97x plain.) The steps stay: a forward's cost is flat while it streams
  * weights, then grows by steps where the token count starts another register
  * tile (T = 9 after 8 costs more than T = 10 after 9), and a plan that
  * smoothed them away would take the first token past a step for cheap. */

@@ -588,20 +588,18 @@ int td_spec_step(td_spec *g, td_err *err) {
             if (g->ddepth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
         int steps = q.steps; /* the drafter's own count, else the deepest row's proposals */
         for (int d = 0; q.steps < 0 && d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
-        /* A single slow round (a burst of load on a shared machine) moves the
-         * estimate by at most 20%; a catch-up round that was cheaper than the
-         * estimate shows it is too high (else a planner kept at depth 0 by
-         * one burst would see only catch-up rounds and never correct it).
-         * Until a round is measured, any round sets it: a catch-up round
-         * overstates the price, the safe side, where the drafter's prior may
-         * understate it many times (a block drafter's prior is one row's; at
-         * batch 8 its first rounds, catch-ups while the rows take turns at
-         * depth 0, cost 6x that and kept drafting at a loss). */
+        /* td_step_cost_update: a slow round (a burst of load on a shared
+         * machine) moves the estimate by at most 10%; a catch-up round that
+         * was cheaper than the estimate shows it is too high, and lowers it
+         * (else a planner kept at depth 0 by a burst would see only catch-up
+         * rounds and never correct it). Until a round is measured, any round
+         * sets it: a catch-up round overstates the price, the safe side,
+         * where the drafter's prior may understate it many times (a block
+         * drafter's prior is one row's; at batch 8 its first rounds, catch-ups
+         * while the rows take turns at depth 0, cost 6x that and kept drafting
+         * at a loss). */
         if (steps > 0) {
-            double per = dt / (double)steps;
-            if (!g->measured) g->draft_s = per;
-            else if (steady) g->draft_s = 0.8 * g->draft_s + 0.2 * (per < 2.0 * g->draft_s ? per : 2.0 * g->draft_s);
-            else if (per < g->draft_s) g->draft_s = 0.8 * g->draft_s + 0.2 * per;
+            g->draft_s = td_step_cost_update(g->draft_s, dt / (double)steps, steady, g->measured);
             g->measured = 1;
         }
         if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; step %.3f ms\n", nd, steps, dt * 1e3,
