@@ -292,12 +292,15 @@ AI float fold16(__m512 v) {
  * registers; a final permutation puts key u in lane u. */
 AI __m512 fold16x16(const __m512 *v) {
     __m512 b[8], d[4], f[2];
+#pragma GCC unroll 8
     for (int k = 0; k < 8; k++) /* s8 of keys 2k (blocks 0,1) and 2k+1 (blocks 2,3) */
         b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
                              _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) /* s4: block r = key 4k + r */
         d[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88),
                              _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xDD));
+#pragma GCC unroll 2
     for (int k = 0; k < 2; k++) /* s2: block r = [key 8k + r (2 lanes), key 8k + 4 + r (2 lanes)] */
         f[k] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0x44),
                              _mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0xEE));
@@ -681,8 +684,12 @@ AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, c
             sc[(size_t)b * ss + j0] = dot_v(q + (size_t)b * ldq, K + (size_t)j0 * rs, dt, hd) * scale;
 }
 
-/* Softmax of one query's n scores in place (exp(s - max)); returns 1 / (D16 sum). */
-static float att_softmax(float *sc, int n) {
+/* Softmax of one query's n scores in place: e_j = exp(s_j - max), then
+ * p_j = e_j * (1 / D16 sum) — the very product attend_p forms before each
+ * value fma, taken here once per key (a vector multiply rounds as the scalar
+ * one does), so att_values_part reads p_j and broadcasts it straight into its
+ * fmas instead of forming it again for every 64 dimensions. */
+static void att_softmax(float *sc, int n) {
     __m512 vm = _mm512_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(sc + j), vm);
@@ -700,17 +707,22 @@ static float att_softmax(float *sc, int n) {
         _mm512_mask_storeu_ps(sc + j, m, e);
         acc = _mm512_add_ps(acc, e);
     }
-    return 1.0f / fold16(acc);
+    __m512 inv = _mm512_set1_ps(1.0f / fold16(acc));
+    for (j = 0; j + 16 <= n; j += 16) _mm512_storeu_ps(sc + j, _mm512_mul_ps(_mm512_loadu_ps(sc + j), inv));
+    if (j < n) {
+        __mmask16 m = tailmask(n - j);
+        _mm512_mask_storeu_ps(sc + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + j), inv));
+    }
 }
 
-/* o_b = sum_j (e_bj * inv_b) V_j for the qb queries over keys [j0, j1), in j
+/* o_b = sum_j p_bj V_j (p: att_softmax's probabilities) for the qb queries over keys [j0, j1), in j
  * order per query, 64 dimensions (4 vectors, the last masked) at a time; the
  * keys all queries attend to are shared, each query then finishes its own
  * (query b takes [j0, min(j1, nk[b]))). Each query's running sums start from
  * zero when j0 == 0, else from o (parked there between calls), so a pass
  * split into key blocks (att_multi) gives the bits of one pass (att_block).
  * pf: V rows before pf may be prefetched (0: none). */
-AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
+AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int ss, const int *nk,
                         const char *V, size_t rs, int hd, int j0, int j1, int pf) {
     const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
     int je[4], nmin = j1;
@@ -740,7 +752,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
                 __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
 #pragma GCC unroll 4
                 for (int b = 0; b < qb; b++) {
-                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
+                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j]);
                     a[b][0] = _mm512_fmadd_ps(p, v0, a[b][0]);
                     a[b][1] = _mm512_fmadd_ps(p, v1, a[b][1]);
                     a[b][2] = _mm512_fmadd_ps(p, v2, a[b][2]);
@@ -757,14 +769,14 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
                     __asm__("" : "+v"(vv));
 #pragma GCC unroll 4
                     for (int b = 0; b < qb; b++)
-                        a[b][v] = _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]), vv, a[b][v]);
+                        a[b][v] = _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)b * ss + j]), vv, a[b][v]);
                 }
             }
         }
 #pragma GCC unroll 4
         for (int b = 0; b < qb; b++) {
             for (int j = nmin > j0 ? nmin : j0; j < je[b]; j++) { /* this query's keys beyond the shared ones */
-                __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j] * inv[b]);
+                __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j]);
                 const char *vj = V + (size_t)j * rs;
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++)
@@ -783,13 +795,12 @@ AI void att_block(int qb, int dt, float *o, int ldo, const float *q, int ldq, co
     int n = nk[0];
     for (int b = 1; b < qb; b++) n = nk[b] > n ? nk[b] : n;
     att_scores(qb, dt, sc, n, q, ldq, K, rs, hd, n, scale);
-    float inv[4];
     int nmin = nk[0];
     for (int b = 0; b < qb; b++) {
-        inv[b] = att_softmax(sc + (size_t)b * n, nk[b]);
+        att_softmax(sc + (size_t)b * n, nk[b]);
         nmin = nk[b] < nmin ? nk[b] : nmin;
     }
-    att_values_part(qb, dt, o, ldo, sc, n, inv, nk, V, rs, hd, 0, n, nmin);
+    att_values_part(qb, dt, o, ldo, sc, n, nk, V, rs, hd, 0, n, nmin);
 }
 /* att_block instantiated per block size and K/V dtype (constants, so each
  * variant has its own loads and conversions inlined) */
@@ -812,16 +823,16 @@ static const att_fn ATT[3][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS
  * wherever it falls in a block), and att_values_part. */
 typedef void (*att_sc_fn)(float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd, int n,
                           float scale);
-typedef void (*att_pv_fn)(float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,
+typedef void (*att_pv_fn)(float *o, int ldo, const float *sc, int ss, const int *nk,
                           const char *V, size_t rs, int hd, int j0, int j1, int pf);
 #define ATTP_INST(QB, DT, SUF)                                                                                      \
     static void att_sc##QB##_##SUF(float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,  \
                                    int n, float scale) {                                                            \
         att_scores(QB, DT, sc, ss, q, ldq, K, rs, hd, n, scale);                                                    \
     }                                                                                                               \
-    static void att_pv##QB##_##SUF(float *o, int ldo, const float *sc, int ss, const float *inv, const int *nk,   \
-                                   const char *V, size_t rs, int hd, int j0, int j1, int pf) {                      \
-        att_values_part(QB, DT, o, ldo, sc, ss, inv, nk, V, rs, hd, j0, j1, pf);                                    \
+    static void att_pv##QB##_##SUF(float *o, int ldo, const float *sc, int ss, const int *nk, const char *V,      \
+                                   size_t rs, int hd, int j0, int j1, int pf) {                                     \
+        att_values_part(QB, DT, o, ldo, sc, ss, nk, V, rs, hd, j0, j1, pf);                                         \
     }
 #define ATTP_SET(DT, SUF) ATTP_INST(1, DT, SUF) ATTP_INST(2, DT, SUF) ATTP_INST(3, DT, SUF) ATTP_INST(4, DT, SUF)
 ATTP_SET(TD_DTYPE_F32, f32)
@@ -858,13 +869,12 @@ static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const 
                 ATT_SC[dt][qb - 1](sc + (size_t)i * nmax + j0, nmax, q + (size_t)i * ldq, ldq, K + (size_t)j0 * rs, rs, hd,
                                    j1 - j0, scale);
         }
-    float inv[TD_ATTEND_QMAX];
-    for (int b = 0; b < nq; b++) inv[b] = att_softmax(sc + (size_t)b * nmax, nk[b]);
+    for (int b = 0; b < nq; b++) att_softmax(sc + (size_t)b * nmax, nk[b]);
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
             if (j0 < j1 || j0 == 0) /* j0 == 0: a block of queries without keys still writes its zeros */
-                ATT_PV[dt][qb - 1](o + (size_t)i * ldo, ldo, sc + (size_t)i * nmax, nmax, inv + i, nk + i, V, rs, hd, j0,
+                ATT_PV[dt][qb - 1](o + (size_t)i * ldo, ldo, sc + (size_t)i * nmax, nmax, nk + i, V, rs, hd, j0,
                                    j1 > j0 ? j1 : j0, i == 0 ? nmax : 0);
         }
 }
