@@ -167,13 +167,14 @@ done:
 
 /* Under act_type amx (where the machine has the tiles) the drafter's attention
  * and, with quant=q8_0, its products of 3+ entries run on the tiles (bf16
- * attention, int8 copies): its drafts may move a little against the float32
- * reference but must stay close. The rounds follow the reference's trajectory
+ * attention, int8 copies); under act_type bf16 its products take bf16 inputs
+ * (B32, or R16 with quant=q8_0): its drafts may move a little against the
+ * float32 reference but must stay close. The rounds follow the reference's trajectory
  * (its drafts verified, its m committed); this round's own drafts are compared
  * with the reference's: the first draft and the drafts position by position.
  * A row restored from a checkpoint (its bf16 keys and values rebuilt from the
  * f32 ones) drafts exactly as the original. */
-static void test_rounds_amx(cJSON *fx, const char *spec, const char *name) {
+static void test_rounds_act(cJSON *fx, const char *spec, const char *name, int act) {
     t_begin(name);
     td_drafter *d = NULL;
     td_draft_rows rows = {0};
@@ -183,8 +184,8 @@ static void test_rounds_amx(cJSON *fx, const char *spec, const char *name) {
     cp.max_ctx = 256;
     cp.max_tokens = 128;
     cp.max_logits = 128;
-    cp.act_type = TD_ACT_AMX;
-    T_REQUIRE(td_ctx_open(&ca, g_m, &cp, &err) == 0, "amx context: %s", err.msg);
+    cp.act_type = act;
+    T_REQUIRE(td_ctx_open(&ca, g_m, &cp, &err) == 0, "%s context: %s", td_act_type_name(act), err.msg);
     g_c = ca; /* prefill_row and restored_draft run on it */
     T_REQUIRE(td_drafter_open(&d, spec, g_m, &err) == 0, "%s: %s", spec, err.msg);
     int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
@@ -254,6 +255,71 @@ done:
     td_draft_rows_free(&rows);
     td_drafter_free(d);
     td_ctx_free(ca);
+    t_end();
+}
+
+/* Two greedy rounds of prompt S[0..N) (its last token the anchor) in rows, the
+ * first round's drafts all committed (verified through the target for their
+ * taps): the drafts of both rounds -> out[2][MAXK], counts -> nout[2]. The
+ * target row is removed again; the drafter's row stays. */
+static int two_rounds(td_drafter *d, td_draft_rows *rows, const int32_t *S, int N, int K, int32_t out[2][MAXK],
+                      int nout[2], td_err *err) {
+    const int *tl;
+    int nt = td_drafter_taps(d, &tl), row, rc;
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    int32_t t = S[N - 1];
+    if ((rc = prefill_row(d, rows, &row, S, N - 1, err)) != 0) return rc;
+    if ((rc = draft_one(rows, t, K, out[0], &nout[0], err)) != 0) return rc;
+    int32_t win[MAXK + 1];
+    win[0] = t;
+    memcpy(win + 1, out[0], sizeof(int32_t) * (size_t)nout[0]);
+    int nw = nout[0] + 1;
+    td_batch vb = {.n_rows = 1, .rows = &row, .n_tokens = &nw, .tokens = win, .want = ones, .taps = tl, .n_taps = nt};
+    if ((rc = td_ctx_forward(g_c, &vb, g_logits, g_taps, err)) != 0) return rc;
+    int32_t next = argmax(g_logits + (size_t)nout[0] * g_V, g_V);
+    td_draft_commit cm = {.old_pending = t, .accepted = win + 1, .n_accepted = nout[0], .new_pending = next, .taps = g_taps};
+    if ((rc = td_draft_rows_commit(rows, &cm, err)) != 0) return rc;
+    rc = draft_one(rows, next, K, out[1], &nout[1], err);
+    td_ctx_row_remove(g_c, row);
+    return rc;
+}
+
+/* A row that joins after another left takes the leaver's buffers (their pages
+ * already mapped); what it drafts must not depend on that: two rounds of
+ * prompt B in a group where prompt A drafted, committed and left equal the
+ * same rounds in a fresh group, token for token. */
+static void test_row_reuse(cJSON *fx) {
+    t_begin("block_row_after_a_leaver_drafts_as_fresh");
+    td_drafter *d = NULL;
+    td_draft_rows used = {0}, fresh = {0};
+    td_err err = {0};
+    T_REQUIRE(td_drafter_open(&d, "block:" BLK ",prune=off", g_m, &err) == 0, "block: %s", err.msg);
+    int K = cJSON_GetObjectItem(fx, "block_size")->valueint - 1;
+    cJSON *ps = cJSON_GetObjectItem(fx, "prompts");
+    int32_t A[256], B[256];
+    int NA = cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(ps, 0), "prompt_ids"));
+    int NB = cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(ps, 1), "prompt_ids"));
+    T_REQUIRE(NA > NB && NB > 1, "fixture prompts: the first longer than the second");
+    for (int i = 0; i < NA; i++) A[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(ps, 0), "prompt_ids"), i)->valueint;
+    for (int i = 0; i < NB; i++) B[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(ps, 1), "prompt_ids"), i)->valueint;
+    int32_t oa[2][MAXK], ou[2][MAXK], of[2][MAXK];
+    int na[2], nu[2], nf[2];
+    T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &used, &err) == 0, "open rows: %s", err.msg);
+    T_REQUIRE(two_rounds(d, &used, A, NA, K, oa, na, &err) == 0, "prompt A: %s", err.msg);
+    td_draft_rows_filter(&used, NULL, 0); /* A leaves */
+    T_REQUIRE(two_rounds(d, &used, B, NB, K, ou, nu, &err) == 0, "prompt B after A: %s", err.msg);
+    T_REQUIRE(d->vt->open_rows(d->self, 1, 240, K, g_c, &fresh, &err) == 0, "open rows: %s", err.msg);
+    T_REQUIRE(two_rounds(d, &fresh, B, NB, K, of, nf, &err) == 0, "prompt B fresh: %s", err.msg);
+    for (int r = 0; r < 2; r++) {
+        T_CHECK(nu[r] == K && nf[r] == K, "round %d: %d and %d drafts (prune=off drafts %d)", r, nu[r], nf[r], K);
+        T_CHECK(nu[r] == nf[r] && !memcmp(ou[r], of[r], sizeof(int32_t) * (size_t)nf[r]),
+                "round %d: prompt B drafts differently after a leaver than fresh", r);
+    }
+done:
+    td_draft_rows_free(&used);
+    td_draft_rows_free(&fresh);
+    td_drafter_free(d);
     t_end();
 }
 
@@ -866,14 +932,15 @@ int main(void) {
     test_vocab(fx);
     test_lazy(fx);
     test_short_blocks(fx);
+    test_row_reuse(fx);
     test_refusals();
     test_checkpoints();
     /* speculative == plain with the trained block drafter and a bf16 target KV cache */
     ts_exact("block_exact_kv_bf16", g_m, "block:" BLK, TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
     /* and with the target's products (and the drafter's bf16 ones) on AMX tiles, where the machine has them */
     if (td_amx_available()) {
-        test_rounds_amx(fx, "block:" BLK, "block_near_reference_act_amx");
-        test_rounds_amx(fx, "block:" BLK ",quant=q8_0", "block_near_reference_act_amx_q8_0");
+        test_rounds_act(fx, "block:" BLK, "block_near_reference_act_amx", TD_ACT_AMX);
+        test_rounds_act(fx, "block:" BLK ",quant=q8_0", "block_near_reference_act_amx_q8_0", TD_ACT_AMX);
         ts_act = TD_ACT_AMX;
         ts_exact("block_exact_act_amx", g_m, "block:" BLK, TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
         /* its matrices in Q8_0 (quant=q8_0): R16 products over their repacks */
@@ -882,6 +949,13 @@ int main(void) {
         ts_exact("block_exact_act_amx_kv_bf16", g_m, "block:" BLK ",quant=q8_0", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
         ts_act = TD_DTYPE_F32;
     }
+    /* and under act_type bf16 (vdpbf16ps where the CPU runs it, else its emulation) */
+    test_rounds_act(fx, "block:" BLK, "block_near_reference_act_bf16", TD_DTYPE_BF16);
+    test_rounds_act(fx, "block:" BLK ",quant=q8_0", "block_near_reference_act_bf16_q8_0", TD_DTYPE_BF16);
+    ts_act = TD_DTYPE_BF16;
+    ts_exact("block_exact_act_bf16", g_m, "block:" BLK, TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));
+    ts_exact("block_exact_act_bf16_q8_0", g_m, "block:" BLK ",quant=q8_0", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
+    ts_act = TD_DTYPE_F32;
     cJSON_Delete(fx);
     td_ctx_free(g_c);
     td_model_free(g_m);

@@ -1348,8 +1348,8 @@ int main(void) {
     }
     test_rollback();
     g_kv = TD_DTYPE_F32;
-    /* bf16 activations (the target's bf16 products on vdpbf16ps; the model and
-     * mtp drafters follow): token-identical to plain decoding in the same mode */
+    /* bf16 activations (the target's bf16 products on vdpbf16ps; the model,
+     * mtp and block drafters follow): token-identical to plain decoding in the same mode */
     g_act = TD_DTYPE_BF16;
     for (int temp = 0; temp <= 1; temp++) {
         run_exact("ngram", "ngram_act_bf16", temp, 3, 5);
@@ -1360,8 +1360,10 @@ int main(void) {
         /* the drafters' own matrices in Q8_0: R16 products over their repacks */
         run_exact(same_q8, "model_same_q8_0_act_bf16", temp, 3, 4);
         run_exact(mtp_q8, "mtp_random_q8_0_act_bf16", temp, 3, 3);
+        run_exact(blk_q8, "block_random_q8_0_act_bf16", temp, 3, 5);
     }
     test_concurrent_open(mtp_q8, "concurrent_open_mtp_q8_0_act_bf16");
+    test_concurrent_open(blk_q8, "concurrent_open_block_q8_0_act_bf16");
     /* AMX tiles (every product of this target has a width of 64 or 96), where
      * the machine has them: token-identical to plain decoding in the same mode */
     if (td_amx_available()) {

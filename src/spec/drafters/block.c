@@ -55,7 +55,9 @@
  * the block's attention runs on the tiles as well (att_amx_run: each row then
  * keeps its context keys and values also in bf16, in the tiles' pair layouts,
  * and a round's block entries go into a copy of the last chunk, so the
- * committed ones are written once). A checkpoint
+ * committed ones are written once). Under act_type bf16 the products follow
+ * the target's too (bf16 weights in the B32 order on bf16 activations, Q8_0
+ * ones on their R16 repacks); the attention stays in f32. A checkpoint
  * holds projected K/V, so one taken under another quant= restores fine but
  * drafts slightly differently until its rows are re-projected (the output
  * stays exact either way).
@@ -117,9 +119,9 @@ typedef struct {
     float thr[BLK_MAX_G];              /* prune thresholds [G-1] */
     int n_thr, prune;
     void *qarena;                      /* owned: the quantized matrices, or NULL */
-    void *rarena;                      /* owned: their R16 repacks (a target context of act_type amx), or NULL */
+    void *rarena;                      /* owned: their R16 repacks (a target context of act_type amx or bf16), or NULL */
     void *iarena;                      /* owned: their int8 copies (td_tensor.ip, AMX-INT8), or NULL */
-    int repacked;                      /* 1: td_draft_repack_q8r ran (the first group under act_type amx) */
+    int repacked;                      /* 1: td_draft_repack_q8r ran (the first group under act_type amx or bf16) */
     td_tensor head;                    /* the target's LM head cut to the draft vocabulary
                                           (a view, or voc's gathered rows) [n_sub][D] */
     td_draft_vocab voc;                /* the draft vocabulary over the LM head (spec/vocab.h) */
@@ -150,16 +152,23 @@ typedef struct {
     int own_pool;
     td_sampler *smp;          /* owned */
     blk_row *rows;            /* [max_rows] */
+    blk_row *spare;           /* [max_rows] buffers of rows that left (K, V, Kp, Vp, raw, stream; owned),
+                                 which the next rows to join take instead of fresh allocations: their
+                                 pages are already mapped, so a row's first positions cost no page
+                                 faults (one fault per 16 positions of each layer and head's K and V
+                                 otherwise, measured at ~0.2 ms a round with rows joining per prompt) */
+    int n_spare;
     int n_rows, max_rows, max_ctx, max_depth, cap, max_tok;
     float *rcos, *rsin;       /* [cap][hd/2] RoPE table */
     float *x, *n, *q, *kb, *vb, *o, *g, *u; /* [max_tok][...] activations (see open_rows) */
     float *tb;                /* [max_tok][n_taps*D] gathered taps of committed positions */
     float *ckv;               /* [2*n_layer][max_tok][KVH*hd] their K and V, by layer */
-    int act;                  /* TD_ACT_AMX when the target's context runs it, else TD_DTYPE_F32 */
-    uint16_t *xa;             /* act amx: [td_mm_xa_elems(max_tok, kmax)] a product's input packed for the
-                                 AMX tiles, else NULL */
-    uint8_t *xq;              /* act amx, quant=q8_0: [max_tok] rows of td_q8r_row_bytes(kmax), a product's
-                                 input quantized for the R16 repacks, else NULL */
+    int act;                  /* the target context's act_type when it is TD_ACT_AMX or TD_DTYPE_BF16,
+                                 else TD_DTYPE_F32 */
+    uint16_t *xa;             /* act amx or bf16: [td_mm_xa_elems(max_tok, kmax)] a product's input
+                                 packed for the AMX tiles or rounded to bf16, else NULL */
+    uint8_t *xq;              /* act amx or bf16, quant=q8_0: [max_tok] rows of td_q8r_row_bytes(kmax), a
+                                 product's input quantized for the R16 repacks, else NULL */
     blk_row **crow;           /* [max_rows] a commit's rows, */
     const float **ctap;       /* [max_rows] their taps */
     int *cn;                  /* [max_rows] and their position counts */
@@ -187,10 +196,11 @@ typedef struct {
 } blk_group;
 
 /* ---- matrix products on the group's pool (nn/mmx.h: outputs split in chunks
- * of 8, 16 on AMX tiles and R16). Under the target's act_type amx the products
- * with bf16 weights take their input packed once (on the caller) for the tiles,
- * and Q8_0 weights (quant=q8_0) their R16 repacks, as the target's do; drafts
- * then move a little, the output stays exact. */
+ * of 8, 16 on AMX tiles and R16). Under the target's act_type amx or bf16 the
+ * products with bf16 weights take their input packed once (on the caller) for
+ * the tiles or rounded to bf16, and Q8_0 weights (quant=q8_0) their R16
+ * repacks, as the target's do; drafts then move a little, the output stays
+ * exact. */
 /* y[M][N] (+)= x[M][K] W^T */
 static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, const td_tensor *w, int K, int N, int add) {
     td_mm_part part = {y, ldy, w, N};
@@ -299,11 +309,37 @@ static void row_free(blk_row *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* A row leaves: its context ids go, its buffers become a spare for the next
+ * row to join (nothing in them is read before that row writes it: positions
+ * past its length are never read, and the amx mirrors' stale values are
+ * finite, as zeros were). */
+static void row_release(blk_group *g, blk_row *r) {
+    td_draft_ctxids_free(&r->cx);
+    td_draft_ctxids_free(&r->mx);
+    if (g->n_spare < g->max_rows) {
+        g->spare[g->n_spare++] = *r;
+        memset(r, 0, sizeof *r);
+    } else {
+        row_free(r);
+    }
+}
+
 static int row_alloc(blk_group *g, blk_row *r) {
     const blk_provider *p = g->p;
     size_t n = (size_t)p->n_layer * p->KVH * g->cap * p->hd;
     td_err e;
     memset(r, 0, sizeof *r);
+    if (g->n_spare > 0) { /* a spare's buffers, sized for this group */
+        blk_row *s = &g->spare[--g->n_spare];
+        r->K = s->K, r->V = s->V, r->Kp = s->Kp, r->Vp = s->Vp, r->raw = s->raw, r->stream = s->stream;
+        memset(s, 0, sizeof *s);
+        r->cap = g->cap;
+        if (td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 || (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
+            row_free(r);
+            return TD_ENOMEM;
+        }
+        return 0;
+    }
     r->K = malloc(sizeof(float) * n);
     r->V = malloc(sizeof(float) * n);
     r->raw = malloc(sizeof(float) * BLK_BACKLOG * (size_t)p->n_taps * p->D);
@@ -737,7 +773,7 @@ static void blk_filter(void *gv, const int *keep, int n_keep) {
     int k = 0;
     for (int i = 0; i < g->n_rows; i++) {
         if (k < n_keep && keep[k] == i) { g->rows[k++] = g->rows[i]; continue; }
-        row_free(&g->rows[i]);
+        row_release(g, &g->rows[i]);
     }
     g->n_rows = n_keep;
 }
@@ -775,6 +811,8 @@ static void blk_free_group(void *gv) {
     blk_group *g = gv;
     if (!g) return;
     for (int i = 0; i < g->n_rows; i++) row_free(&g->rows[i]);
+    for (int i = 0; i < g->n_spare; i++) row_free(&g->spare[i]);
+    free(g->spare);
     if (g->own_pool) td_pool_free(g->pool);
     td_sampler_free(g->smp);
     free(g->rows); free(g->rcos); free(g->rsin);
@@ -807,8 +845,8 @@ static const td_draft_rows_vt blk_rows_vt = {
     .filter = blk_filter, .capture = blk_capture, .free = blk_free_group,
 };
 
-/* The matrices quant= quantizes besides the layers' (and under act_type amx
- * repacks): fc, the chain's, and with a draft vocabulary the drafter's own copy
+/* The matrices quant= quantizes besides the layers' (and under act_type amx or
+ * bf16 repacks): fc, the chain's, and with a draft vocabulary the drafter's own copy
  * of the kept LM-head rows (the target's head stays as it is). Returns the count. */
 static int own_matrices(blk_provider *p, td_tensor **extra) {
     int n = 0;
@@ -834,6 +872,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     int half = p->hd / 2, D = p->D, W = p->H * p->hd > D ? p->H * p->hd : D;
     size_t mt = (size_t)g->max_tok;
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
+    g->spare = calloc((size_t)max_rows, sizeof *g->spare);
     g->rcos = malloc(sizeof(float) * (size_t)g->cap * half);
     g->rsin = malloc(sizeof(float) * (size_t)g->cap * half);
     g->x = malloc(sizeof(float) * mt * D);
@@ -867,19 +906,20 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         g->cact = malloc(sizeof(int) * mr);
         g->cprev = malloc(sizeof(int32_t) * mr);
     }
-    if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+    if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->spare || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
         !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
-    if (target_ctx && td_ctx_get_params(target_ctx).act_type == TD_ACT_AMX) { /* the target's products run on AMX: so do these */
+    int tact = target_ctx ? td_ctx_get_params(target_ctx).act_type : TD_DTYPE_F32;
+    if (tact == TD_ACT_AMX || tact == TD_DTYPE_BF16) { /* the target's products run on AMX or bf16: so do these */
         int kmax = p->n_taps * D;
         int ks[] = {W, p->F, p->rank, 2 * D, p->C};
         for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
-        g->act = TD_ACT_AMX;
-        g->amx_att = p->hd % 32 == 0;
+        g->act = tact;
+        g->amx_att = tact == TD_ACT_AMX && p->hd % 32 == 0;
         g->capp = (g->cap + 31) / 32 * 32;
         size_t nt = (size_t)td_pool_size(g->pool), nqm = (size_t)(p->H / p->KVH) * p->G;
         int rc = 0;
