@@ -360,6 +360,24 @@ AI void acc_save(int MR, int NR, __m512 acc[8][8], float *accs) {
         for (int j = 0; j < NR; j++) _mm512_storeu_ps(accs + (i * NR + j) * 16, acc[i][j]);
 }
 AI void acc_fold(int MR, int NR, __m512 acc[8][8], float *y, int ldy, int add) {
+    if (MR * NR >= 8) { /* 16 accumulators a fold16x16 (the same tree per lane, shuffled) */
+        const int n = MR * NR;
+#pragma GCC unroll 4
+        for (int g0 = 0; g0 < n; g0 += 16) {
+            __m512 v[16];
+            float t[16];
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++) v[u] = g0 + u < n ? acc[(g0 + u) / NR][(g0 + u) % NR] : _mm512_setzero_ps();
+            _mm512_storeu_ps(t, fold16x16(v));
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++)
+                if (g0 + u < n) {
+                    float *yp = y + (size_t)((g0 + u) / NR) * ldy + (g0 + u) % NR;
+                    *yp = add ? *yp + t[u] : t[u];
+                }
+        }
+        return;
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
