@@ -224,11 +224,13 @@ typedef struct td_ctx_params {
     int max_logits;  /* most positions with logits in one forward */
     int n_threads;   /* 0 = td_ctx_default_threads() */
     int kv_type;     /* storage of the KV cache: TD_DTYPE_F32 (the default, 0), TD_DTYPE_BF16 or
-                        TD_DTYPE_F16 (half the bytes). Each K/V row is rounded once when written
-                        (to nearest even) and widened exactly when read, so batch invariance and
-                        speculative exactness hold for every type; bf16/f16 change the logits
-                        slightly (tests/test_conformance.c states the tolerance). Other values:
-                        TD_EINVAL. */
+                        TD_DTYPE_F16 (half the bytes), or TD_DTYPE_Q8_0 (GGUF Q8_0 blocks: 32
+                        int8 and an f16 scale, 34 bytes per 32 values; needs a head_dim that is a
+                        multiple of 32, else TD_EUNSUPPORTED). Each K/V row is rounded (q8_0:
+                        quantized) once when written and widened (q8_0: dequantized) when read,
+                        the same way on every path, so batch invariance and speculative
+                        exactness hold for every type; bf16/f16/q8_0 change the logits slightly
+                        (tests/test_conformance.c states the tolerance). Other values: TD_EINVAL. */
     int act_type;    /* precision of the activations entering products with bf16 weights:
                         TD_DTYPE_F32 (the default, 0: weights widened exactly, f32 fmas) or
                         TD_DTYPE_BF16 (each activation row rounded once to bf16, nearest even;
@@ -263,9 +265,9 @@ typedef struct td_ctx_params {
 } td_ctx_params;
 
 td_ctx_params td_ctx_default_params(void);
-/* The KV type of a name: "f32", "bf16" or "f16" -> TD_DTYPE_*; -1 for any other. */
+/* The KV type of a name: "f32", "bf16", "f16" or "q8_0" -> TD_DTYPE_*; -1 for any other. */
 int td_kv_type_parse(const char *name);
-/* The name of a KV type ("f32", "bf16", "f16"), or NULL when it is not one. */
+/* The name of a KV type ("f32", "bf16", "f16", "q8_0"), or NULL when it is not one. */
 const char *td_kv_type_name(int kv_type);
 /* The activation type of a name: "f32" or "bf16" -> TD_DTYPE_*, "amx" -> TD_ACT_AMX, "auto" -> TD_ACT_AMX
  * where this CPU and kernel offer AMX tiles, else TD_DTYPE_BF16 where the CPU's vdpbf16ps computes the

@@ -28,7 +28,7 @@ out=$($T run -p x --draft telepathy 2>&1); rc=$?
 for c in "run -p x" "bench forward" "bench spec --random 1" "serve"; do
   out=$($T $c --kv-type fp8 2>&1); rc=$?
   n=cli_err_kv_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
-  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not auto, f32, bf16 or f16" && ok "$n" || bad "$n" "rc=$rc: $out"
+  [ $rc -eq 2 ] && echo "$out" | grep -q -- "--kv-type: 'fp8' is not auto, f32, bf16, f16 or q8_0" && ok "$n" || bad "$n" "rc=$rc: $out"
   out=$($T $c --act-type f16 2>&1); rc=$?
   n=cli_err_act_type_$(echo "$c" | awk '{print $1 ($1 == "bench" ? "_" $2 : "")}')
   [ $rc -eq 2 ] && echo "$out" | grep -q -- "--act-type: 'f16' is not f32, bf16, amx or auto" && ok "$n" || bad "$n" "rc=$rc: $out"
@@ -53,6 +53,10 @@ def main(' -n 48 $s --draft ngram --fixed-depth --draft-depth 4 --ids 2>&1 >/dev
   a=$($T run -m $M -p 'def main(' -n 32 --kv-type bf16 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
   b=$($T run -m $M -p 'def main(' -n 32 --kv-type bf16 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
   [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_kv_bf16_spec_equals_plain || bad cli_run_kv_bf16_spec_equals_plain "plain [$a] spec [$b]"
+  # --kv-type q8_0 (head_dim 64: two blocks a row): the same, the draft model's cache q8_0 too
+  a=$($T run -m $M -p 'def main(' -n 32 --kv-type q8_0 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
+  b=$($T run -m $M -p 'def main(' -n 32 --kv-type q8_0 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok cli_run_kv_q8_0_spec_equals_plain || bad cli_run_kv_q8_0_spec_equals_plain "plain [$a] spec [$b]"
   # --act-type bf16: the bundled drafter (its model follows the mode) still gives plain's ids
   a=$($T run -m $M -p 'def main(' -n 32 --act-type bf16 --draft none --ids 2>&1 >/dev/null | grep '^ids:')
   b=$($T run -m $M -p 'def main(' -n 32 --act-type bf16 --draft model:models/tiny-code/draft --fixed-depth --draft-depth 4 --ids 2>&1 >/dev/null | grep '^ids:')

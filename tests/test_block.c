@@ -937,6 +937,8 @@ int main(void) {
     test_checkpoints();
     /* speculative == plain with the trained block drafter and a bf16 target KV cache */
     ts_exact("block_exact_kv_bf16", g_m, "block:" BLK, TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
+    /* and a q8_0 target cache (the drafter's own context stays f32) */
+    ts_exact("block_exact_kv_q8_0", g_m, "block:" BLK, TD_DTYPE_Q8_0, cJSON_GetObjectItem(fx, "prompts"));
     /* and with the target's products (and the drafter's bf16 ones) on AMX tiles, where the machine has them */
     if (td_amx_available()) {
         test_rounds_act(fx, "block:" BLK, "block_near_reference_act_amx", TD_ACT_AMX);

@@ -27,15 +27,22 @@
  * worst relative logit error 3.4e-3 (tiny-code target) and 8.3e-3
  * (qwen3-rand-bf16), every greedy continuation identical; tolerance 2e-2. */
 #define ACT_TOL 2e-2
+/* A q8_0 KV cache (32 int8 and an f16 scale a block: ~7 bits a value), on the
+ * one fixture whose head_dim is a multiple of 32 (the tiny-code target, 64).
+ * Measured 2026-12-05: worst relative logit error 7.65e-3; greedy continuations
+ * 19 of 20 identical over 64 tokens (one near-tie flips, as a quantized cache
+ * may). Tolerance 2e-2 and at least 18 of 20 continuations. */
+#define Q8_KV_TOL 2e-2
+#define Q8_KV_GREEDY_MIN 18
 static int g_act = TD_DTYPE_F32; /* td_ctx_params.act_type of the runs */
 static double kv_tol(int kv) {
     if (g_act == TD_DTYPE_BF16 || g_act == TD_ACT_AMX) return ACT_TOL;
-    return kv == TD_DTYPE_BF16 ? 1e-2 : kv == TD_DTYPE_F16 ? 1.5e-3 : 1e-4;
+    return kv == TD_DTYPE_Q8_0 ? Q8_KV_TOL : kv == TD_DTYPE_BF16 ? 1e-2 : kv == TD_DTYPE_F16 ? 1.5e-3 : 1e-4;
 }
 static const char *kv_suffix(int kv) {
     if (g_act == TD_DTYPE_BF16) return "_act_bf16";
     if (g_act == TD_ACT_AMX) return kv == TD_DTYPE_BF16 ? "_act_amx_kv_bf16" : "_act_amx";
-    return kv == TD_DTYPE_BF16 ? "_kv_bf16" : kv == TD_DTYPE_F16 ? "_kv_f16" : "";
+    return kv == TD_DTYPE_BF16 ? "_kv_bf16" : kv == TD_DTYPE_F16 ? "_kv_f16" : kv == TD_DTYPE_Q8_0 ? "_kv_q8_0" : "";
 }
 
 static void check_fixture(const char *name, int kv) {
@@ -212,7 +219,8 @@ static void check_tiny_code(int kv) {
     printf("  tiny-code target (KV %s, act %s): %d logit rows of %d prompts, worst relative error %.2e (tolerance %.2g); greedy %d/%d identical\n",
            td_kv_type_name(kv), td_act_type_name(g_act), row, np, worst, kv_tol(kv), same, total);
     T_CHECK(row >= 32 && worst <= kv_tol(kv), "relative logit error %.2e > %.2g", worst, kv_tol(kv));
-    T_CHECK(total == 20 && same == total, "greedy continuations: %d of %d identical", same, total);
+    T_CHECK(total == 20 && same >= (kv == TD_DTYPE_Q8_0 ? Q8_KV_GREEDY_MIN : total), "greedy continuations: %d of %d identical",
+            same, total);
 done:
     free(want);
     free(got);
@@ -234,6 +242,7 @@ int main(void) {
         check_fixture("qwen3-rand-f16", kv);
         check_fixture("llama-rand", kv);
     }
+    if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_Q8_0);
     g_act = TD_DTYPE_BF16;
     if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_F32);
     check_fixture("qwen3-rand-bf16", TD_DTYPE_F32);

@@ -22,7 +22,7 @@ static td_model *open_model(const char *dir, const tm_shape *s) {
     return m;
 }
 
-static const char *KVN[3] = {[TD_DTYPE_F32] = "f32", [TD_DTYPE_F16] = "f16", [TD_DTYPE_BF16] = "bf16"};
+static const char *KVN[4] = {[TD_DTYPE_F32] = "f32", [TD_DTYPE_F16] = "f16", [TD_DTYPE_BF16] = "bf16", [TD_DTYPE_Q8_0] = "q8_0"};
 
 /* kv: the KV cache's type (each type must keep every invariance) */
 static void test_invariance(const char *name, const tm_shape *s, const char *dir, int kv) {
@@ -192,6 +192,42 @@ done:
     t_end();
 }
 
+/* A q8_0 cache (a model whose head_dim, 32, is one block): in force (its
+ * logits are not the f32 cache's bits) and close to an f32 cache's logits. */
+static void test_kv_q8(const tm_shape *s, const char *dir) {
+    t_begin("kv_q8_0_close_to_f32");
+    td_model *m = open_model(dir, s);
+    td_ctx *c[2] = {0};
+    float *lg[2] = {0};
+    T_REQUIRE(m != NULL, "model");
+    int V = s->vocab, kvs[2] = {TD_DTYPE_F32, TD_DTYPE_Q8_0};
+    int32_t seq[16];
+    uint64_t st = 9;
+    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    for (int i = 0; i < 2; i++) {
+        c[i] = tc_open_ctx(m, 1, 2, kvs[i]);
+        lg[i] = malloc(sizeof(float) * 16 * V);
+        T_REQUIRE(c[i] && lg[i], "ctx %s", KVN[kvs[i]]);
+        T_CHECK(td_ctx_get_params(c[i]).kv_type == kvs[i], "kv_type %s kept", KVN[kvs[i]]);
+        int r;
+        td_ctx_row_add(c[i], &r);
+        T_REQUIRE(tc_feed(c[i], r, seq, 16, lg[i]) == 0, "forward %s", KVN[kvs[i]]);
+    }
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)16 * V; i++) {
+        double d = fabs((double)lg[1][i] - lg[0][i]);
+        md = d > md ? d : md;
+        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+    }
+    printf("  kv q8_0: worst logit difference from f32 %.3g (max |logit| %.3g)\n", md, mx);
+    T_CHECK(md > 0, "q8_0 logits equal f32's bit for bit: the storage type is not in force");
+    T_CHECK(md <= 3e-2 * mx, "q8_0 logits differ from f32 by %.3g (of %.3g)", md, mx);
+done:
+    for (int i = 0; i < 2; i++) { td_ctx_free(c[i]); free(lg[i]); }
+    td_model_free(m);
+    t_end();
+}
+
 /* The KV type is in force (bf16 / f16 storage changes the logits a little, not
  * a lot: they stay close to f32's) and a bad one is refused with a message. */
 static void test_kv_types(const tm_shape *s, const char *dir) {
@@ -226,15 +262,20 @@ static void test_kv_types(const tm_shape *s, const char *dir) {
     }
     td_ctx_params p = td_ctx_default_params();
     T_CHECK(p.kv_type == TD_DTYPE_F32 || p.kv_type == TD_DTYPE_BF16 || p.kv_type == TD_DTYPE_F16, "default kv type");
-    p.kv_type = TD_DTYPE_Q8_0;
+    p.kv_type = TD_DTYPE_Q8_0; /* this model's head_dim, 18, is no multiple of q8_0's blocks of 32 */
     td_ctx *bad = NULL;
     td_err err = {0};
-    T_CHECK(td_ctx_open(&bad, m, &p, &err) == TD_EINVAL && !bad && strstr(err.msg, "kv_type"), "q8_0 KV refused: %s", err.msg);
+    T_CHECK(td_ctx_open(&bad, m, &p, &err) == TD_EUNSUPPORTED && !bad && strstr(err.msg, "q8_0") && strstr(err.msg, "18"),
+            "q8_0 KV refused for head_dim 18: %s", err.msg);
+    p.kv_type = TD_DTYPE_Q4_0;
+    T_CHECK(td_ctx_open(&bad, m, &p, &err) == TD_EINVAL && !bad && strstr(err.msg, "kv_type"), "q4_0 KV refused: %s", err.msg);
     p.kv_type = -1;
     T_CHECK(td_ctx_open(&bad, m, &p, &err) == TD_EINVAL && !bad, "kv_type -1 refused");
     T_CHECK(td_kv_type_parse("bf16") == TD_DTYPE_BF16 && td_kv_type_parse("f16") == TD_DTYPE_F16 &&
-            td_kv_type_parse("f32") == TD_DTYPE_F32 && td_kv_type_parse("fp8") == -1 && td_kv_type_parse("") == -1 &&
-            td_kv_type_parse(NULL) == -1, "kv type names");
+            td_kv_type_parse("f32") == TD_DTYPE_F32 && td_kv_type_parse("q8_0") == TD_DTYPE_Q8_0 &&
+            td_kv_type_parse("q4_0") == -1 && td_kv_type_parse("fp8") == -1 && td_kv_type_parse("") == -1 &&
+            td_kv_type_parse(NULL) == -1 && !strcmp(td_kv_type_name(TD_DTYPE_Q8_0), "q8_0") &&
+            td_kv_type_name(TD_DTYPE_Q4_0) == NULL, "kv type names");
 done:
     for (int kv = 0; kv < 3; kv++) { td_ctx_free(c[kv]); free(lg[kv]); }
     td_model_free(m);
@@ -419,12 +460,13 @@ int main(void) {
     char tmpl[] = "/tmp/td_fwd_XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) return 1;
-    char d1[512], d2[512], d3[512], d4[512], d5[512];
+    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512];
     snprintf(d1, sizeof d1, "%s/qwen", dir);
     snprintf(d2, sizeof d2, "%s/llama", dir);
     snprintf(d3, sizeof d3, "%s/qwenf32", dir);
     snprintf(d4, sizeof d4, "%s/qwenamx", dir);
     snprintf(d5, sizeof d5, "%s/qwenamxkv", dir);
+    snprintf(d6, sizeof d6, "%s/qwenhd32", dir);
     tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
     tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
@@ -443,6 +485,16 @@ int main(void) {
     test_copied(&q, d1);
     test_copied(&l, d2);
     test_kv_types(&q, d1);
+    /* a q8_0 cache: head_dim 32 (one block), a GQA group of 3; the invariances
+     * and the rollback as for every type, with f32 and bf16 activations */
+    tm_shape q8 = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 3, .kv_heads = 1, .head_dim = 32,
+                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 6};
+    test_kv_q8(&q8, d6);
+    test_invariance("batch_invariance_qwen3_bf16_hd32", &q8, d6, TD_DTYPE_Q8_0);
+    test_rollback(&q8, d6, TD_DTYPE_Q8_0);
+    tc_act = TD_DTYPE_BF16;
+    test_invariance("batch_invariance_qwen3_bf16_hd32", &q8, d6, TD_DTYPE_Q8_0);
+    tc_act = TD_DTYPE_F32;
     /* act_type bf16 (the bf16 model's products take bf16 activations): the same
      * invariances, with an f32 and a bf16 KV cache */
     tc_act = TD_DTYPE_BF16;

@@ -58,7 +58,17 @@ static void *rand_w(size_t n, int dt) {
 }
 static float *rand_f(size_t n) { float *x = malloc(4 * n + 4); for (size_t i = 0; i < n; i++) x[i] = frand(); return x; }
 
-static const char *dtn(int dt) { return dt == TD_DTYPE_F32 ? "f32" : dt == TD_DTYPE_BF16 ? "bf16" : "f16"; }
+static const char *dtn(int dt) {
+    return dt == TD_DTYPE_F32 ? "f32" : dt == TD_DTYPE_BF16 ? "bf16" : dt == TD_DTYPE_Q8_0 ? "q8_0" : "f16";
+}
+/* n (a multiple of 32) random values as a q8_0 KV row array (td_from_f32's blocks) */
+static void *rand_q8(size_t n) {
+    float *x = rand_f(n);
+    void *q = malloc(n / 32 * 34);
+    td_from_f32(q, x, TD_DTYPE_Q8_0, n);
+    free(x);
+    return q;
+}
 
 /* reference dot: value and sum of |terms| */
 static double ref_dot(const float *a, const void *w, int dt, int n, double *mag) {
@@ -443,6 +453,33 @@ static void test_attend(void) {
                 T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d %s: query %d alone differs", hd, dtn(kvt), i);
             }
             free(Kh); free(Vh); free(Kw); free(Vw); free(ow);
+        }
+        /* K/V stored as q8_0 (rows of whole blocks: hd and the stride multiples
+         * of 32): the same bits as f32 attention over the dequantized rows */
+        if (hd % 32 == 0) {
+            int lq = 2 * hd;
+            size_t ne = (size_t)maxn * lq;
+            void *Kq = malloc(ne / 32 * 34), *Vq = malloc(ne / 32 * 34);
+            float *Kw = malloc(4 * ne), *Vw = malloc(4 * ne), *ow = malloc(sizeof(float) * nq * hd);
+            for (int j = 0; j < maxn; j++) /* K's rows of ld, restrided to lq */
+                for (int d = 0; d < lq; d++) Kw[(size_t)j * lq + d] = K[(size_t)j * ld + d], Vw[(size_t)j * lq + d] = V[(size_t)j * ld + d];
+            td_from_f32(Kq, Kw, TD_DTYPE_Q8_0, ne); td_from_f32(Vq, Vw, TD_DTYPE_Q8_0, ne);
+            td_to_f32(Kw, Kq, TD_DTYPE_Q8_0, ne); td_to_f32(Vw, Vq, TD_DTYPE_Q8_0, ne);
+            double qe = 0; /* the quantization moved the rows by at most half a step */
+            for (size_t e = 0; e < ne; e++) {
+                size_t j = e / lq, d = e % lq;
+                double err = fabs((double)Kw[e] - K[j * ld + d]);
+                qe = err > qe ? err : qe;
+            }
+            T_CHECK(qe > 0 && qe <= 0.6 / 127, "hd=%d: q8_0 rows moved by %.3g", hd, qe); /* d/2, d rounded to f16 */
+            td_attend(ow, hd, q, hd, nq, nk, Kw, Vw, lq, hd, scale, scr);
+            td_attend_kv(o, hd, q, hd, nq, nk, Kq, Vq, TD_DTYPE_Q8_0, lq, hd, scale, scr);
+            T_CHECK(memcmp(o, ow, sizeof(float) * nq * hd) == 0, "hd=%d: q8_0 K/V differ from f32 over the dequantized rows", hd);
+            for (int i = 0; i < nq; i++) {
+                td_attend_kv(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], Kq, Vq, TD_DTYPE_Q8_0, lq, hd, scale, scr);
+                T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d q8_0: query %d alone differs", hd, i);
+            }
+            free(Kq); free(Vq); free(Kw); free(Vw); free(ow);
         }
         free(K); free(V); free(q); free(o); free(o1); free(scr); free(r);
     }
@@ -1679,6 +1716,14 @@ static void test_path_equal(int path) {
             ON(P, td_attend_kv(op, hd, q, hd, NQ, nk, Kh, Vh, kvt, ld, hd, 0.125f, scr));
             T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend %s K/V hd=%d differs between paths", dtn(kvt), hd);
             free(Kh); free(Vh);
+        }
+        if (hd % 32 == 0) { /* q8_0 K/V: rows of whole blocks (a stride that is a multiple of 32) */
+            int lq = 2 * hd;
+            void *Kq = rand_q8((size_t)maxn * lq), *Vq = rand_q8((size_t)maxn * lq);
+            ON(path, td_attend_kv(oa, hd, q, hd, NQ, nk, Kq, Vq, TD_DTYPE_Q8_0, lq, hd, 0.125f, scr));
+            ON(P, td_attend_kv(op, hd, q, hd, NQ, nk, Kq, Vq, TD_DTYPE_Q8_0, lq, hd, 0.125f, scr));
+            T_CHECK(memcmp(oa, op, sizeof(float) * NQ * hd) == 0, "attend q8_0 K/V hd=%d differs between paths", hd);
+            free(Kq); free(Vq);
         }
         free(K); free(V); free(q); free(oa); free(op); free(scr);
     }

@@ -193,6 +193,8 @@ done:
     t_end();
     /* speculative == plain with the trained head and a bf16 KV cache (target and head) */
     if (m && fx) ts_exact("mtp_exact_kv_bf16", m, "mtp:models/tiny-code/mtp", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
+    /* and with a q8_0 cache (target and head; head_dim 64, two blocks) */
+    if (m && fx) ts_exact("mtp_exact_kv_q8_0", m, "mtp:models/tiny-code/mtp", TD_DTYPE_Q8_0, cJSON_GetObjectItem(fx, "prompts"));
     if (m && fx && td_amx_available()) { /* the target's and the head's products on AMX tiles */
         ts_act = TD_ACT_AMX;
         ts_exact("mtp_exact_act_amx", m, "mtp:models/tiny-code/mtp", TD_DTYPE_F32, cJSON_GetObjectItem(fx, "prompts"));

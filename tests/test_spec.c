@@ -236,15 +236,17 @@ static void run_exact_controlled(void) {
  * plain decoding of the emitted stream holds: continuing from it gives the
  * same logits as a fresh row fed the whole stream. */
 static void test_rollback(void) {
-    t_begin(g_kv == TD_DTYPE_BF16 ? "rollback_kv_equals_plain_kv_bf16" : g_kv == TD_DTYPE_F16 ? "rollback_kv_equals_plain_kv_f16"
-                                                                          : "rollback_kv_equals_plain");
+    t_begin(g_kv == TD_DTYPE_BF16   ? "rollback_kv_equals_plain_kv_bf16"
+            : g_kv == TD_DTYPE_F16  ? "rollback_kv_equals_plain_kv_f16"
+            : g_kv == TD_DTYPE_Q8_0 ? "rollback_kv_equals_plain_kv_q8_0"
+                                    : "rollback_kv_equals_plain");
     td_drafter *d = NULL;
     td_ctx *c = NULL, *c2 = NULL;
     td_spec *g = NULL;
     td_err err = {0};
     float *l1 = NULL, *l2 = NULL;
-    char spec[600];
-    snprintf(spec, sizeof spec, "model:%s/draft_other", g_dir);
+    char spec[600]; /* a q8_0 cache (the draft model's follows) needs head_dim 32: draft_hd32 */
+    snprintf(spec, sizeof spec, "model:%s/%s", g_dir, g_kv == TD_DTYPE_Q8_0 ? "draft_hd32" : "draft_other");
     T_REQUIRE(td_drafter_open(&d, spec, g_target, &err) == 0, "drafter: %s", err.msg);
     c = ctx_for(g_target, 1, 4);
     td_spec_params sp = td_spec_default_params();
@@ -1305,7 +1307,18 @@ int main(void) {
     /* with a chain head: its drafts run step by step, rows stopping apart */
     snprintf(d1, sizeof d1, "%s/block_chain", g_dir);
     tm_write_block(d1, &tgt, tgt.layers, "[1, 2]", 2, "[0.3, 0.3, 0.3, 0.3, 0.3]", 44, 24);
-    if (!g_target || !g_target_small_vocab) return 1;
+    /* a target whose head_dim (32) is one q8_0 block, for a q8_0 KV cache, with
+     * a draft model of its shape (other weights) and an MTP head */
+    tm_shape t32 = tgt;
+    t32.heads = 3; t32.kv_heads = 1; t32.head_dim = 32; t32.seed = 13;
+    td_model *target32 = open_dir("target_hd32", &t32);
+    tm_shape d32 = t32;
+    d32.seed = 14; d32.layers = 1;
+    snprintf(d1, sizeof d1, "%s/draft_hd32", g_dir);
+    tm_write(d1, &d32);
+    snprintf(d1, sizeof d1, "%s/mtp_hd32", g_dir);
+    tm_write_mtp(d1, &t32, t32.layers, 33);
+    if (!g_target || !g_target_small_vocab || !target32) return 1;
     test_repack_once();
     test_repack_i8t();
     test_checkpoint_ngram_empty();
@@ -1387,6 +1400,35 @@ int main(void) {
         printf("  (no AMX-BF16 tiles here: exactness with act_type amx not run)\n");
     }
     g_act = TD_DTYPE_F32;
+    /* a q8_0 KV cache (target, and the model/mtp drafters' caches that follow
+     * it): token-identical to plain decoding with the same cache type, greedy
+     * and seeded, rows joining and leaving; then with bf16 activations */
+    {
+        td_model *t16 = g_target;
+        char dm32[600], same32[600], mtp32[600];
+        snprintf(dm32, sizeof dm32, "model:%s/draft_hd32", g_dir);
+        snprintf(same32, sizeof same32, "model:%s/target_hd32", g_dir); /* the target itself: drafts accepted */
+        snprintf(mtp32, sizeof mtp32, "mtp:%s/mtp_hd32", g_dir);
+        g_target = target32;
+        g_kv = TD_DTYPE_Q8_0;
+        for (int temp = 0; temp <= 1; temp++)
+            for (int bi = quick; bi < (quick ? 2 : 3); bi++) {
+                run_exact("ngram", "ngram_kv_q8_0", temp, Bs[bi], 5);
+                run_exact(dm32, "model_kv_q8_0", temp, Bs[bi], 4);
+                run_exact(same32, "model_same_kv_q8_0", temp, Bs[bi], 4);
+                run_exact(mtp32, "mtp_random_kv_q8_0", temp, Bs[bi], 3);
+            }
+        test_rollback();
+        g_act = TD_DTYPE_BF16;
+        for (int temp = 0; temp <= 1; temp++) {
+            run_exact(dm32, "model_kv_q8_0_act_bf16", temp, 3, 4);
+            run_exact(same32, "model_same_kv_q8_0_act_bf16", temp, 3, 4);
+            run_exact(mtp32, "mtp_random_kv_q8_0_act_bf16", temp, 3, 3);
+        }
+        g_act = TD_DTYPE_F32;
+        g_kv = TD_DTYPE_F32;
+        g_target = t16;
+    }
     if (!quick) {
         run_exact_controlled();
         test_depth_plan();
@@ -1397,6 +1439,7 @@ int main(void) {
     }
     td_model_free(g_target);
     td_model_free(g_target_small_vocab);
+    td_model_free(target32);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) return 1;

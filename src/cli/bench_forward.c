@@ -43,7 +43,7 @@ static void bf_help(void) {
            "                         (for a machine shared with other work; default 1)\n"
            "      --quant TYPE       quantize the matmul weights at load: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs\n"
            "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type bf16 or amx,\n"
-           "                         else f32) | f32 | bf16 | f16\n"
+           "                         else f32) | f32 | bf16 | f16 | q8_0\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
            "                         | auto (bf16 and amx: Q8_0 weights in the R16 order; amx: bf16\n"
            "                         weights on AMX tiles; auto: amx where the CPU has the tiles,\n"

@@ -98,7 +98,7 @@ static int kv_type_parse(const char *s) { return s && !strcmp(s, "auto") ? CLI_K
 int cli_parse_kv_type(const char *s, const char *opt, int *out) {
     int t = kv_type_parse(s);
     if (t == -1) {
-        fprintf(stderr, "tandem: %s: '%s' is not auto, f32, bf16 or f16\n", opt, s);
+        fprintf(stderr, "tandem: %s: '%s' is not auto, f32, bf16, f16 or q8_0\n", opt, s);
         return 0;
     }
     *out = t;
@@ -144,7 +144,8 @@ void cli_gen_opts_help(void) {
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
            "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type bf16 or amx\n"
            "                         (amx: attention then runs on the tiles); else f32) | f32 | bf16 | f16\n"
-           "                         (half the bytes; a model drafter's cache follows it)\n"
+           "                         (half the bytes) | q8_0 (blocks of 32 int8 and a scale: 0.53x\n"
+           "                         bf16's bytes); a model drafter's cache follows it\n"
            "      --act-type T       activations entering bf16-weight products: f32 (default) |\n"
            "                         bf16 (rounded to bf16, bf16 dot products: faster, logits move\n"
            "                         by ~1e-2 relative; Q8_0 in the R16 order over a repacked copy;\n"

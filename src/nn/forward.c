@@ -2,8 +2,10 @@
  *
  * Design: a td_ctx owns, allocated once at open, the KV cache of max_rows rows
  * ([row][layer][kv head][position][head_dim] for K and for V, stored as
- * p.kv_type: f32, bf16 or f16 — rows are rounded once by td_from_f32 when
- * written and widened exactly by td_attend_kv when read; under act_type amx a
+ * p.kv_type: f32, bf16, f16 or q8_0 — rows are rounded (q8_0: quantized in
+ * blocks of 32) once by td_from_f32 when written and widened by td_attend_kv
+ * when read, so a position's K/V bits do not depend on the forward that wrote
+ * them; under act_type amx a
  * bf16 cache with head_dim a multiple of 32 keeps each head's K and V in the
  * AMX tiles' pair layouts instead, and attention runs on the tiles,
  * td_amx_attend_rows), a RoPE
@@ -66,7 +68,7 @@ struct td_ctx {
     int kv_dim;             /* n_kv_head*head_dim */
     int q_dim;              /* n_head*head_dim */
     size_t row_stride;      /* elements per row of cache: n_layer*kv_cap*kv_dim */
-    size_t kv_esz;          /* bytes per cache element: 4 (f32) or 2 (bf16, f16) */
+    size_t kv_esz;          /* bytes per cache element: 4 (f32) or 2 (bf16, f16); q8_0: see kv_off */
     int kv_tile;            /* K/V in the AMX tiles' pair layouts (act amx, kv bf16, head_dim a multiple
                                of 32): written by td_amx_kv_put, read by td_amx_attend_rows */
     int kv_cap;             /* positions of one head's region: max_ctx (rounded up to 32 with kv_tile) */
@@ -214,10 +216,18 @@ static void *alloc_f(size_t n, size_t m, int *fail) { return alloc_e(n, m, sizeo
 
 int td_kv_type_parse(const char *name) {
     if (!name) return -1;
-    return !strcmp(name, "f32") ? TD_DTYPE_F32 : !strcmp(name, "bf16") ? TD_DTYPE_BF16 : !strcmp(name, "f16") ? TD_DTYPE_F16 : -1;
+    return !strcmp(name, "f32")    ? TD_DTYPE_F32
+           : !strcmp(name, "bf16") ? TD_DTYPE_BF16
+           : !strcmp(name, "f16")  ? TD_DTYPE_F16
+           : !strcmp(name, "q8_0") ? TD_DTYPE_Q8_0
+                                   : -1;
 }
 const char *td_kv_type_name(int kv_type) {
-    return kv_type == TD_DTYPE_F32 ? "f32" : kv_type == TD_DTYPE_BF16 ? "bf16" : kv_type == TD_DTYPE_F16 ? "f16" : NULL;
+    return kv_type == TD_DTYPE_F32    ? "f32"
+           : kv_type == TD_DTYPE_BF16 ? "bf16"
+           : kv_type == TD_DTYPE_F16  ? "f16"
+           : kv_type == TD_DTYPE_Q8_0 ? "q8_0"
+                                      : NULL;
 }
 
 int td_act_type_parse(const char *name) {
@@ -243,8 +253,11 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (p.max_tokens < 1 || p.max_tokens > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_tokens %d out of range", p.max_tokens);
     if (p.max_logits < 1 || p.max_logits > (1 << 20)) return td_seterr(err, TD_EINVAL, "max_logits %d out of range", p.max_logits);
     if (!td_kv_type_name(p.kv_type))
-        return td_seterr(err, TD_EINVAL, "kv_type %d is not f32 (%d), bf16 (%d) or f16 (%d)", p.kv_type, TD_DTYPE_F32,
-                         TD_DTYPE_BF16, TD_DTYPE_F16);
+        return td_seterr(err, TD_EINVAL, "kv_type %d is not f32 (%d), bf16 (%d), f16 (%d) or q8_0 (%d)", p.kv_type,
+                         TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F16, TD_DTYPE_Q8_0);
+    if (p.kv_type == TD_DTYPE_Q8_0 && cfg->head_dim % 32 != 0)
+        return td_seterr(err, TD_EUNSUPPORTED, "kv_type q8_0 needs a head_dim that is a multiple of 32 (the model's is %d)",
+                         cfg->head_dim);
     if (!td_act_type_name(p.act_type))
         return td_seterr(err, TD_EINVAL, "act_type %d is not f32 (%d), bf16 (%d) or amx (%d)", p.act_type, TD_DTYPE_F32,
                          TD_DTYPE_BF16, TD_ACT_AMX);
@@ -274,9 +287,11 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         fail = 1;
     c->row_stride = per_row;
     c->kv_esz = p.kv_type == TD_DTYPE_F32 ? 4 : 2;
-    if (!fail) {
-        c->k_cache = kv_alloc((size_t)p.max_rows, per_row, c->kv_esz, &c->kv_bytes, &fail);
-        if (!fail) c->v_cache = kv_alloc((size_t)p.max_rows, per_row, c->kv_esz, &c->kv_bytes, &fail);
+    if (!fail && per_row > SIZE_MAX / 8) fail = 1;
+    if (!fail) { /* per_row elements: a multiple of head_dim, so of 32 for q8_0 */
+        size_t rowb = td_dtype_row_bytes(p.kv_type, (int64_t)per_row);
+        c->k_cache = kv_alloc((size_t)p.max_rows, rowb, 1, &c->kv_bytes, &fail);
+        if (!fail) c->v_cache = kv_alloc((size_t)p.max_rows, rowb, 1, &c->kv_bytes, &fail);
     }
     c->row_len = calloc((size_t)p.max_rows, sizeof(int));
     c->row_used = calloc((size_t)p.max_rows, 1);
@@ -488,6 +503,11 @@ typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
  * keys lay kv_dim elements apart (4 KiB on the 0.6B shape): every key of a head
  * fell into the same few L1/L2 sets, and a pass over K and V of 512 keys missed
  * L2 (forward-notes: 4x slower from cache, 1.7x cold). */
+/* Bytes before cache element el (an offset of kv_head_off's, plus whole rows of
+ * head_dim: a multiple of 32, which q8_0's blocks of 32 need) */
+static size_t kv_off(const td_ctx *c, size_t el) {
+    return c->p.kv_type == TD_DTYPE_Q8_0 ? el / 32 * 34 : el * c->kv_esz;
+}
 static size_t kv_head_off(const td_ctx *c, int row, int layer, int h) {
     const td_config *cfg = &c->m->cfg;
     return (size_t)row * c->row_stride + ((size_t)layer * cfg->n_kv_head + (size_t)h) * c->kv_cap * cfg->head_dim;
@@ -520,8 +540,8 @@ static void post_token(td_ctx *c, int layer, int t, int h0, int h1) {
     }
     for (int h = h0; h < h1; h++) {
         size_t off = kv_head_off(c, row, layer, h) + (size_t)pos * hd;
-        td_from_f32(c->k_cache + off * c->kv_esz, k + (size_t)h * hd, c->p.kv_type, (size_t)hd);
-        td_from_f32(c->v_cache + off * c->kv_esz, c->v + (size_t)t * c->kv_dim + (size_t)h * hd, c->p.kv_type, (size_t)hd);
+        td_from_f32(c->k_cache + kv_off(c, off), k + (size_t)h * hd, c->p.kv_type, (size_t)hd);
+        td_from_f32(c->v_cache + kv_off(c, off), c->v + (size_t)t * c->kv_dim + (size_t)h * hd, c->p.kv_type, (size_t)hd);
     }
 }
 
@@ -584,7 +604,7 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
                    sizeof(float) * (size_t)group * hd);
             for (int g = 0; g < group; g++) nk[i * group + g] = c->tok_pos[t0 + i] + 1;
         }
-        td_attend_kv(og, hd, qg, hd, nq, nk, c->k_cache + lo * c->kv_esz, c->v_cache + lo * c->kv_esz, c->p.kv_type,
+        td_attend_kv(og, hd, qg, hd, nq, nk, c->k_cache + kv_off(c, lo), c->v_cache + kv_off(c, lo), c->p.kv_type,
                      hd, hd, scale, sc);
         for (int i = 0; i < nt; i++)
             memcpy(c->att + (size_t)(t0 + i) * c->q_dim + (size_t)kvh * group * hd, og + (size_t)i * group * hd,

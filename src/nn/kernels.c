@@ -104,10 +104,23 @@ const char *td_kernels_path_name(void) {
 
 /* ---- portable path: the reference implementation of every order ---------- */
 
+/* Element i of a row of dtype dt, as f32: exact for f32, bf16 and f16; for a
+ * Q8_0 row (the KV cache's q8_0: GGUF blocks of an f16 scale d and 32 int8 q)
+ * the dequantized (float)q * d, one rounding — what td_dequantize_row gives. */
 AI float wval(const void *w, size_t i, int dt) {
+    if (dt == TD_DTYPE_Q8_0) {
+        const uint8_t *b = (const uint8_t *)w + i / 32 * 34;
+        return (float)(int8_t)b[2 + i % 32] * td_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+    }
     return dt == TD_DTYPE_F32    ? ((const float *)w)[i]
            : dt == TD_DTYPE_BF16 ? td_bf16_to_f32(((const uint16_t *)w)[i])
                                  : td_f16_to_f32(((const uint16_t *)w)[i]);
+}
+
+/* Bytes before element k of a K/V row of dtype dt (k a multiple of 32 for Q8_0,
+ * whose rows are self-locating blocks: a pointer to element k is a row of its own). */
+AI size_t eoff(int dt, size_t k) {
+    return dt == TD_DTYPE_F32 ? 4 * k : dt == TD_DTYPE_Q8_0 ? k / 32 * 34 : 2 * k;
 }
 
 static float fold16_p(const float *v) {
@@ -255,7 +268,7 @@ static void matmul_bp(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
 /* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                      const char *K, const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
-    const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2); /* bytes between rows */
+    const size_t rs = eoff(dt, (size_t)ldkv); /* bytes between rows */
     for (int i = 0; i < nq; i++) {
         const float *qi = q + (size_t)i * ldq;
         int n = n_keys[i];
@@ -313,7 +326,17 @@ AI __m512 fold16x16(const __m512 *v) {
 AI __mmask16 tailmask(int r) { return (__mmask16)((1u << r) - 1u); }
 
 /* 16 weights from element k of row w (bytes), exact f32. */
+/* 16 int8 of a Q8_0 row from element k (k a multiple of 16), times their
+ * block's scale: (float)q * d, as wval */
+AI __m512 ldq8(const char *w, int k, __m128i q) {
+    const char *b = w + (size_t)(k / 32) * 34;
+    int16_t h;
+    memcpy(&h, b, 2);
+    __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(h)); /* exact, as td_f16_to_f32 */
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+}
 AI __m512 ldw(const char *w, int k, int dt) {
+    if (dt == TD_DTYPE_Q8_0) return ldq8(w, k, _mm_loadu_si128((const __m128i *)(w + (size_t)(k / 32) * 34 + 2 + k % 32)));
     if (dt == TD_DTYPE_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k))), 16));
@@ -321,6 +344,8 @@ AI __m512 ldw(const char *w, int k, int dt) {
     return _mm512_loadu_ps((const float *)w + k);
 }
 AI __m512 ldwm(const char *w, int k, int dt, __mmask16 m) {
+    if (dt == TD_DTYPE_Q8_0)
+        return ldq8(w, k, _mm_maskz_loadu_epi8(m, (const void *)(w + (size_t)(k / 32) * 34 + 2 + k % 32)));
     if (dt == TD_DTYPE_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + k)), 16));
@@ -666,7 +691,8 @@ AI __m512 exp_v(__m512 x) {
  * b*kb + u = fold16 of (query b, key j0 + u) — the D16 dot of attend_p. */
 AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,
                    int n, float scale) {
-    const int kb = 16 / qb, esz = dt == TD_DTYPE_F32 ? 4 : 2;
+    const int kb = 16 / qb;
+    const size_t rowb = eoff(dt, (size_t)hd);
     int j0 = 0;
     if ((hd & 15) == 0)
         for (; j0 + kb <= n; j0 += kb) {
@@ -683,7 +709,7 @@ AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, c
                 const char *kr = K + (size_t)j0 * rs;
                 if (d == 0) /* fetch the block after next (0.6B shape, T=8: ~1-2% faster, keys contiguous or not) */
                     for (int u = 2 * kb; u < 3 * kb && j0 + u < n; u++)
-                        for (int off = 0; off < hd * esz; off += 64) _mm_prefetch(kr + (size_t)u * rs + off, _MM_HINT_T0);
+                        for (size_t off = 0; off < rowb; off += 64) _mm_prefetch(kr + (size_t)u * rs + off, _MM_HINT_T0);
 #pragma GCC unroll 16
                 for (int u = 0; u < kb; u++) {
                     __m512 kv = ldw(kr + (size_t)u * rs, d, dt);
@@ -742,7 +768,6 @@ static void att_softmax(float *sc, int n) {
  * pf: V rows before pf may be prefetched (0: none). */
 AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int ss, const int *nk,
                         const char *V, size_t rs, int hd, int j0, int j1, int pf) {
-    const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
     int je[4], nmin = j1;
     for (int b = 0; b < qb; b++) {
         je[b] = nk[b] < j1 ? nk[b] : j1;
@@ -764,7 +789,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
                 if (j + ATT_PF < pf)
-                    for (int off = 0; off < 64 * esz; off += 64) _mm_prefetch(vj + ATT_PF * rs + (size_t)d0 * esz + off, _MM_HINT_T0);
+                    for (size_t off = 0; off < eoff(dt, 64); off += 64) _mm_prefetch(vj + ATT_PF * rs + eoff(dt, (size_t)d0) + off, _MM_HINT_T0);
                 __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
                        v3 = ldw(vj, d0 + 48, dt);
                 __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3)); /* one load each, shared by the queries */
@@ -833,8 +858,10 @@ typedef void (*att_fn)(float *o, int ldo, const float *q, int ldq, const int *nk
 ATT_SET(TD_DTYPE_F32, f32)
 ATT_SET(TD_DTYPE_F16, f16)
 ATT_SET(TD_DTYPE_BF16, bf16)
+ATT_SET(TD_DTYPE_Q8_0, q8)
 #define ATS(SUF) {att_block1_##SUF, att_block2_##SUF, att_block3_##SUF, att_block4_##SUF}
-static const att_fn ATT[3][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16)};
+static const att_fn ATT[4][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS(f16), [TD_DTYPE_BF16] = ATS(bf16),
+                                 [TD_DTYPE_Q8_0] = ATS(q8)};
 
 /* Parts of att_multi, instantiated per block size and K/V dtype: the scores of
  * keys [j0, j0 + n) (att_scores on the shifted rows: a score is its D16 dot
@@ -856,10 +883,13 @@ typedef void (*att_pv_fn)(float *o, int ldo, const float *sc, int ss, const int 
 ATTP_SET(TD_DTYPE_F32, f32)
 ATTP_SET(TD_DTYPE_F16, f16)
 ATTP_SET(TD_DTYPE_BF16, bf16)
+ATTP_SET(TD_DTYPE_Q8_0, q8)
 #define ATSC(SUF) {att_sc1_##SUF, att_sc2_##SUF, att_sc3_##SUF, att_sc4_##SUF}
 #define ATPV(SUF) {att_pv1_##SUF, att_pv2_##SUF, att_pv3_##SUF, att_pv4_##SUF}
-static const att_sc_fn ATT_SC[3][4] = {[TD_DTYPE_F32] = ATSC(f32), [TD_DTYPE_F16] = ATSC(f16), [TD_DTYPE_BF16] = ATSC(bf16)};
-static const att_pv_fn ATT_PV[3][4] = {[TD_DTYPE_F32] = ATPV(f32), [TD_DTYPE_F16] = ATPV(f16), [TD_DTYPE_BF16] = ATPV(bf16)};
+static const att_sc_fn ATT_SC[4][4] = {[TD_DTYPE_F32] = ATSC(f32), [TD_DTYPE_F16] = ATSC(f16), [TD_DTYPE_BF16] = ATSC(bf16),
+                                       [TD_DTYPE_Q8_0] = ATSC(q8)};
+static const att_pv_fn ATT_PV[4][4] = {[TD_DTYPE_F32] = ATPV(f32), [TD_DTYPE_F16] = ATPV(f16), [TD_DTYPE_BF16] = ATPV(bf16),
+                                       [TD_DTYPE_Q8_0] = ATPV(q8)};
 
 /* Up to TD_ATTEND_QMAX queries over one K/V (a T = 8 verify of a GQA-2 model:
  * 16 queries a kv head). Blocks of 4 queries as att_block, but each pass over
@@ -877,8 +907,7 @@ static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const 
         bmax[i / 4] = m;
         nmax = m > nmax ? m : nmax;
     }
-    const int esz = dt == TD_DTYPE_F32 ? 4 : 2;
-    int kc = (int)(16384 / ((size_t)hd * esz)) & ~15; /* keys a block: a multiple of every kb */
+    int kc = (int)(16384 / eoff(dt, (size_t)hd)) & ~15; /* keys a block: a multiple of every kb */
     if (kc < 16) kc = 16;
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
@@ -899,7 +928,7 @@ static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const 
 
 static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                      const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
-    const size_t rs = (size_t)ldkv * (dt == TD_DTYPE_F32 ? 4 : 2);
+    const size_t rs = eoff(dt, (size_t)ldkv);
     for (int i = 0; i < nq;) {
         if (nq - i > 4) { /* several blocks of queries share each pass over the keys */
             int n = nq - i < TD_ATTEND_QMAX ? nq - i : TD_ATTEND_QMAX;
@@ -1133,7 +1162,8 @@ void td_swiglu(float *out, const float *g, const float *u, int n) {
 void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                   const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch) {
     AVX2_DO(td_avx2_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
-    NEON_DO(td_neon_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
+    if (kv_dtype != TD_DTYPE_Q8_0) /* the NEON path has no q8_0 rows: the portable order serves them */
+        NEON_DO(td_neon_attend(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return);
 #ifdef TD_HAVE_AVX512
     if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return; }
 #endif
@@ -1147,6 +1177,11 @@ void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_
 
 void td_from_f32(void *dst, const float *src, int dtype, size_t n) {
     if (dtype == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    if (dtype == TD_DTYPE_Q8_0) { /* whole blocks (n a multiple of 32): one quantizer on every path */
+        TD_ASSERT(n % 32 == 0);
+        td_quantize_row(TD_DTYPE_Q8_0, src, dst, (int64_t)n);
+        return;
+    }
     uint16_t *d = dst;
     size_t i = 0;
     if (dtype == TD_DTYPE_BF16) { /* integer rounding: one definition for every path */

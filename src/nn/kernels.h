@@ -65,8 +65,10 @@ void td_to_f32(float *dst, const void *src, int dtype, size_t n);
 /* Store n f32 values as dtype (the KV cache's write): TD_DTYPE_F32 copies;
  * TD_DTYPE_BF16 rounds to nearest even (a NaN stays a NaN, quieted, sign kept);
  * TD_DTYPE_F16 rounds to nearest even as F16C's vcvtps2ph does (overflow to
- * inf, f16 subnormals kept, a NaN quieted with its payload's top bits). The
- * same bits on every path (the AVX paths use F16C; test_kernels compares). */
+ * inf, f16 subnormals kept, a NaN quieted with its payload's top bits);
+ * TD_DTYPE_Q8_0 (n a multiple of 32) writes GGUF Q8_0 blocks by
+ * td_quantize_row (d = max|x| / 127 as f16, q = round(x / d)). The same bits
+ * on every path (the AVX paths use F16C; test_kernels compares). */
 void td_from_f32(void *dst, const float *src, int dtype, size_t n);
 
 /* y[m*ldy + n] = sum_k x[m*ldx + k] * W[n*K + k]   (add = 0)
@@ -163,10 +165,13 @@ void *td_thread_scratch(size_t n);
 #define TD_ATTEND_QMAX 16 /* scratch rows (the largest query block of any path) */
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                const float *K, const float *V, int ldkv, int hd, float scale, float *scratch);
-/* The same over K and V rows stored as kv_dtype (TD_DTYPE_F32, BF16 or F16;
- * ldkv in elements): every K and V element is widened exactly to f32 where it
- * is loaded, then the operations of td_attend run unchanged — so the result
- * equals td_attend over the widened rows, bit for bit, on every path. */
+/* The same over K and V rows stored as kv_dtype (TD_DTYPE_F32, BF16, F16 or
+ * Q8_0; ldkv in elements): every K and V element is widened to f32 where it
+ * is loaded — exactly, or for Q8_0 dequantized as td_dequantize_row does
+ * ((float)q * d, one rounding; hd and ldkv multiples of 32) — then the
+ * operations of td_attend run unchanged, so the result equals td_attend over
+ * the widened rows, bit for bit, on every path (NEON takes Q8_0 rows through
+ * the portable order). */
 void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                   const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch);
 

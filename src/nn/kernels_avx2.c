@@ -32,6 +32,7 @@
 #error "kernels_avx2.c needs -mavx2 -mfma -mf16c (the Makefile adds them on x86-64)"
 #endif
 #include "tandem.h"
+#include "util/util.h"
 
 #include <immintrin.h>
 #include <float.h>
@@ -72,8 +73,17 @@ AI __m256 fold8x8(const __m256 *s8) {
     return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* 8 weights from element k of w (dtype f32, bf16 or f16), exact f32 */
+/* 8 weights from element k of w (dtype f32, bf16 or f16), exact f32; for a
+ * Q8_0 K/V row (k a multiple of 8) the dequantized (float)q * d of its block */
 AI __m256 ldw8(const void *w, size_t k, int dt) {
+    if (dt == TD_DTYPE_Q8_0) {
+        const uint8_t *b = (const uint8_t *)w + k / 32 * 34;
+        int16_t h;
+        memcpy(&h, b, 2);
+        __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(h)); /* exact, as td_f16_to_f32 */
+        __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + k % 32));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
     if (dt == TD_DTYPE_BF16)
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k))), 16));
@@ -82,6 +92,8 @@ AI __m256 ldw8(const void *w, size_t k, int dt) {
 }
 
 AI size_t esize(int dt) { return dt == TD_DTYPE_F32 ? 4 : 2; }
+/* bytes before element k of a K/V row (Q8_0: k a multiple of 32, whole blocks) */
+AI size_t eoff(int dt, size_t k) { return dt == TD_DTYPE_Q8_0 ? k / 32 * 34 : k * esize(dt); }
 
 /* n - k (< 16) elements of size esz from p + k*esz into the zeroed 64-byte buf */
 AI void pad16(void *buf, const void *p, int k, int n, size_t esz) {
@@ -619,7 +631,7 @@ AI float attend_softmax(float *sc, int n) {
 AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, size_t rs, int hd, int j0, int j1) {
     for (int d0 = 0; d0 < hd; d0 += 64) {
         int rem = hd - d0;
-        const char *vb = V + (size_t)d0 * esize(dt);
+        const char *vb = V + eoff(dt, (size_t)d0);
         __m256 a[8];
         if (rem >= 64) {
             for (int b = 0; b < 8; b++) a[b] = j0 ? _mm256_loadu_ps(oi + d0 + 8 * b) : _mm256_setzero_ps();
@@ -655,9 +667,9 @@ AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, 
 AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                const char *V, int ldkv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
-    const size_t rs = (size_t)ldkv * esize(dt);
+    const size_t rs = eoff(dt, (size_t)ldkv);
     /* keys per block: about 16 KiB of rows, a multiple of 8 */
-    int kb = (int)(16384 / ((size_t)hd * esize(dt))) & ~7;
+    int kb = (int)(16384 / eoff(dt, (size_t)hd)) & ~7;
     if (kb < 8) kb = 8;
     for (int i0 = 0; i0 < nq; i0 += TD_ATTEND_QMAX) {
         int qb = nq - i0 < TD_ATTEND_QMAX ? nq - i0 : TD_ATTEND_QMAX, nmax = 0;
@@ -693,11 +705,17 @@ static void attend_f16(float *o, int ldo, const float *q, int ldq, int nq, const
                        const char *V, int ldkv, int hd, float scale, float *sc) {
     attend(TD_DTYPE_F16, o, ldo, q, ldq, nq, nk, K, V, ldkv, hd, scale, sc);
 }
+static void attend_q8(float *o, int ldo, const float *q, int ldq, int nq, const int *nk, const char *K,
+                      const char *V, int ldkv, int hd, float scale, float *sc) {
+    attend(TD_DTYPE_Q8_0, o, ldo, q, ldq, nq, nk, K, V, ldkv, hd, scale, sc);
+}
 
 void td_avx2_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const void *K,
                     const void *V, int dt, int ldkv, int hd, float scale, float *sc) {
-    (dt == TD_DTYPE_BF16 ? attend_bf16 : dt == TD_DTYPE_F16 ? attend_f16 : attend_f32)(o, ldo, q, ldq, nq, n_keys, K, V,
-                                                                                     ldkv, hd, scale, sc);
+    (dt == TD_DTYPE_BF16   ? attend_bf16
+     : dt == TD_DTYPE_F16  ? attend_f16
+     : dt == TD_DTYPE_Q8_0 ? attend_q8
+                           : attend_f32)(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, scale, sc);
 }
 
 void td_avx2_to_f16(uint16_t *dst, const float *src, size_t n) {
