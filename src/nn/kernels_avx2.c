@@ -627,8 +627,9 @@ AI float attend_softmax(float *sc, int n) {
 }
 
 /* oi += sum over j in [j0, j1), in order, of (sc[j] * inv) V_j — from zero when
- * j0 == 0 — in blocks of 8 dims (64 at a time), the running sums kept in oi. */
-AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, size_t rs, int hd, int j0, int j1) {
+ * j0 == 0 — in blocks of 8 dims (64 at a time), the running sums kept in oi.
+ * V holds the rows of keys vr.. (key j at V + (j - vr) rs). */
+AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, int vr, size_t rs, int hd, int j0, int j1) {
     for (int d0 = 0; d0 < hd; d0 += 64) {
         int rem = hd - d0;
         const char *vb = V + eoff(dt, (size_t)d0);
@@ -637,7 +638,7 @@ AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, 
             for (int b = 0; b < 8; b++) a[b] = j0 ? _mm256_loadu_ps(oi + d0 + 8 * b) : _mm256_setzero_ps();
             for (int j = j0; j < j1; j++) {
                 __m256 p = _mm256_set1_ps(sc[j] * inv);
-                const char *vj = vb + (size_t)j * rs;
+                const char *vj = vb + (size_t)(j - vr) * rs;
 #pragma GCC unroll 8
                 for (int b = 0; b < 8; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vj, (size_t)8 * b, dt), a[b]);
             }
@@ -649,7 +650,7 @@ AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, 
                 a[b] = j0 ? _mm256_maskload_ps(oi + d0 + 8 * b, b == nb - 1 ? ml : all) : _mm256_setzero_ps();
             for (int j = j0; j < j1; j++) {
                 __m256 p = _mm256_set1_ps(sc[j] * inv);
-                const char *vj = vb + (size_t)j * rs;
+                const char *vj = vb + (size_t)(j - vr) * rs;
                 if (dt == TD_DTYPE_F32) {
                     for (int b = 0; b < nb; b++)
                         a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps((const float *)vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
@@ -671,25 +672,56 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
     /* keys per block: about 16 KiB of rows, a multiple of 8 */
     int kb = (int)(16384 / eoff(dt, (size_t)hd)) & ~7;
     if (kb < 8) kb = 8;
+    /* q8_0 rows: each key block is dequantized once into f32 rows (ldw8's
+     * values, so the same bits) that every query of the block then reads,
+     * instead of each query dequantizing it again */
+    float *wide = NULL;
+    int kd = dt;
+    size_t wrs = rs;
+    if (dt == TD_DTYPE_Q8_0 && nq >= 4 && (hd & 7) == 0) { /* fewer queries: dequantizing in place is cheaper */
+        kb = (int)(16384 / ((size_t)hd * 4)) & ~7;
+        if (kb < 8) kb = 8;
+        if ((wide = td_thread_scratch((size_t)kb * (size_t)hd * 4)) != NULL) kd = TD_DTYPE_F32, wrs = (size_t)hd * 4;
+    }
     for (int i0 = 0; i0 < nq; i0 += TD_ATTEND_QMAX) {
         int qb = nq - i0 < TD_ATTEND_QMAX ? nq - i0 : TD_ATTEND_QMAX, nmax = 0;
         for (int b = 0; b < qb; b++) nmax = n_keys[i0 + b] > nmax ? n_keys[i0 + b] : nmax;
         /* sc row b (nmax floats apart): query i0 + b's scores, then its exps */
-        for (int j0 = 0; j0 < nmax; j0 += kb)
+        for (int j0 = 0; j0 < nmax; j0 += kb) {
+            const char *Kb = K;
+            int kr = 0;
+            if (wide) {
+                int je = j0 + kb < nmax ? j0 + kb : nmax;
+                for (int j = j0; j < je; j++)
+                    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(wide + (size_t)(j - j0) * hd + d, ldw8(K + (size_t)j * rs, (size_t)d, dt));
+                Kb = (const char *)wide, kr = j0;
+            }
             for (int b = 0; b < qb; b++) {
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
-                if (j0 < j1) attend_scores(dt, sc + (size_t)b * nmax, q + (size_t)(i0 + b) * ldq, K, rs, hd, j0, j1, vscale, scale);
+                if (j0 < j1)
+                    attend_scores(kd, sc + (size_t)b * nmax + j0, q + (size_t)(i0 + b) * ldq, Kb + (size_t)(j0 - kr) * wrs, wrs, hd, 0,
+                                  j1 - j0, vscale, scale);
             }
+        }
         float inv[TD_ATTEND_QMAX];
         for (int b = 0; b < qb; b++) {
             inv[b] = attend_softmax(sc + (size_t)b * nmax, n_keys[i0 + b]);
             if (n_keys[i0 + b] <= 0) memset(o + (size_t)(i0 + b) * ldo, 0, sizeof(float) * (size_t)hd); /* no keys: zeros */
         }
-        for (int j0 = 0; j0 < nmax; j0 += kb)
+        for (int j0 = 0; j0 < nmax; j0 += kb) {
+            const char *Vb = V;
+            int vr = 0;
+            if (wide) {
+                int je = j0 + kb < nmax ? j0 + kb : nmax;
+                for (int j = j0; j < je; j++)
+                    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(wide + (size_t)(j - j0) * hd + d, ldw8(V + (size_t)j * rs, (size_t)d, dt));
+                Vb = (const char *)wide, vr = j0;
+            }
             for (int b = 0; b < qb; b++) {
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
-                if (j0 < j1) attend_pv(dt, o + (size_t)(i0 + b) * ldo, sc + (size_t)b * nmax, inv[b], V, rs, hd, j0, j1);
+                if (j0 < j1) attend_pv(kd, o + (size_t)(i0 + b) * ldo, sc + (size_t)b * nmax, inv[b], Vb, vr, wrs, hd, j0, j1);
             }
+        }
     }
 }
 
