@@ -497,17 +497,17 @@ static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
 
 typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
 
+/* Bytes before cache element el (an offset of kv_head_off's, plus whole rows of
+ * head_dim: a multiple of 32, which q8_0's blocks of 32 need) */
+static size_t kv_off(const td_ctx *c, size_t el) {
+    return c->p.kv_type == TD_DTYPE_Q8_0 ? el / 32 * 34 : el * c->kv_esz;
+}
 /* Element offset of (row, layer, kv head)'s position 0 in the caches: a kv
  * head's positions are contiguous (head_dim apart), so attention streams them
  * sequentially. Laid out by position instead ([max_ctx][kv_dim]), one head's
  * keys lay kv_dim elements apart (4 KiB on the 0.6B shape): every key of a head
  * fell into the same few L1/L2 sets, and a pass over K and V of 512 keys missed
  * L2 (forward-notes: 4x slower from cache, 1.7x cold). */
-/* Bytes before cache element el (an offset of kv_head_off's, plus whole rows of
- * head_dim: a multiple of 32, which q8_0's blocks of 32 need) */
-static size_t kv_off(const td_ctx *c, size_t el) {
-    return c->p.kv_type == TD_DTYPE_Q8_0 ? el / 32 * 34 : el * c->kv_esz;
-}
 static size_t kv_head_off(const td_ctx *c, int row, int layer, int h) {
     const td_config *cfg = &c->m->cfg;
     return (size_t)row * c->row_stride + ((size_t)layer * cfg->n_kv_head + (size_t)h) * c->kv_cap * cfg->head_dim;

@@ -325,9 +325,8 @@ AI __m512 fold16x16(const __m512 *v) {
 
 AI __mmask16 tailmask(int r) { return (__mmask16)((1u << r) - 1u); }
 
-/* 16 weights from element k of row w (bytes), exact f32. */
-/* 16 int8 of a Q8_0 row from element k (k a multiple of 16), times their
- * block's scale: (float)q * d, as wval */
+/* 16 int8 q (the Q8_0 row's values from element k, k a multiple of 16) times
+ * their block's scale d: (float)q * d, as wval */
 AI __m512 ldq8(const char *w, int k, __m128i q) {
     const char *b = w + (size_t)(k / 32) * 34;
     int16_t h;
@@ -335,6 +334,7 @@ AI __m512 ldq8(const char *w, int k, __m128i q) {
     __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(h)); /* exact, as td_f16_to_f32 */
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
 }
+/* 16 weights from element k of row w (bytes), exact f32 (Q8_0: dequantized). */
 AI __m512 ldw(const char *w, int k, int dt) {
     if (dt == TD_DTYPE_Q8_0) return ldq8(w, k, _mm_loadu_si128((const __m128i *)(w + (size_t)(k / 32) * 34 + 2 + k % 32)));
     if (dt == TD_DTYPE_BF16)
