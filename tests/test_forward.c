@@ -192,19 +192,17 @@ done:
     t_end();
 }
 
-/* A q8_0 cache (a model whose head_dim, 32, is one block): in force (its
- * logits are not the f32 cache's bits) and close to an f32 cache's logits. */
-static void test_kv_q8(const tm_shape *s, const char *dir) {
-    t_begin("kv_q8_0_close_to_f32");
-    td_model *m = open_model(dir, s);
-    td_ctx *c[2] = {0};
-    float *lg[2] = {0};
-    T_REQUIRE(m != NULL, "model");
-    int V = s->vocab, kvs[2] = {TD_DTYPE_F32, TD_DTYPE_Q8_0};
+/* The worst logit difference of a 16-token forward with each KV type in kvs
+ * (n of them) from one with kvs[0] (f32), checked to be > 0 (the type is in
+ * force) and <= tol * max |logit|. */
+static void kv_close(const tm_shape *s, td_model *m, const int *kvs, int n, double tol) {
+    td_ctx *c[4] = {0};
+    float *lg[4] = {0};
+    int V = s->vocab;
     int32_t seq[16];
-    uint64_t st = 9;
+    uint64_t st = 5;
     for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < n; i++) {
         c[i] = tc_open_ctx(m, 1, 2, kvs[i]);
         lg[i] = malloc(sizeof(float) * 16 * V);
         T_REQUIRE(c[i] && lg[i], "ctx %s", KVN[kvs[i]]);
@@ -213,17 +211,29 @@ static void test_kv_q8(const tm_shape *s, const char *dir) {
         td_ctx_row_add(c[i], &r);
         T_REQUIRE(tc_feed(c[i], r, seq, 16, lg[i]) == 0, "forward %s", KVN[kvs[i]]);
     }
-    double md = 0, mx = 0;
-    for (size_t i = 0; i < (size_t)16 * V; i++) {
-        double d = fabs((double)lg[1][i] - lg[0][i]);
-        md = d > md ? d : md;
-        mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+    for (int k = 1; k < n; k++) {
+        double md = 0, mx = 0;
+        for (size_t i = 0; i < (size_t)16 * V; i++) {
+            double d = fabs((double)lg[k][i] - lg[0][i]);
+            md = d > md ? d : md;
+            mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
+        }
+        printf("  kv %s: worst logit difference from f32 %.3g (max |logit| %.3g)\n", KVN[kvs[k]], md, mx);
+        T_CHECK(md > 0, "kv %s: logits equal f32's bit for bit: the storage type is not in force", KVN[kvs[k]]);
+        T_CHECK(md <= tol * mx, "kv %s: logits differ from f32 by %.3g (of %.3g)", KVN[kvs[k]], md, mx);
     }
-    printf("  kv q8_0: worst logit difference from f32 %.3g (max |logit| %.3g)\n", md, mx);
-    T_CHECK(md > 0, "q8_0 logits equal f32's bit for bit: the storage type is not in force");
-    T_CHECK(md <= 3e-2 * mx, "q8_0 logits differ from f32 by %.3g (of %.3g)", md, mx);
 done:
-    for (int i = 0; i < 2; i++) { td_ctx_free(c[i]); free(lg[i]); }
+    for (int i = 0; i < n; i++) { td_ctx_free(c[i]); free(lg[i]); }
+}
+
+/* A q8_0 cache (a model whose head_dim, 32, is one block): in force and close
+ * to an f32 cache's logits. */
+static void test_kv_q8(const tm_shape *s, const char *dir) {
+    t_begin("kv_q8_0_close_to_f32");
+    td_model *m = open_model(dir, s);
+    T_REQUIRE(m != NULL, "model");
+    kv_close(s, m, (const int[]){TD_DTYPE_F32, TD_DTYPE_Q8_0}, 2, 3e-2);
+done:
     td_model_free(m);
     t_end();
 }
@@ -233,33 +243,8 @@ done:
 static void test_kv_types(const tm_shape *s, const char *dir) {
     t_begin("kv_types");
     td_model *m = open_model(dir, s);
-    td_ctx *c[3] = {0};
-    float *lg[3] = {0};
     T_REQUIRE(m != NULL, "model");
-    int V = s->vocab;
-    int32_t seq[16];
-    uint64_t st = 5;
-    for (int i = 0; i < 16; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
-    for (int kv = 0; kv < 3; kv++) {
-        c[kv] = tc_open_ctx(m, 1, 2, kv);
-        lg[kv] = malloc(sizeof(float) * 16 * V);
-        T_REQUIRE(c[kv] && lg[kv], "ctx %s", KVN[kv]);
-        T_CHECK(td_ctx_get_params(c[kv]).kv_type == kv, "kv_type %s kept", KVN[kv]);
-        int r;
-        td_ctx_row_add(c[kv], &r);
-        T_REQUIRE(tc_feed(c[kv], r, seq, 16, lg[kv]) == 0, "forward %s", KVN[kv]);
-    }
-    for (int kv = 1; kv < 3; kv++) {
-        double md = 0, mx = 0;
-        for (size_t i = 0; i < (size_t)16 * V; i++) {
-            double d = fabs((double)lg[kv][i] - lg[0][i]);
-            md = d > md ? d : md;
-            mx = fabs(lg[0][i]) > mx ? fabs(lg[0][i]) : mx;
-        }
-        printf("  kv %s: worst logit difference from f32 %.3g (max |logit| %.3g)\n", KVN[kv], md, mx);
-        T_CHECK(md > 0, "kv %s: logits equal f32's bit for bit: the storage type is not in force", KVN[kv]);
-        T_CHECK(md <= 1e-2 * mx, "kv %s: logits differ from f32 by %.3g (of %.3g)", KVN[kv], md, mx);
-    }
+    kv_close(s, m, (const int[]){TD_DTYPE_F32, TD_DTYPE_F16, TD_DTYPE_BF16}, 3, 1e-2);
     td_ctx_params p = td_ctx_default_params();
     T_CHECK(p.kv_type == TD_DTYPE_F32 || p.kv_type == TD_DTYPE_BF16 || p.kv_type == TD_DTYPE_F16, "default kv type");
     p.kv_type = TD_DTYPE_Q8_0; /* this model's head_dim, 18, is no multiple of q8_0's blocks of 32 */
@@ -277,7 +262,6 @@ static void test_kv_types(const tm_shape *s, const char *dir) {
             td_kv_type_parse(NULL) == -1 && !strcmp(td_kv_type_name(TD_DTYPE_Q8_0), "q8_0") &&
             td_kv_type_name(TD_DTYPE_Q4_0) == NULL, "kv type names");
 done:
-    for (int kv = 0; kv < 3; kv++) { td_ctx_free(c[kv]); free(lg[kv]); }
     td_model_free(m);
     t_end();
 }

@@ -665,6 +665,12 @@ AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, 
     }
 }
 
+/* rows [j0, j1) of X (rs bytes apart, dtype dt) as f32 rows of hd into w, ldw8's values */
+AI void widen_rows(float *w, const char *X, size_t rs, int j0, int j1, int hd, int dt) {
+    for (int j = j0; j < j1; j++)
+        for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(w + (size_t)(j - j0) * hd + d, ldw8(X + (size_t)j * rs, (size_t)d, dt));
+}
+
 AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                const char *V, int ldkv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
@@ -691,9 +697,7 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
             const char *Kb = K;
             int kr = 0;
             if (wide) {
-                int je = j0 + kb < nmax ? j0 + kb : nmax;
-                for (int j = j0; j < je; j++)
-                    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(wide + (size_t)(j - j0) * hd + d, ldw8(K + (size_t)j * rs, (size_t)d, dt));
+                widen_rows(wide, K, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt);
                 Kb = (const char *)wide, kr = j0;
             }
             for (int b = 0; b < qb; b++) {
@@ -712,9 +716,7 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
             const char *Vb = V;
             int vr = 0;
             if (wide) {
-                int je = j0 + kb < nmax ? j0 + kb : nmax;
-                for (int j = j0; j < je; j++)
-                    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(wide + (size_t)(j - j0) * hd + d, ldw8(V + (size_t)j * rs, (size_t)d, dt));
+                widen_rows(wide, V, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt);
                 Vb = (const char *)wide, vr = j0;
             }
             for (int b = 0; b < qb; b++) {
