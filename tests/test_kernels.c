@@ -416,8 +416,8 @@ static void ref_attend(double *o, const float *q, int n, const float *K, const f
 
 static void test_attend(void) {
     tb("kernels_attend_vs_reference_and_invariance");
-    static const int HDS[] = {8, 16, 24, 64, 80, 128};
-    for (int hi = 0; hi < 6; hi++) {
+    static const int HDS[] = {8, 16, 24, 64, 80, 96, 128};
+    for (int hi = 0; hi < 7; hi++) {
         int hd = HDS[hi], ld = 2 * hd + 3, nq = 7, maxn = 300;
         float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)nq * hd);
         for (int i = 0; i < nq * hd; i++) q[i] *= 3.0f;
@@ -1698,7 +1698,7 @@ static void test_path_equal(int path) {
         free(x); free(a); free(p); free(u);
     }
     /* attention: head dims with and without a multiple of 16, ragged key counts */
-    static const int HDS[] = {8, 16, 24, 40, 64, 80, 128};
+    static const int HDS[] = {8, 16, 24, 40, 64, 80, 96, 128}; /* 96: a last 32 dimensions (q8_0: one block) */
     for (int hi = 0; hi < (int)(sizeof HDS / sizeof HDS[0]); hi++) {
         int hd = HDS[hi], ld = hd * 2 + 1, maxn = 200;
         enum { NQ = 21 }; /* more than one query block of every path, and a remainder */

@@ -654,9 +654,9 @@ AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, 
                 if (dt == TD_DTYPE_F32) {
                     for (int b = 0; b < nb; b++)
                         a[b] = _mm256_fmadd_ps(p, _mm256_maskload_ps((const float *)vj + 8 * b, b == nb - 1 ? ml : all), a[b]);
-                } else { /* no 16-bit masked load: the rem values into a zeroed buffer */
+                } else { /* no 16-bit masked load: the rem values (q8_0: whole blocks) into a zeroed buffer */
                     _Alignas(32) uint16_t vt[64] = {0};
-                    memcpy(vt, vj, 2 * (size_t)rem);
+                    memcpy(vt, vj, eoff(dt, (size_t)rem));
                     for (int b = 0; b < nb; b++) a[b] = _mm256_fmadd_ps(p, ldw8(vt, (size_t)8 * b, dt), a[b]);
                 }
             }
