@@ -457,7 +457,7 @@ static void test_attend(void) {
         /* K/V stored as q8_0 (rows of whole blocks: hd and the stride multiples
          * of 32): the same bits as f32 attention over the dequantized rows */
         if (hd % 32 == 0) {
-            int lq = 2 * hd;
+            int lq = hd; /* rows back to back, as in the cache: the last one ends the buffer */
             size_t ne = (size_t)maxn * lq;
             void *Kq = malloc(ne / 32 * 34), *Vq = malloc(ne / 32 * 34);
             float *Kw = malloc(4 * ne), *Vw = malloc(4 * ne), *ow = malloc(sizeof(float) * nq * hd);
