@@ -68,7 +68,6 @@ struct td_ctx {
     int kv_dim;             /* n_kv_head*head_dim */
     int q_dim;              /* n_head*head_dim */
     size_t row_stride;      /* elements per row of cache: n_layer*kv_cap*kv_dim */
-    size_t kv_esz;          /* bytes per cache element: 4 (f32) or 2 (bf16, f16); q8_0: see kv_off */
     int kv_tile;            /* K/V in the AMX tiles' pair layouts (act amx, kv bf16, head_dim a multiple
                                of 32): written by td_amx_kv_put, read by td_amx_attend_rows */
     int kv_cap;             /* positions of one head's region: max_ctx (rounded up to 32 with kv_tile) */
@@ -286,7 +285,6 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (td_mul_size((size_t)cfg->n_layer * c->kv_cap, (size_t)c->kv_dim, &per_row))
         fail = 1;
     c->row_stride = per_row;
-    c->kv_esz = p.kv_type == TD_DTYPE_F32 ? 4 : 2;
     if (!fail && per_row > SIZE_MAX / 8) fail = 1;
     if (!fail) { /* per_row elements: a multiple of head_dim, so of 32 for q8_0 */
         size_t rowb = td_dtype_row_bytes(p.kv_type, (int64_t)per_row);
@@ -498,10 +496,9 @@ static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
 typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
 
 /* Bytes before cache element el (an offset of kv_head_off's, plus whole rows of
- * head_dim: a multiple of 32, which q8_0's blocks of 32 need) */
-static size_t kv_off(const td_ctx *c, size_t el) {
-    return c->p.kv_type == TD_DTYPE_Q8_0 ? el / 32 * 34 : el * c->kv_esz;
-}
+ * head_dim: a multiple of 32, which q8_0's blocks of 32 need): the cache type's
+ * row bytes, as the allocation counts them */
+static size_t kv_off(const td_ctx *c, size_t el) { return td_dtype_row_bytes(c->p.kv_type, (int64_t)el); }
 /* Element offset of (row, layer, kv head)'s position 0 in the caches: a kv
  * head's positions are contiguous (head_dim apart), so attention streams them
  * sequentially. Laid out by position instead ([max_ctx][kv_dim]), one head's
