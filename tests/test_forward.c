@@ -444,13 +444,14 @@ int main(void) {
     char tmpl[] = "/tmp/td_fwd_XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) return 1;
-    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512];
+    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512], d7[512];
     snprintf(d1, sizeof d1, "%s/qwen", dir);
     snprintf(d2, sizeof d2, "%s/llama", dir);
     snprintf(d3, sizeof d3, "%s/qwenf32", dir);
     snprintf(d4, sizeof d4, "%s/qwenamx", dir);
     snprintf(d5, sizeof d5, "%s/qwenamxkv", dir);
     snprintf(d6, sizeof d6, "%s/qwenhd32", dir);
+    snprintf(d7, sizeof d7, "%s/qwenkv4", dir);
     tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
     tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
@@ -466,6 +467,12 @@ int main(void) {
         test_invariance("batch_invariance_llama_f32", &l, d2, kv);
         test_rollback(&q, d1, kv);
     }
+    /* four kv heads: with two threads each takes two of them in the fused
+     * attention job (contiguous heads, those its q/k/v share computed), with
+     * three they are dealt round-robin; the same bits either way */
+    tm_shape g4 = {.llama = 0, .vocab = 301, .hidden = 64, .layers = 2, .heads = 8, .kv_heads = 4, .head_dim = 16,
+                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 7};
+    for (int kv = 0; kv < 3; kv += 2) test_invariance("batch_invariance_qwen3_kv4", &g4, d7, kv);
     test_copied(&q, d1);
     test_copied(&l, d2);
     test_kv_types(&q, d1);

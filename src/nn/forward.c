@@ -624,19 +624,33 @@ static void attn_run(void *arg, int ith, int nth) {
             }
 }
 
+/* One unit of the fused schedule: batch row i's new tokens, kv head h. */
+static void attn_unit(td_ctx *c, int layer, int ith, int i, int h) {
+    int ta = c->brow_t0[i], tb = ta + c->brow_n[i];
+    for (int t = ta; t < tb; t++) post_token(c, layer, t, h, h + 1);
+    attn_tokens(c, layer, ith, h, ta, tb);
+}
+
 /* Fused schedule, one job: units (batch row, kv head); a unit post-processes
  * its head for all the row's new tokens, then runs their attention — it reads
  * only K/V it wrote itself or that earlier forwards wrote, so no barrier is
- * needed between the two. */
+ * needed between the two. When the kv heads divide evenly, chunk ith takes
+ * kv heads [nkv ith / nth, nkv (ith + 1) / nth) of every row: the heads whose
+ * q/k/v outputs the same chunk of the q/k/v product job computed (mm_run gives
+ * chunk ith that share of every output range), so they are read from its own
+ * caches, and its K/V rows lie together (0.6B shape, 8 kv heads, 2 threads:
+ * a T = 8 forward ~2% faster than with units dealt round-robin; the same bits).
+ * Otherwise units are dealt round-robin. */
 static void fused_attn_run(void *arg, int ith, int nth) {
     tok_job *j = arg;
     td_ctx *c = j->c;
     int nkv = c->m->cfg.n_kv_head;
-    for (int u = ith; u < j->n_rows * nkv; u += nth) {
-        int i = u / nkv, h = u % nkv, ta = c->brow_t0[i], tb = ta + c->brow_n[i];
-        for (int t = ta; t < tb; t++) post_token(c, j->layer, t, h, h + 1);
-        attn_tokens(c, j->layer, ith, h, ta, tb);
+    if (nkv % nth == 0) {
+        for (int h = nkv * ith / nth; h < nkv * (ith + 1) / nth; h++)
+            for (int i = 0; i < j->n_rows; i++) attn_unit(c, j->layer, ith, i, h);
+        return;
     }
+    for (int u = ith; u < j->n_rows * nkv; u += nth) attn_unit(c, j->layer, ith, u / nkv, u % nkv);
 }
 
 /* Post-processing and attention of one layer. The fused schedule costs one pool
