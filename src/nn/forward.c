@@ -637,8 +637,9 @@ static void attn_unit(td_ctx *c, int layer, int ith, int i, int h) {
  * needed between the two. When the kv heads divide evenly, chunk ith takes
  * kv heads [nkv ith / nth, nkv (ith + 1) / nth) of every row: the heads whose
  * q/k/v outputs the same chunk of the q/k/v product job computed (mm_run gives
- * chunk ith that share of every output range), so they are read from its own
- * caches, and its K/V rows lie together (0.6B shape, 8 kv heads, 2 threads:
+ * chunk ith that share of every output range, exactly where its 8- or 16-output
+ * blocks fall on head boundaries, as at head_dim 64 or 128), so they are read
+ * from its own caches, and its K/V rows lie together (0.6B shape, 8 kv heads, 2 threads:
  * a T = 8 forward ~2% faster than with units dealt round-robin; the same bits).
  * Otherwise units are dealt round-robin. */
 static void fused_attn_run(void *arg, int ith, int nth) {
