@@ -671,6 +671,18 @@ AI void widen_rows(float *w, const char *X, size_t rs, int j0, int j1, int hd, i
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(w + (size_t)(j - j0) * hd + d, ldw8(X + (size_t)j * rs, (size_t)d, dt));
 }
 
+/* The rows [j0, j1) of K or V that a key block's passes read: X itself (*base = 0,
+ * rows indexed from 0), or their f32 copy in wide (*base = j0) when wide is set */
+AI const char *key_block(float *wide, const char *X, size_t rs, int j0, int j1, int hd, int dt, int *base) {
+    if (!wide) {
+        *base = 0;
+        return X;
+    }
+    widen_rows(wide, X, rs, j0, j1, hd, dt);
+    *base = j0;
+    return (const char *)wide;
+}
+
 AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys, const char *K,
                const char *V, int ldkv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
@@ -694,12 +706,8 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
         for (int b = 0; b < qb; b++) nmax = n_keys[i0 + b] > nmax ? n_keys[i0 + b] : nmax;
         /* sc row b (nmax floats apart): query i0 + b's scores, then its exps */
         for (int j0 = 0; j0 < nmax; j0 += kb) {
-            const char *Kb = K;
-            int kr = 0;
-            if (wide) {
-                widen_rows(wide, K, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt);
-                Kb = (const char *)wide, kr = j0;
-            }
+            int kr;
+            const char *Kb = key_block(wide, K, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt, &kr);
             for (int b = 0; b < qb; b++) {
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
                 if (j0 < j1)
@@ -713,12 +721,8 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
             if (n_keys[i0 + b] <= 0) memset(o + (size_t)(i0 + b) * ldo, 0, sizeof(float) * (size_t)hd); /* no keys: zeros */
         }
         for (int j0 = 0; j0 < nmax; j0 += kb) {
-            const char *Vb = V;
-            int vr = 0;
-            if (wide) {
-                widen_rows(wide, V, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt);
-                Vb = (const char *)wide, vr = j0;
-            }
+            int vr;
+            const char *Vb = key_block(wide, V, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt, &vr);
             for (int b = 0; b < qb; b++) {
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
                 if (j0 < j1) attend_pv(kd, o + (size_t)(i0 + b) * ldo, sc + (size_t)b * nmax, inv[b], Vb, vr, wrs, hd, j0, j1);
