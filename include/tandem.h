@@ -237,7 +237,11 @@ typedef struct td_ctx_params {
                         bf16 dot products, AVX-512 BF16's vdpbf16ps where the CPU has it, a
                         bit-identical emulation elsewhere; src/nn/kernels.h, "B32"). Batch
                         invariance and speculative exactness hold in both; bf16 moves the
-                        logits (tests/test_conformance.c states the tolerance). Q8_0 weights
+                        logits (tests/test_conformance.c states the tolerance). With kv_type
+                        TD_DTYPE_BF16 and a head_dim that is a multiple of 32, attention takes
+                        the bf16 order too (queries and probabilities rounded to bf16, each
+                        product a vdpbf16ps lane or its emulation: src/nn/kernels.h, "A32";
+                        each query's bits its own). Q8_0 weights
                         take the "R16" order under bf16 (src/nn/q8r.h: the same Q8 activations
                         as td_matmul's, each 32-value block's integer sum whole before its
                         scale; over a repacked copy of the weights the model builds at the

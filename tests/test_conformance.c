@@ -40,7 +40,7 @@ static double kv_tol(int kv) {
     return kv == TD_DTYPE_Q8_0 ? Q8_KV_TOL : kv == TD_DTYPE_BF16 ? 1e-2 : kv == TD_DTYPE_F16 ? 1.5e-3 : 1e-4;
 }
 static const char *kv_suffix(int kv) {
-    if (g_act == TD_DTYPE_BF16) return "_act_bf16";
+    if (g_act == TD_DTYPE_BF16) return kv == TD_DTYPE_BF16 ? "_act_bf16_kv_bf16" : "_act_bf16";
     if (g_act == TD_ACT_AMX) return kv == TD_DTYPE_BF16 ? "_act_amx_kv_bf16" : "_act_amx";
     return kv == TD_DTYPE_BF16 ? "_kv_bf16" : kv == TD_DTYPE_F16 ? "_kv_f16" : kv == TD_DTYPE_Q8_0 ? "_kv_q8_0" : "";
 }
@@ -246,6 +246,10 @@ int main(void) {
     g_act = TD_DTYPE_BF16;
     if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_F32);
     check_fixture("qwen3-rand-bf16", TD_DTYPE_F32);
+    /* with a bf16 KV cache (the command line's default under bf16), attention
+     * runs in the A32 order too (td_attend_b32: bf16 queries and probabilities) */
+    if (!qe || strcmp(qe, "1")) check_tiny_code(TD_DTYPE_BF16);
+    check_fixture("qwen3-rand-bf16", TD_DTYPE_BF16);
     /* AMX tiles, where the machine has them: the same tolerance as bf16 activations */
     if (td_amx_available()) {
         g_act = TD_ACT_AMX;

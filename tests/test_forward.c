@@ -444,7 +444,7 @@ int main(void) {
     char tmpl[] = "/tmp/td_fwd_XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) return 1;
-    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512], d7[512];
+    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512], d7[512], d8[512];
     snprintf(d1, sizeof d1, "%s/qwen", dir);
     snprintf(d2, sizeof d2, "%s/llama", dir);
     snprintf(d3, sizeof d3, "%s/qwenf32", dir);
@@ -452,6 +452,7 @@ int main(void) {
     snprintf(d5, sizeof d5, "%s/qwenamxkv", dir);
     snprintf(d6, sizeof d6, "%s/qwenhd32", dir);
     snprintf(d7, sizeof d7, "%s/qwenkv4", dir);
+    snprintf(d8, sizeof d8, "%s/qwena32", dir);
     tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
     tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
@@ -493,6 +494,13 @@ int main(void) {
         test_invariance("batch_invariance_qwen3_bf16", &q, d1, kv);
         test_rollback(&q, d1, kv);
     }
+    /* head_dim 32 and a bf16 cache: attention in the A32 order (td_attend_b32,
+     * bf16 queries and probabilities); a GQA group of 3, so a block of 7 tokens
+     * is 21 queries a kv head, more than one call's 16 */
+    tm_shape qb = qa;
+    qb.heads = 6; qb.head_dim = 32; qb.seed = 8;
+    test_invariance("batch_invariance_qwen3_bf16_a32", &qb, d8, TD_DTYPE_BF16);
+    test_rollback(&qb, d8, TD_DTYPE_BF16);
     tc_act = TD_DTYPE_F32;
     test_act_types(&q, d1, &qf, d3);
     /* act_type amx, where the tiles exist: the same invariances */

@@ -486,6 +486,59 @@ static void test_attend(void) {
     t_end();
 }
 
+/* td_attend_b32 (the A32 order, kernels.h): on the path in force, the bits of
+ * the portable emulation, each query's alone or among others; rows from max
+ * n_keys on hold NaN (never read: a last odd key pairs with zeros); and close to
+ * attention in double over the same bf16 queries, keys and values (the
+ * probabilities' rounding to bf16 moves outputs by ~2^-9 of max |v|). */
+static void test_attend_b32(void) {
+    tb("kernels_attend_b32");
+    static const int HDS[] = {32, 64, 96, 128};
+    static const int NK[16] = {1, 2, 3, 17, 33, 64, 100, 101, 257, 300, 299, 5, 8, 31, 200, 150};
+    int path = td_kernels_path();
+    for (int hi = 0; hi < 4; hi++)
+        for (int nq = 1; nq <= TD_ATTEND_QMAX; nq += hi + 4) {
+            int hd = HDS[hi], ld = hd + 32 * (nq & 1), maxn = 0, nk[TD_ATTEND_QMAX];
+            for (int i = 0; i < nq; i++) {
+                nk[i] = NK[(i + hi) % 16];
+                maxn = nk[i] > maxn ? nk[i] : maxn;
+            }
+            size_t ne = (size_t)(maxn + 1) * ld, ps = (size_t)(maxn + 1) & ~(size_t)1;
+            float *K = rand_f(ne), *V = rand_f(ne), *q = rand_f((size_t)nq * hd);
+            uint16_t *Kh = malloc(2 * ne), *Vh = malloc(2 * ne), *qh = malloc(2 * (size_t)nq * hd);
+            float scale = 1.0f / sqrtf((float)hd);
+            for (int i = 0; i < nq * hd; i++) q[i] *= 3.0f * scale;
+            td_from_f32(Kh, K, TD_DTYPE_BF16, ne); td_from_f32(Vh, V, TD_DTYPE_BF16, ne);
+            td_from_f32(qh, q, TD_DTYPE_BF16, (size_t)nq * hd);
+            for (int d = 0; d < ld; d++) Kh[(size_t)maxn * ld + d] = Vh[(size_t)maxn * ld + d] = 0x7fc0; /* NaN */
+            float *o = malloc(sizeof(float) * nq * hd), *op = malloc(sizeof(float) * nq * hd), *o1 = malloc(sizeof(float) * hd);
+            float *sc = malloc(sizeof(float) * nq * ps);
+            uint16_t *pr = malloc(2 * nq * ps);
+            td_attend_b32(o, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
+            td_kernels_set_path(TD_KPATH_PORTABLE);
+            td_attend_b32(op, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
+            td_kernels_set_path(path);
+            T_CHECK(memcmp(o, op, sizeof(float) * nq * hd) == 0, "hd=%d nq=%d: %s differs from portable", hd, nq, td_kernels_path_name());
+            float *qw = malloc(sizeof(float) * hd), *Kw = malloc(4 * ne), *Vw = malloc(4 * ne);
+            double *r = malloc(sizeof(double) * hd), worst = 0;
+            td_to_f32(Kw, Kh, TD_DTYPE_BF16, ne); td_to_f32(Vw, Vh, TD_DTYPE_BF16, ne);
+            for (int i = 0; i < nq; i++) {
+                td_attend_b32(o1, hd, qh + (size_t)i * hd, hd, 1, &nk[i], Kh, Vh, ld, hd, sc, pr);
+                T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d nq=%d: query %d alone differs", hd, nq, i);
+                td_to_f32(qw, qh + (size_t)i * hd, TD_DTYPE_BF16, (size_t)hd);
+                ref_attend(r, qw, nk[i], Kw, Vw, ld, hd, 1.0f);
+                for (int d = 0; d < hd; d++) {
+                    double e = fabs(o[(size_t)i * hd + d] - r[d]);
+                    worst = e > worst || e != e ? e : worst;
+                }
+            }
+            T_CHECK(worst <= 1e-2, "hd=%d nq=%d: %.3g from attention in double", hd, nq, worst);
+            free(K); free(V); free(q); free(Kh); free(Vh); free(qh); free(o); free(op); free(o1); free(sc); free(pr);
+            free(qw); free(Kw); free(Vw); free(r);
+        }
+    t_end();
+}
+
 /* td_from_f32 (the KV cache's write): bf16 and f16 round to nearest even, checked
  * on ties, overflow, subnormals, signed zero and NaN. */
 static void test_from_f32(void) {
@@ -1811,6 +1864,7 @@ int main(void) {
     test_exp();
     test_norm_swiglu();
     test_attend();
+    test_attend_b32();
     test_from_f32();
     test_dp_lane();
     test_matmul_bf16a();
@@ -1841,6 +1895,7 @@ int main(void) {
         test_matmul();
         test_matmul_large();
         test_attend();
+        test_attend_b32();
         test_matmul_bf16a();
     test_matmul_bf16a_edges();
     }

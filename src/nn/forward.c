@@ -8,7 +8,9 @@
  * them; under act_type amx a
  * bf16 cache with head_dim a multiple of 32 keeps each head's K and V in the
  * AMX tiles' pair layouts instead, and attention runs on the tiles,
- * td_amx_attend_rows), a RoPE
+ * td_amx_attend_rows); under act_type bf16 a bf16 cache with such a head_dim
+ * keeps the plain layout and attention takes the A32 order (td_attend_b32:
+ * queries and probabilities rounded to bf16, vdpbf16ps lanes), a RoPE
  * table by absolute position, and activation buffers for max_tokens tokens.
  * td_ctx_forward lays every new token of every row side by side as one
  * [T][n_embd] activation matrix, so each weight matrix is streamed once per
@@ -70,7 +72,10 @@ struct td_ctx {
     size_t row_stride;      /* elements per row of cache: n_layer*kv_cap*kv_dim */
     int kv_tile;            /* K/V in the AMX tiles' pair layouts (act amx, kv bf16, head_dim a multiple
                                of 32): written by td_amx_kv_put, read by td_amx_attend_rows */
-    int kv_cap;             /* positions of one head's region: max_ctx (rounded up to 32 with kv_tile) */
+    int kv_a32;             /* attention in the A32 order (act bf16, kv bf16, head_dim a multiple of 32):
+                               td_attend_b32 over the plain layout */
+    int kv_cap;             /* positions of one head's region: max_ctx (rounded up to 32 with kv_tile, to
+                               even with kv_a32: td_attend_b32's scratch rows) */
     char *k_cache;          /* [max_rows][n_layer][n_kv_head][kv_cap][head_dim] of p.kv_type (kv_alloc);
                                with kv_tile each head's region in td_amx_kp_at's layout */
     char *v_cache;          /* same (td_amx_vp_at's layout with kv_tile) */
@@ -100,8 +105,8 @@ struct td_ctx {
     float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
     int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
     float *scores;          /* [n_threads][TD_ATTEND_QMAX * kv_cap] softmax scratch */
-    uint16_t *probs;        /* kv_tile: [n_threads][TD_ATTEND_QMAX * kv_cap] bf16 probabilities */
-    uint16_t *qt;           /* kv_tile: [n_threads][TD_ATTEND_QMAX * head_dim] scaled bf16 queries */
+    uint16_t *probs;        /* kv_tile, kv_a32: [n_threads][TD_ATTEND_QMAX * kv_cap] bf16 probabilities */
+    uint16_t *qt;           /* kv_tile, kv_a32: [n_threads][TD_ATTEND_QMAX * head_dim] scaled bf16 queries */
     float *qg;              /* [n_threads][ATT_TC * q_dim] gathered queries of one attention unit */
     float *og;              /* [n_threads][ATT_TC * q_dim] their outputs */
     int *nkg;               /* [n_threads][ATT_TC * n_head] their key counts */
@@ -280,7 +285,8 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->q_dim = cfg->n_head * cfg->head_dim;
     int fail = 0;
     c->kv_tile = p.act_type == TD_ACT_AMX && p.kv_type == TD_DTYPE_BF16 && cfg->head_dim % 32 == 0;
-    c->kv_cap = c->kv_tile ? (p.max_ctx + 31) / 32 * 32 : p.max_ctx;
+    c->kv_a32 = p.act_type == TD_DTYPE_BF16 && p.kv_type == TD_DTYPE_BF16 && cfg->head_dim % 32 == 0;
+    c->kv_cap = c->kv_tile ? (p.max_ctx + 31) / 32 * 32 : c->kv_a32 ? (p.max_ctx + 1) / 2 * 2 : p.max_ctx;
     size_t per_row;
     if (td_mul_size((size_t)cfg->n_layer * c->kv_cap, (size_t)c->kv_dim, &per_row))
         fail = 1;
@@ -319,7 +325,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (p.act_type != TD_DTYPE_F32) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
     if (q8r) c->xq = alloc_e(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, td_q8r_row_bytes(wmax), 1, &fail);
     c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, &fail);
-    if (c->kv_tile) {
+    if (c->kv_tile || c->kv_a32) {
         c->probs = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, sizeof(uint16_t), &fail);
         c->qt = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)cfg->head_dim, sizeof(uint16_t), &fail);
     }
@@ -572,7 +578,7 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
     int *nk = c->nkg + (size_t)ith * ATT_TC * cfg->n_head;
     int row = c->tok_row[ta];
     size_t lo = kv_head_off(c, row, layer, kvh);
-    if (c->kv_tile) { /* the group's queries of the tokens, 16 (one tile of rows) at a time */
+    if (c->kv_tile || c->kv_a32) { /* the group's queries of the tokens, 16 (one tile of rows) at a time */
         uint16_t *qt = c->qt + (size_t)ith * TD_ATTEND_QMAX * hd, *pr = c->probs + (size_t)ith * TD_ATTEND_QMAX * c->kv_cap;
         const uint16_t *kp = (const uint16_t *)c->k_cache + lo, *vp = (const uint16_t *)c->v_cache + lo;
         int nq = (tb - ta) * group, qmax = ATT_TC * cfg->n_head < TD_ATTEND_QMAX ? ATT_TC * cfg->n_head : TD_ATTEND_QMAX;
@@ -586,7 +592,8 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
                 td_from_f32(qt + (size_t)i * hd, qf, TD_DTYPE_BF16, (size_t)hd);
                 nk[i] = c->tok_pos[t] + 1;
             }
-            td_amx_attend_rows(og, hd, qt, n, kp, vp, hd, nk, sc, pr);
+            if (c->kv_tile) td_amx_attend_rows(og, hd, qt, n, kp, vp, hd, nk, sc, pr);
+            else td_attend_b32(og, hd, qt, hd, n, nk, kp, vp, hd, hd, sc, pr);
             for (int i = 0; i < n; i++) {
                 int t = ta + (i0 + i) / group, h = kvh * group + (i0 + i) % group;
                 memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, og + (size_t)i * hd, sizeof(float) * (size_t)hd);

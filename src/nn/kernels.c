@@ -265,6 +265,29 @@ static void matmul_bp(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
         }
 }
 
+/* The A32 order (kernels.h, td_attend_b32) for one query at a time. */
+static void attend_b32_p(float *o, int ldo, const uint16_t *q, int ldq, int nq, const int *n_keys, const uint16_t *K,
+                         const uint16_t *V, int ldkv, int hd, float *sc, uint16_t *p) {
+    for (int i = 0; i < nq; i++) {
+        const uint16_t *qi = q + (size_t)i * ldq;
+        int n = n_keys[i];
+        float *oi = o + (size_t)i * ldo;
+        for (int j = 0; j < n; j++) sc[j] = dotb_p(qi, K + (size_t)j * ldkv, hd);
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        for (int j = 0; j < n; j++) sc[j] = exp_p(sc[j] - mx);
+        float inv = 1.0f / sum_p(sc, n);
+        for (int j = 0; j < n; j++) p[j] = td_f32_to_bf16(sc[j] * inv);
+        for (int d = 0; d < hd; d++) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; j += 2) /* a last odd key pairs with a zero probability and value */
+                acc = dp_lane(acc, p[j], j + 1 < n ? p[j + 1] : 0, V[(size_t)j * ldkv + d],
+                              j + 1 < n ? V[(size_t)(j + 1) * ldkv + d] : 0);
+            oi[d] = acc;
+        }
+    }
+}
+
 /* K, V: rows of dtype dt (ldkv elements apart), widened exactly by dot_p / wval. */
 static void attend_p(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                      const char *K, const char *V, int dt, int ldkv, int hd, float scale, float *sc) {
@@ -941,6 +964,133 @@ static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const i
         i += qb;
     }
 }
+
+/* The A32 order on vdpbf16ps (kernels.h, td_attend_b32), queries in blocks of
+ * qb <= 4 that share each K and V load. Scores: blocks of 16/qb keys x qb
+ * queries, 32 dimensions a step (hd a multiple of 32), one fold16x16 — each
+ * lane the B32 dot of dotb_p. Values: each pair of keys (2m, 2m + 1) is
+ * interleaved by vpunpck{l,h}wd into lanes of (V_2m[d], V_2m+1[d]), which
+ * vdpbf16ps takes with the broadcast pair (p_2m, p_2m+1): lane for lane
+ * dp_lane, on dimensions in the unpacks' order, put back at the store. */
+TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv, int hd,
+                       int n) {
+    const int kb = 16 / qb;
+    int j0 = 0;
+    for (; j0 + kb <= n; j0 += kb) {
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 32) {
+            __m512i qv[4];
+#pragma GCC unroll 4
+            for (int b = 0; b < qb; b++) {
+                qv[b] = _mm512_loadu_si512(q + (size_t)b * ldq + d);
+                __asm__("" : "+v"(qv[b]));
+            }
+#pragma GCC unroll 16
+            for (int u = 0; u < kb; u++) {
+                __m512i kv = _mm512_loadu_si512(K + (size_t)(j0 + u) * ldkv + d);
+                __asm__("" : "+v"(kv));
+#pragma GCC unroll 4
+                for (int b = 0; b < qb; b++)
+                    acc[b * kb + u] = _mm512_dpbf16_ps(acc[b * kb + u], (__m512bh)qv[b], (__m512bh)kv);
+            }
+        }
+        __m512 r = fold16x16(acc);
+#pragma GCC unroll 4
+        for (int b = 0; b < qb; b++)
+            _mm512_mask_storeu_ps(sc + (size_t)b * ss + j0 - b * kb, (__mmask16)(tailmask(kb) << (b * kb)), r);
+    }
+    for (; j0 < n; j0++)
+        for (int b = 0; b < qb; b++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 32)
+                acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + (size_t)b * ldq + d),
+                                       (__m512bh)_mm512_loadu_si512(K + (size_t)j0 * ldkv + d));
+            sc[(size_t)b * ss + j0] = fold16(acc);
+        }
+}
+
+/* o_b[d0 .. d0 + 32 ND) for the qb queries: pairs below nmin shared, then each
+ * query's own; row j + 1 is read only when j + 1 < its n_keys (else zeros). */
+TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,
+                       size_t ldkv, int d0, int nmin) {
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int b = 0; b < qb; b++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 2 * ND; v++) a[b][v] = _mm512_setzero_ps();
+    int je = nmin & ~1;
+    for (int j = 0; j < je; j += 2) {
+        const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
+        __m512i w[4];
+#pragma GCC unroll 2
+        for (int c = 0; c < ND; c++) {
+            __m512i xv = _mm512_loadu_si512(x + 32 * c), yv = _mm512_loadu_si512(y + 32 * c);
+            w[2 * c] = _mm512_unpacklo_epi16(xv, yv);
+            w[2 * c + 1] = _mm512_unpackhi_epi16(xv, yv);
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < qb; b++) {
+            __m512i pp = _mm512_set1_epi32(*(const int32_t *)(const void *)(p + (size_t)b * ps + j));
+#pragma GCC unroll 4
+            for (int v = 0; v < 2 * ND; v++) a[b][v] = _mm512_dpbf16_ps(a[b][v], (__m512bh)pp, (__m512bh)w[v]);
+        }
+    }
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+#pragma GCC unroll 4
+    for (int b = 0; b < qb; b++) {
+        for (int j = je; j < nk[b]; j += 2) { /* this query's own pairs */
+            const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
+            int two = j + 1 < nk[b];
+            uint32_t pr = p[(size_t)b * ps + j] | (two ? (uint32_t)p[(size_t)b * ps + j + 1] << 16 : 0u);
+            __m512i pp = _mm512_set1_epi32((int32_t)pr);
+#pragma GCC unroll 2
+            for (int c = 0; c < ND; c++) {
+                __m512i xv = _mm512_loadu_si512(x + 32 * c), yv = two ? _mm512_loadu_si512(y + 32 * c) : _mm512_setzero_si512();
+                a[b][2 * c] = _mm512_dpbf16_ps(a[b][2 * c], (__m512bh)pp, (__m512bh)_mm512_unpacklo_epi16(xv, yv));
+                a[b][2 * c + 1] = _mm512_dpbf16_ps(a[b][2 * c + 1], (__m512bh)pp, (__m512bh)_mm512_unpackhi_epi16(xv, yv));
+            }
+        }
+        float *ob = o + (size_t)b * ldo + d0;
+#pragma GCC unroll 2
+        for (int c = 0; c < ND; c++) {
+            _mm512_storeu_ps(ob + 32 * c, _mm512_permutex2var_ps(a[b][2 * c], lo, a[b][2 * c + 1]));
+            _mm512_storeu_ps(ob + 32 * c + 16, _mm512_permutex2var_ps(a[b][2 * c], hi, a[b][2 * c + 1]));
+        }
+    }
+}
+
+TBF AI void a32_block(int qb, float *o, int ldo, const uint16_t *q, int ldq, const int *nk, const uint16_t *K,
+                      const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p) {
+    int n = nk[0], nmin = nk[0];
+    for (int b = 1; b < qb; b++) {
+        n = nk[b] > n ? nk[b] : n;
+        nmin = nk[b] < nmin ? nk[b] : nmin;
+    }
+    int ps = (n + 1) & ~1; /* even: each pair one aligned 32-bit load */
+    a32_scores(qb, sc, ps, q, ldq, K, ldkv, hd, n);
+    for (int b = 0; b < qb; b++) {
+        att_softmax(sc + (size_t)b * ps, nk[b]);
+        td_from_f32(p + (size_t)b * ps, sc + (size_t)b * ps, TD_DTYPE_BF16, (size_t)nk[b]);
+    }
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) a32_values(qb, 2, o, ldo, p, ps, nk, V, ldkv, d0, nmin);
+    if (d0 < hd) a32_values(qb, 1, o, ldo, p, ps, nk, V, ldkv, d0, nmin);
+}
+#define A32_INST(QB)                                                                                                \
+    TBF static void a32_block##QB(float *o, int ldo, const uint16_t *q, int ldq, const int *nk, const uint16_t *K, \
+                                  const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p) {                \
+        a32_block(QB, o, ldo, q, ldq, nk, K, V, ldkv, hd, sc, p);                                                   \
+    }
+A32_INST(1)
+A32_INST(2)
+A32_INST(3)
+A32_INST(4)
+typedef void (*a32_fn)(float *o, int ldo, const uint16_t *q, int ldq, const int *nk, const uint16_t *K,
+                       const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p);
+static const a32_fn A32[4] = {a32_block1, a32_block2, a32_block3, a32_block4};
 #endif /* TD_HAVE_AVX512 */
 
 /* ---- public entry points -------------------------------------------------- */
@@ -1168,6 +1318,24 @@ void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int 
     if (FAST()) { attend_v(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch); return; }
 #endif
     attend_p(o, ldo, q, ldq, nq, n_keys, K, V, kv_dtype, ldkv, hd, scale, scratch);
+}
+
+void td_attend_b32(float *o, int ldo, const uint16_t *q, int ldq, int nq, const int *n_keys, const uint16_t *K,
+                   const uint16_t *V, int ldkv, int hd, float *sc, uint16_t *p) {
+    TD_ASSERT(hd % 32 == 0 && nq <= TD_ATTEND_QMAX);
+#ifdef TD_HAVE_AVX512
+    if (FAST() && bf16_ok()) {
+        int nmax = 0;
+        for (int i = 0; i < nq; i++) nmax = n_keys[i] > nmax ? n_keys[i] : nmax;
+        for (int i = 0; i < nq; i += 4) { /* a block's rows in sc / p at its largest n_keys, rounded up to even */
+            int qb = nq - i < 4 ? nq - i : 4;
+            A32[qb - 1](o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n_keys + i, K, V, (size_t)ldkv, hd,
+                        sc + (size_t)i * ((nmax + 1) & ~1), p + (size_t)i * ((nmax + 1) & ~1));
+        }
+        return;
+    }
+#endif
+    attend_b32_p(o, ldo, q, ldq, nq, n_keys, K, V, ldkv, hd, sc, p);
 }
 
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,

@@ -175,4 +175,23 @@ void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_
 void td_attend_kv(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
                   const void *K, const void *V, int kv_dtype, int ldkv, int hd, float scale, float *scratch);
 
+/* Attention in the "A32" order (act_type bf16 over a bf16 cache, nn/forward.c):
+ * the bf16 counterpart of td_attend, with queries and probabilities rounded to
+ * bf16 and every product a vdpbf16ps lane (dp_lane of the B32 order above).
+ * Query i (hd bf16 at q + i*ldq: the caller rounds q * scale once) attends to
+ * keys 0 .. n_keys[i]-1 (bf16 rows of K and V, ldkv elements apart):
+ *   s_j = B32 dot(q_i, K_j, hd)  (16 lanes over pairs, then the D16 fold);
+ *   mx, e_j = exp(s_j - mx), sum: as td_attend;  p_j = bf16(e_j * (1/sum))
+ *   (nearest even, td_f32_to_bf16);  for each dimension d, acc = +0 and for
+ *   m = 0, 1, ... in order: acc = dp_lane(acc, p_2m, p_2m+1, V_2m[d],
+ *   V_2m+1[d]) (the odd key first; a last odd key pairs with zeros);
+ *   o_i[d] = acc.
+ * Each query's bits depend on its own q, n_keys[i] and keys only (batch
+ * invariant); the AVX-512 path (vdpbf16ps where bf16 is native) and the
+ * portable emulation give the same bits. hd a multiple of 32, nq <=
+ * TD_ATTEND_QMAX. Scratch: sc and p each nq x (max n_keys rounded up to even)
+ * elements (f32 and bf16). */
+void td_attend_b32(float *o, int ldo, const uint16_t *q, int ldq, int nq, const int *n_keys, const uint16_t *K,
+                   const uint16_t *V, int ldkv, int hd, float *sc, uint16_t *p);
+
 #endif
