@@ -1425,6 +1425,15 @@ int main(void) {
             run_exact(same32, "model_same_kv_q8_0_act_bf16", temp, 3, 4);
             run_exact(mtp32, "mtp_random_kv_q8_0_act_bf16", temp, 3, 3);
         }
+        /* a bf16 cache under bf16 activations: the target's attention (and the
+         * drafters' that follow it) in the A32 order, head_dim 32 */
+        g_kv = TD_DTYPE_BF16;
+        for (int temp = 0; temp <= 1; temp++)
+            for (int bi = quick; bi < (quick ? 2 : 3); bi++) {
+                run_exact("ngram", "ngram_kv_bf16_act_bf16_a32", temp, Bs[bi], 5);
+                run_exact(same32, "model_same_kv_bf16_act_bf16_a32", temp, Bs[bi], 4);
+                run_exact(mtp32, "mtp_random_kv_bf16_act_bf16_a32", temp, Bs[bi], 3);
+            }
         g_act = TD_DTYPE_F32;
         g_kv = TD_DTYPE_F32;
         g_target = t16;

@@ -966,12 +966,14 @@ static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const i
 }
 
 /* The A32 order on vdpbf16ps (kernels.h, td_attend_b32), queries in blocks of
- * qb <= 4 that share each K and V load. Scores: blocks of 16/qb keys x qb
- * queries, 32 dimensions a step (hd a multiple of 32), one fold16x16 — each
- * lane the B32 dot of dotb_p. Values: each pair of keys (2m, 2m + 1) is
- * interleaved by vpunpck{l,h}wd into lanes of (V_2m[d], V_2m+1[d]), which
- * vdpbf16ps takes with the broadcast pair (p_2m, p_2m+1): lane for lane
- * dp_lane, on dimensions in the unpacks' order, put back at the store. */
+ * qb <= 4 that share each K and V load, several blocks taking turns on each
+ * block of about 16 KiB of K (then V) rows while it sits in L1, as att_multi
+ * does. Scores: blocks of 16/qb keys x qb queries, 32 dimensions a step (hd a
+ * multiple of 32), one fold16x16 — each lane the B32 dot of dotb_p. Values:
+ * each pair of keys (2m, 2m + 1) is interleaved by vpunpck{l,h}wd into lanes of
+ * (V_2m[d], V_2m+1[d]), which vdpbf16ps takes with the broadcast pair (p_2m,
+ * p_2m+1): lane for lane dp_lane, on dimensions in the unpacks' order, parked
+ * in o in that order between key blocks and put back at the end. */
 TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv, int hd,
                        int n) {
     const int kb = 16 / qb;
@@ -1011,17 +1013,26 @@ TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, co
         }
 }
 
-/* o_b[d0 .. d0 + 32 ND) for the qb queries: pairs below nmin shared, then each
- * query's own; row j + 1 is read only when j + 1 < its n_keys (else zeros). */
+/* Keys [j0, j1) (j0 even; j1 even unless it ends every query's keys) of the
+ * value sums of qb queries, dimensions [d0, d0 + 32 ND): from zero when j0 == 0,
+ * else from o (parked there in the unpacks' order). Pairs below every query's
+ * end are shared; then each query's own, row j + 1 read only when j + 1 < its
+ * n_keys (else zeros). */
 TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,
-                       size_t ldkv, int d0, int nmin) {
+                       size_t ldkv, int d0, int j0, int j1) {
     __m512 a[4][4];
+    int je[4], jsh = j1;
+    for (int b = 0; b < qb; b++) {
+        je[b] = nk[b] < j1 ? nk[b] : j1;
+        jsh = je[b] < jsh ? je[b] : jsh;
+    }
+    jsh &= ~1;
 #pragma GCC unroll 4
     for (int b = 0; b < qb; b++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 2 * ND; v++) a[b][v] = _mm512_setzero_ps();
-    int je = nmin & ~1;
-    for (int j = 0; j < je; j += 2) {
+        for (int v = 0; v < 2 * ND; v++)
+            a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
+    for (int j = j0; j < jsh; j += 2) {
         const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
         __m512i w[4];
 #pragma GCC unroll 2
@@ -1037,11 +1048,9 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
             for (int v = 0; v < 2 * ND; v++) a[b][v] = _mm512_dpbf16_ps(a[b][v], (__m512bh)pp, (__m512bh)w[v]);
         }
     }
-    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
 #pragma GCC unroll 4
     for (int b = 0; b < qb; b++) {
-        for (int j = je; j < nk[b]; j += 2) { /* this query's own pairs */
+        for (int j = jsh > j0 ? jsh : j0; j < je[b]; j += 2) { /* this query's own pairs */
             const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
             int two = j + 1 < nk[b];
             uint32_t pr = p[(size_t)b * ps + j] | (two ? (uint32_t)p[(size_t)b * ps + j + 1] << 16 : 0u);
@@ -1053,44 +1062,73 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
                 a[b][2 * c + 1] = _mm512_dpbf16_ps(a[b][2 * c + 1], (__m512bh)pp, (__m512bh)_mm512_unpackhi_epi16(xv, yv));
             }
         }
-        float *ob = o + (size_t)b * ldo + d0;
-#pragma GCC unroll 2
-        for (int c = 0; c < ND; c++) {
-            _mm512_storeu_ps(ob + 32 * c, _mm512_permutex2var_ps(a[b][2 * c], lo, a[b][2 * c + 1]));
-            _mm512_storeu_ps(ob + 32 * c + 16, _mm512_permutex2var_ps(a[b][2 * c], hi, a[b][2 * c + 1]));
-        }
+#pragma GCC unroll 4
+        for (int v = 0; v < 2 * ND; v++) _mm512_storeu_ps(o + (size_t)b * ldo + d0 + 16 * v, a[b][v]);
     }
 }
 
-TBF AI void a32_block(int qb, float *o, int ldo, const uint16_t *q, int ldq, const int *nk, const uint16_t *K,
-                      const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p) {
-    int n = nk[0], nmin = nk[0];
-    for (int b = 1; b < qb; b++) {
-        n = nk[b] > n ? nk[b] : n;
-        nmin = nk[b] < nmin ? nk[b] : nmin;
-    }
-    int ps = (n + 1) & ~1; /* even: each pair one aligned 32-bit load */
-    a32_scores(qb, sc, ps, q, ldq, K, ldkv, hd, n);
-    for (int b = 0; b < qb; b++) {
-        att_softmax(sc + (size_t)b * ps, nk[b]);
-        td_from_f32(p + (size_t)b * ps, sc + (size_t)b * ps, TD_DTYPE_BF16, (size_t)nk[b]);
-    }
-    int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) a32_values(qb, 2, o, ldo, p, ps, nk, V, ldkv, d0, nmin);
-    if (d0 < hd) a32_values(qb, 1, o, ldo, p, ps, nk, V, ldkv, d0, nmin);
-}
-#define A32_INST(QB)                                                                                                \
-    TBF static void a32_block##QB(float *o, int ldo, const uint16_t *q, int ldq, const int *nk, const uint16_t *K, \
-                                  const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p) {                \
-        a32_block(QB, o, ldo, q, ldq, nk, K, V, ldkv, hd, sc, p);                                                   \
+/* a32_scores and a32_values (over all of hd) instantiated per block size */
+#define A32_INST(QB)                                                                                               \
+    TBF static void a32_sc##QB(float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv,   \
+                               int hd, int n) {                                                                   \
+        a32_scores(QB, sc, ss, q, ldq, K, ldkv, hd, n);                                                            \
+    }                                                                                                              \
+    TBF static void a32_pv##QB(float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,    \
+                               size_t ldkv, int hd, int j0, int j1) {                                             \
+        int d0 = 0;                                                                                                \
+        for (; d0 + 64 <= hd; d0 += 64) a32_values(QB, 2, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);                 \
+        if (d0 < hd) a32_values(QB, 1, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);                                    \
     }
 A32_INST(1)
 A32_INST(2)
 A32_INST(3)
 A32_INST(4)
-typedef void (*a32_fn)(float *o, int ldo, const uint16_t *q, int ldq, const int *nk, const uint16_t *K,
-                       const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p);
-static const a32_fn A32[4] = {a32_block1, a32_block2, a32_block3, a32_block4};
+typedef void (*a32_sc_fn)(float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv, int hd, int n);
+typedef void (*a32_pv_fn)(float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V, size_t ldkv,
+                          int hd, int j0, int j1);
+static const a32_sc_fn A32_SC[4] = {a32_sc1, a32_sc2, a32_sc3, a32_sc4};
+static const a32_pv_fn A32_PV[4] = {a32_pv1, a32_pv2, a32_pv3, a32_pv4};
+
+/* td_attend_b32 on vdpbf16ps: sc and p rows ps apart (the largest n_keys,
+ * rounded up to even) */
+TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int nq, const int *nk, const uint16_t *K,
+                             const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p) {
+    int nmax = 0, bmax[TD_ATTEND_QMAX / 4];
+    for (int i = 0; i < nq; i += 4) {
+        int qb = nq - i >= 4 ? 4 : nq - i, m = 0;
+        for (int b = 0; b < qb; b++) m = nk[i + b] > m ? nk[i + b] : m;
+        bmax[i / 4] = m;
+        nmax = m > nmax ? m : nmax;
+    }
+    int ps = (nmax + 1) & ~1, kc = (int)(16384 / (2 * (size_t)hd)) & ~15; /* keys a block: even, a multiple of every kb */
+    if (kc < 16) kc = 16;
+    for (int j0 = 0; j0 < nmax; j0 += kc)
+        for (int i = 0; i < nq; i += 4) {
+            int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
+            if (j0 < j1)
+                A32_SC[qb - 1](sc + (size_t)i * ps + j0, ps, q + (size_t)i * ldq, ldq, K + (size_t)j0 * ldkv, ldkv, hd,
+                               j1 - j0);
+        }
+    for (int b = 0; b < nq; b++) {
+        att_softmax(sc + (size_t)b * ps, nk[b]);
+        td_from_f32(p + (size_t)b * ps, sc + (size_t)b * ps, TD_DTYPE_BF16, (size_t)nk[b]);
+    }
+    for (int j0 = 0; j0 < nmax; j0 += kc)
+        for (int i = 0; i < nq; i += 4) {
+            int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
+            if (j0 < j1)
+                A32_PV[qb - 1](o + (size_t)i * ldo, ldo, p + (size_t)i * ps, ps, nk + i, V, ldkv, hd, j0, j1);
+        }
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int b = 0; b < nq; b++) /* the unpacks' order back to dimension order */
+        for (int d = 0; d < hd; d += 32) {
+            float *ob = o + (size_t)b * ldo + d;
+            __m512 x = _mm512_loadu_ps(ob), y = _mm512_loadu_ps(ob + 16);
+            _mm512_storeu_ps(ob, _mm512_permutex2var_ps(x, lo, y));
+            _mm512_storeu_ps(ob + 16, _mm512_permutex2var_ps(x, hi, y));
+        }
+}
 #endif /* TD_HAVE_AVX512 */
 
 /* ---- public entry points -------------------------------------------------- */
@@ -1325,13 +1363,7 @@ void td_attend_b32(float *o, int ldo, const uint16_t *q, int ldq, int nq, const 
     TD_ASSERT(hd % 32 == 0 && nq <= TD_ATTEND_QMAX);
 #ifdef TD_HAVE_AVX512
     if (FAST() && bf16_ok()) {
-        int nmax = 0;
-        for (int i = 0; i < nq; i++) nmax = n_keys[i] > nmax ? n_keys[i] : nmax;
-        for (int i = 0; i < nq; i += 4) { /* a block's rows in sc / p at its largest n_keys, rounded up to even */
-            int qb = nq - i < 4 ? nq - i : 4;
-            A32[qb - 1](o + (size_t)i * ldo, ldo, q + (size_t)i * ldq, ldq, n_keys + i, K, V, (size_t)ldkv, hd,
-                        sc + (size_t)i * ((nmax + 1) & ~1), p + (size_t)i * ((nmax + 1) & ~1));
-        }
+        attend_b32_v(o, ldo, q, ldq, nq, n_keys, K, V, (size_t)ldkv, hd, sc, p);
         return;
     }
 #endif
