@@ -1020,7 +1020,7 @@ TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, co
  * n_keys (else zeros). */
 TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,
                        size_t ldkv, int d0, int j0, int j1) {
-    __m512 a[4][4];
+    __m512 a[4][8];
     int je[4], jsh = j1;
     for (int b = 0; b < qb; b++) {
         je[b] = nk[b] < j1 ? nk[b] : j1;
@@ -1029,13 +1029,13 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
     jsh &= ~1;
 #pragma GCC unroll 4
     for (int b = 0; b < qb; b++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < 2 * ND; v++)
             a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
     for (int j = j0; j < jsh; j += 2) {
         const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
-        __m512i w[4];
-#pragma GCC unroll 2
+        __m512i w[8];
+#pragma GCC unroll 4
         for (int c = 0; c < ND; c++) {
             __m512i xv = _mm512_loadu_si512(x + 32 * c), yv = _mm512_loadu_si512(y + 32 * c);
             w[2 * c] = _mm512_unpacklo_epi16(xv, yv);
@@ -1044,7 +1044,7 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
 #pragma GCC unroll 4
         for (int b = 0; b < qb; b++) {
             __m512i pp = _mm512_set1_epi32(*(const int32_t *)(const void *)(p + (size_t)b * ps + j));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < 2 * ND; v++) a[b][v] = _mm512_dpbf16_ps(a[b][v], (__m512bh)pp, (__m512bh)w[v]);
         }
     }
@@ -1055,14 +1055,14 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
             int two = j + 1 < nk[b];
             uint32_t pr = p[(size_t)b * ps + j] | (two ? (uint32_t)p[(size_t)b * ps + j + 1] << 16 : 0u);
             __m512i pp = _mm512_set1_epi32((int32_t)pr);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int c = 0; c < ND; c++) {
                 __m512i xv = _mm512_loadu_si512(x + 32 * c), yv = two ? _mm512_loadu_si512(y + 32 * c) : _mm512_setzero_si512();
                 a[b][2 * c] = _mm512_dpbf16_ps(a[b][2 * c], (__m512bh)pp, (__m512bh)_mm512_unpacklo_epi16(xv, yv));
                 a[b][2 * c + 1] = _mm512_dpbf16_ps(a[b][2 * c + 1], (__m512bh)pp, (__m512bh)_mm512_unpackhi_epi16(xv, yv));
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < 2 * ND; v++) _mm512_storeu_ps(o + (size_t)b * ldo + d0 + 16 * v, a[b][v]);
     }
 }
@@ -1076,6 +1076,8 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
     TBF static void a32_pv##QB(float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,    \
                                size_t ldkv, int hd, int j0, int j1) {                                             \
         int d0 = 0;                                                                                                \
+        if (QB <= 2) /* whole rows of 128 dimensions (the registers allow it) */                                   \
+            for (; d0 + 128 <= hd; d0 += 128) a32_values(QB, 4, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);          \
         for (; d0 + 64 <= hd; d0 += 64) a32_values(QB, 2, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);                 \
         if (d0 < hd) a32_values(QB, 1, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);                                    \
     }
