@@ -422,7 +422,7 @@ static void test_attend(void) {
         float *K = rand_f((size_t)maxn * ld), *V = rand_f((size_t)maxn * ld), *q = rand_f((size_t)nq * hd);
         for (int i = 0; i < nq * hd; i++) q[i] *= 3.0f;
         int nk[7] = {1, 2, 17, 33, 100, 257, 300};
-        float *o = malloc(sizeof(float) * nq * hd), *o1 = malloc(sizeof(float) * hd);
+        float *o = malloc(sizeof(float) * nq * hd), *o1 = malloc(sizeof(float) * hd), *o2 = malloc(sizeof(float) * 2 * hd);
         float *scr = malloc(sizeof(float) * (size_t)nq * (maxn + 16));
         double *r = malloc(sizeof(double) * hd);
         float scale = 1.0f / sqrtf((float)hd);
@@ -436,6 +436,11 @@ static void test_attend(void) {
                 }
             td_attend(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], K, V, ld, hd, scale, scr);
             T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d: query %d alone differs from among %d", hd, i, nq);
+        }
+        /* pairs (a decode's GQA pair: one block of two, the longer one's own keys after the shared ones) */
+        for (int i = 0; i + 1 < nq; i++) {
+            td_attend(o2, hd, q + (size_t)i * hd, hd, 2, &nk[i], K, V, ld, hd, scale, scr);
+            T_CHECK(memcmp(o2, o + (size_t)i * hd, sizeof(float) * 2 * hd) == 0, "hd=%d: queries %d, %d as a pair differ", hd, i, i + 1);
         }
         /* K/V stored as bf16 / f16: the same bits as f32 attention over the
          * widened rows (the storage only changes what is loaded), alone or not */
@@ -451,6 +456,10 @@ static void test_attend(void) {
             for (int i = 0; i < nq; i++) {
                 td_attend_kv(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], Kh, Vh, kvt, ld, hd, scale, scr);
                 T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d %s: query %d alone differs", hd, dtn(kvt), i);
+                if (i + 1 < nq) {
+                    td_attend_kv(o2, hd, q + (size_t)i * hd, hd, 2, &nk[i], Kh, Vh, kvt, ld, hd, scale, scr);
+                    T_CHECK(memcmp(o2, o + (size_t)i * hd, sizeof(float) * 2 * hd) == 0, "hd=%d %s: queries %d, %d as a pair differ", hd, dtn(kvt), i, i + 1);
+                }
             }
             free(Kh); free(Vh); free(Kw); free(Vw); free(ow);
         }
@@ -478,10 +487,14 @@ static void test_attend(void) {
             for (int i = 0; i < nq; i++) {
                 td_attend_kv(o1, hd, q + (size_t)i * hd, hd, 1, &nk[i], Kq, Vq, TD_DTYPE_Q8_0, lq, hd, scale, scr);
                 T_CHECK(memcmp(o1, o + (size_t)i * hd, sizeof(float) * hd) == 0, "hd=%d q8_0: query %d alone differs", hd, i);
+                if (i + 1 < nq) {
+                    td_attend_kv(o2, hd, q + (size_t)i * hd, hd, 2, &nk[i], Kq, Vq, TD_DTYPE_Q8_0, lq, hd, scale, scr);
+                    T_CHECK(memcmp(o2, o + (size_t)i * hd, sizeof(float) * 2 * hd) == 0, "hd=%d q8_0: queries %d, %d as a pair differ", hd, i, i + 1);
+                }
             }
             free(Kq); free(Vq); free(Kw); free(Vw); free(ow);
         }
-        free(K); free(V); free(q); free(o); free(o1); free(scr); free(r);
+        free(K); free(V); free(q); free(o); free(o1); free(o2); free(scr); free(r);
     }
     t_end();
 }

@@ -783,7 +783,8 @@ static void att_softmax(float *sc, int n) {
 }
 
 /* o_b = sum_j p_bj V_j (p: att_softmax's probabilities) for the qb queries over keys [j0, j1), in j
- * order per query, 64 dimensions (4 vectors, the last masked) at a time; the
+ * order per query, 64 dimensions (4 vectors, the last masked) at a time — 128 (8 vectors)
+ * while they last for one or two queries; the
  * keys all queries attend to are shared, each query then finishes its own
  * (query b takes [j0, min(j1, nk[b]))). Each query's running sums start from
  * zero when j0 == 0, else from o (parked there between calls), so a pass
@@ -796,7 +797,45 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         je[b] = nk[b] < j1 ? nk[b] : j1;
         nmin = je[b] < nmin ? je[b] : nmin;
     }
-    for (int d0 = 0; d0 < hd; d0 += 64) {
+    int d0 = 0;
+    if (qb <= 2) /* one or two queries (a decode's GQA pair): whole rows of 128 dimensions, so V is read row by
+                    row, not in two strided passes; the same fmas in the same order per dimension */
+        for (; d0 + 128 <= hd; d0 += 128) {
+            __m512 a[2][8];
+#pragma GCC unroll 2
+            for (int b = 0; b < qb; b++)
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; v++) a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
+            for (int j = j0; j < nmin; j++) {
+                const char *vj = V + (size_t)j * rs;
+                if (j + ATT_PF < pf)
+                    for (size_t off = 0; off < eoff(dt, 128); off += 64) _mm_prefetch(vj + ATT_PF * rs + eoff(dt, (size_t)d0) + off, _MM_HINT_T0);
+                __m512 vv[8];
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; v++) {
+                    vv[v] = ldw(vj, d0 + 16 * v, dt);
+                    __asm__("" : "+v"(vv[v])); /* one load each, shared by the queries */
+                }
+#pragma GCC unroll 2
+                for (int b = 0; b < qb; b++) {
+                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j]);
+#pragma GCC unroll 8
+                    for (int v = 0; v < 8; v++) a[b][v] = _mm512_fmadd_ps(p, vv[v], a[b][v]);
+                }
+            }
+#pragma GCC unroll 2
+            for (int b = 0; b < qb; b++) {
+                for (int j = nmin > j0 ? nmin : j0; j < je[b]; j++) { /* this query's keys beyond the shared ones */
+                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j]);
+                    const char *vj = V + (size_t)j * rs;
+#pragma GCC unroll 8
+                    for (int v = 0; v < 8; v++) a[b][v] = _mm512_fmadd_ps(p, ldw(vj, d0 + 16 * v, dt), a[b][v]);
+                }
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; v++) _mm512_storeu_ps(o + (size_t)b * ldo + d0 + 16 * v, a[b][v]);
+            }
+        }
+    for (; d0 < hd; d0 += 64) {
         int rem = hd - d0;
         int nb = rem >= 64 ? 4 : (rem + 15) / 16;
         int last = rem - 16 * (nb - 1);
