@@ -953,6 +953,23 @@ static const att_sc_fn ATT_SC[4][4] = {[TD_DTYPE_F32] = ATSC(f32), [TD_DTYPE_F16
 static const att_pv_fn ATT_PV[4][4] = {[TD_DTYPE_F32] = ATPV(f32), [TD_DTYPE_F16] = ATPV(f16), [TD_DTYPE_BF16] = ATPV(bf16),
                                        [TD_DTYPE_Q8_0] = ATPV(q8)};
 
+/* The key blocking of att_multi and attend_b32_v: bmax[i / 4] = the largest
+ * n_keys of query block i (blocks of 4, the last of fewer); returns the largest
+ * of all. *kc = keys a block: about 16 KiB of rows of rowb bytes, a multiple
+ * of 16 (so even, and a multiple of every block's 16/qb keys a fold). */
+static int att_key_blocks(int nq, const int *nk, size_t rowb, int bmax[TD_ATTEND_QMAX / 4], int *kc) {
+    int nmax = 0;
+    for (int i = 0; i < nq; i += 4) {
+        int qb = nq - i >= 4 ? 4 : nq - i, m = 0;
+        for (int b = 0; b < qb; b++) m = nk[i + b] > m ? nk[i + b] : m;
+        bmax[i / 4] = m;
+        nmax = m > nmax ? m : nmax;
+    }
+    *kc = (int)(16384 / rowb) & ~15;
+    if (*kc < 16) *kc = 16;
+    return nmax;
+}
+
 /* Up to TD_ATTEND_QMAX queries over one K/V (a T = 8 verify of a GQA-2 model:
  * 16 queries a kv head). Blocks of 4 queries as att_block, but each pass over
  * the keys goes in blocks of about 16 KiB of K (or V) rows, every query block
@@ -962,15 +979,7 @@ static const att_pv_fn ATT_PV[4][4] = {[TD_DTYPE_F32] = ATPV(f32), [TD_DTYPE_F16
  * blocking, alone or not. */
 static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const int *nk, const char *K,
                       const char *V, int dt, size_t rs, int hd, float scale, float *sc) {
-    int nmax = 0, bmax[TD_ATTEND_QMAX / 4];
-    for (int i = 0; i < nq; i += 4) {
-        int qb = nq - i >= 4 ? 4 : nq - i, m = 0;
-        for (int b = 0; b < qb; b++) m = nk[i + b] > m ? nk[i + b] : m;
-        bmax[i / 4] = m;
-        nmax = m > nmax ? m : nmax;
-    }
-    int kc = (int)(16384 / eoff(dt, (size_t)hd)) & ~15; /* keys a block: a multiple of every kb */
-    if (kc < 16) kc = 16;
+    int bmax[TD_ATTEND_QMAX / 4], kc, nmax = att_key_blocks(nq, nk, eoff(dt, (size_t)hd), bmax, &kc);
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
@@ -1134,15 +1143,7 @@ static const a32_pv_fn A32_PV[4] = {a32_pv1, a32_pv2, a32_pv3, a32_pv4};
  * rounded up to even) */
 TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int nq, const int *nk, const uint16_t *K,
                              const uint16_t *V, size_t ldkv, int hd, float *sc, uint16_t *p) {
-    int nmax = 0, bmax[TD_ATTEND_QMAX / 4];
-    for (int i = 0; i < nq; i += 4) {
-        int qb = nq - i >= 4 ? 4 : nq - i, m = 0;
-        for (int b = 0; b < qb; b++) m = nk[i + b] > m ? nk[i + b] : m;
-        bmax[i / 4] = m;
-        nmax = m > nmax ? m : nmax;
-    }
-    int ps = (nmax + 1) & ~1, kc = (int)(16384 / (2 * (size_t)hd)) & ~15; /* keys a block: even, a multiple of every kb */
-    if (kc < 16) kc = 16;
+    int bmax[TD_ATTEND_QMAX / 4], kc, nmax = att_key_blocks(nq, nk, 2 * (size_t)hd, bmax, &kc), ps = (nmax + 1) & ~1;
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
