@@ -176,7 +176,9 @@ typedef struct {
     float *a;                 /* [rank] Markov input */
     float *qsub;              /* [n_sub] q over the draft vocabulary, before it is spread */
     float *cl;                /* [BLK_MAX_G][TD_DRAFT_CTXIDS] context ids' logits, per draft position */
-    float *scratch;           /* [pool threads][TD_ATTEND_QMAX][cap] attention scores */
+    float *scratch;           /* [pool threads][sstride]: a thread's attention scores [TD_ATTEND_QMAX][cap],
+                                 gathered queries and outputs [2][TD_ATTEND_QMAX][hd] */
+    size_t sstride;           /* floats */
     int amx_att, capp;        /* 1: the block's attention runs on the AMX tiles (act amx, hd % 32 == 0);
                                  capp = cap rounded up to 32 */
     float *ascr;              /* amx attention: [pool threads][nqm*hd + 16*capp] a kv head's outputs
@@ -446,23 +448,55 @@ static float w_at(const td_tensor *t, size_t i) {
     return td_f16_to_f32(((const uint16_t *)t->data)[i]);
 }
 
-/* The block's attention for all drafting rows and heads of layer l on the
- * pool: (row, head) items dealt round-robin, each thread with its own scores
- * scratch. A query's output does not depend on who computes it. */
+/* Layer l's block entries and attention for the drafting rows, one pool job
+ * of (row b, kv head kh) units dealt round-robin. A unit norms and ropes its kv
+ * head's keys and its group's H/KVH query heads for the row's g entries, writes
+ * the entries' K and V at positions len..len+g-1, then attends with the group's
+ * queries gathered token-major (TD_ATTEND_QMAX a call), so they share each K/V
+ * load. A unit reads only K/V it wrote or that commits wrote: no barrier is
+ * needed between the two steps. A query's output does not depend on the others
+ * in its call (nn/kernels.h), nor on who computes it. */
 typedef struct { blk_group *g; int l, nb; float scale; } att_job;
 static void att_run(void *arg, int ith, int nth) {
     const att_job *j = arg;
     blk_group *g = j->g;
     const blk_provider *p = g->p;
-    int H = p->H, hd = p->hd, QW = H * hd, nk[BLK_MAX_G];
-    float *scratch = g->scratch + (size_t)ith * TD_ATTEND_QMAX * g->cap;
-    for (int it = ith; it < j->nb * H; it += nth) {
-        int b = it / H, h = it % H, kh = h / (H / p->KVH), G = g->bg[b];
-        size_t at = (size_t)g->boff[b] * QW + (size_t)h * hd;
-        const blk_row *r = &g->rows[g->brow[b]];
-        for (int q = 0; q < G; q++) nk[q] = r->len + G;
-        td_attend(g->o + at, QW, g->q + at, QW, G, nk,
-                  r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd, j->scale, scratch);
+    const td_layer_w *L = &p->L[j->l];
+    int H = p->H, KVH = p->KVH, hd = p->hd, half = hd / 2, QW = H * hd, KW = KVH * hd, grp = H / KVH;
+    int nk[TD_ATTEND_QMAX];
+    float *scratch = g->scratch + (size_t)ith * g->sstride, *qg = scratch + (size_t)TD_ATTEND_QMAX * g->cap,
+          *og = qg + (size_t)TD_ATTEND_QMAX * hd;
+    for (int it = ith; it < j->nb * KVH; it += nth) {
+        int b = it / KVH, kh = it % KVH, G = g->bg[b], t0 = g->boff[b];
+        blk_row *r = &g->rows[g->brow[b]];
+        for (int t = 0; t < G; t++) {
+            int pos = r->len + t;
+            const float *cs = g->rcos + (size_t)pos * half, *sn = g->rsin + (size_t)pos * half;
+            for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+                float *qq = g->q + (size_t)(t0 + t) * QW + (size_t)h * hd;
+                td_rmsnorm(qq, qq, L->q_norm.data, L->q_norm.dtype, hd, p->eps);
+                td_rope(qq, cs, sn, hd);
+            }
+            float *k = g->kb + (size_t)(t0 + t) * KW + (size_t)kh * hd;
+            td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
+            td_rope(k, cs, sn, hd);
+            memcpy(r->K + kv_at(g, j->l, kh, pos), k, sizeof(float) * (size_t)hd);
+            memcpy(r->V + kv_at(g, j->l, kh, pos), g->vb + (size_t)(t0 + t) * KW + (size_t)kh * hd, sizeof(float) * (size_t)hd);
+        }
+        for (int i0 = 0, nq = G * grp; i0 < nq; i0 += TD_ATTEND_QMAX) {
+            int n = nq - i0 < TD_ATTEND_QMAX ? nq - i0 : TD_ATTEND_QMAX;
+            for (int i = 0; i < n; i++) {
+                int t = t0 + (i0 + i) / grp, h = kh * grp + (i0 + i) % grp;
+                memcpy(qg + (size_t)i * hd, g->q + (size_t)t * QW + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                nk[i] = r->len + G;
+            }
+            td_attend(og, hd, qg, hd, n, nk, r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd,
+                      j->scale, scratch);
+            for (int i = 0; i < n; i++) {
+                int t = t0 + (i0 + i) / grp, h = kh * grp + (i0 + i) % grp;
+                memcpy(g->o + (size_t)t * QW + (size_t)h * hd, og + (size_t)i * hd, sizeof(float) * (size_t)hd);
+            }
+        }
     }
 }
 
@@ -692,8 +726,12 @@ static int blk_draft(void *gv, td_draft_req *q, td_err *err) {
         td_mm_part qkv[3] = {{g->q, QW, &L->wq, QW}, {g->kb, KW, &L->wk, KW}, {g->vb, KW, &L->wv, KW}};
         td_mm_parts(g->pool, g->act, g->n, D, T, D, qkv, 3, 0, g->xa, g->xq);
         att_job aj = {g, l, nb, scale};
-        td_pool_run(g->pool, qk_run, &aj);
-        td_pool_run(g->pool, g->amx_att ? att_amx_run : att_run, &aj);
+        if (g->amx_att) {
+            td_pool_run(g->pool, qk_run, &aj);
+            td_pool_run(g->pool, att_amx_run, &aj);
+        } else {
+            td_pool_run(g->pool, att_run, &aj); /* entries' K/V and attention, one job */
+        }
         mm(g, g->x, D, g->o, QW, T, &L->wo, QW, D, 1);
         for (int t = 0; t < T; t++)
             td_rmsnorm(g->n + (size_t)t * D, g->x + (size_t)t * D, L->ffn_norm.data, L->ffn_norm.dtype, D, p->eps);
@@ -909,7 +947,8 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->spare || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
-        !(g->scratch = malloc(sizeof(float) * TD_ATTEND_QMAX * (size_t)g->cap * (size_t)td_pool_size(g->pool)))) {
+        !(g->scratch = malloc(sizeof(float) * (g->sstride = (size_t)TD_ATTEND_QMAX * ((size_t)g->cap + 2 * (size_t)p->hd)) *
+                              (size_t)td_pool_size(g->pool)))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
