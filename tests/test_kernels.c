@@ -1743,6 +1743,28 @@ static void test_path_equal(int path) {
                 free(x); free(base); free(W); free(ya); free(yp);
             }
     }
+    /* RoPE: every even length from 2 to 260 (vector bodies and scalar tails of
+     * each path), against the portable path and, on it, against the definition
+     * (each product rounded, then one subtraction or addition: no fma) */
+    for (int hd = 2; hd <= 260; hd += 2) {
+        int half = hd / 2;
+        float *v = rand_f((size_t)hd), *cs = rand_f((size_t)half), *sn = rand_f((size_t)half);
+        float *a = malloc(sizeof(float) * hd), *p = malloc(sizeof(float) * hd);
+        memcpy(a, v, sizeof(float) * hd);
+        memcpy(p, v, sizeof(float) * hd);
+        ON(path, td_rope(a, cs, sn, hd));
+        ON(P, td_rope(p, cs, sn, hd));
+        T_CHECK(memcmp(a, p, sizeof(float) * hd) == 0, "rope hd=%d differs between paths", hd);
+        for (int i = 0; i < half; i++) {
+            volatile float xc = v[i] * cs[i], ys = v[i + half] * sn[i], yc = v[i + half] * cs[i], xs = v[i] * sn[i];
+            float w0 = xc - ys, w1 = yc + xs;
+            if (memcmp(&p[i], &w0, 4) != 0 || memcmp(&p[i + half], &w1, 4) != 0) {
+                T_CHECK(0, "rope hd=%d i=%d: %a %a, want %a %a", hd, i, p[i], p[i + half], w0, w1);
+                break;
+            }
+        }
+        free(v); free(cs); free(sn); free(a); free(p);
+    }
     /* exp (including the clamped tails, infinities, NaN) and swiglu */
     {
         enum { N = 4099 };

@@ -1459,8 +1459,18 @@ void td_from_f32(void *dst, const float *src, int dtype, size_t n) {
 }
 
 void td_rope(float *v, const float *cs, const float *sn, int hd) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
+    int half = hd / 2, i = 0;
+    AVX2_DO(td_avx2_rope(v, cs, sn, hd); return);
+#ifdef TD_HAVE_AVX512
+    if (FAST()) /* the same two products and one subtraction (addition) per lane, rounded as the scalar ones */
+        for (; i + 16 <= half; i += 16) {
+            __m512 a = _mm512_loadu_ps(v + i), b = _mm512_loadu_ps(v + i + half);
+            __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+            _mm512_storeu_ps(v + i, _mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s)));
+            _mm512_storeu_ps(v + i + half, _mm512_add_ps(_mm512_mul_ps(b, c), _mm512_mul_ps(a, s)));
+        }
+#endif
+    for (; i < half; i++) {
         float a = v[i], b = v[i + half];
         v[i] = a * cs[i] - b * sn[i];
         v[i + half] = b * cs[i] + a * sn[i];

@@ -487,6 +487,21 @@ void td_avx2_norm_apply(float *out, const float *x, const void *w, int dt, int n
     }
 }
 
+void td_avx2_rope(float *v, const float *cs, const float *sn, int hd) {
+    int half = hd / 2, i = 0;
+    for (; i + 8 <= half; i += 8) { /* the portable path's products and sums, 8 lanes at a time */
+        __m256 x = _mm256_loadu_ps(v + i), y = _mm256_loadu_ps(v + i + half);
+        __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+        _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(x, c), _mm256_mul_ps(y, s)));
+        _mm256_storeu_ps(v + i + half, _mm256_add_ps(_mm256_mul_ps(y, c), _mm256_mul_ps(x, s)));
+    }
+    for (; i < half; i++) {
+        float x = v[i], y = v[i + half];
+        v[i] = x * cs[i] - y * sn[i];
+        v[i + half] = y * cs[i] + x * sn[i];
+    }
+}
+
 /* ---- exp, swiglu -------------------------------------------------------------- */
 
 /* 2^e for integer lanes e in [-126, 127] */

@@ -51,6 +51,7 @@ void td_avx2_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, 
                           int n1, int add);
 /* The second half of td_rmsnorm: out[i] = w[i] * (x[i] * r). */
 void td_avx2_norm_apply(float *out, const float *x, const void *w, int dt, int n, float r);
+void td_avx2_rope(float *v, const float *cs, const float *sn, int hd);
 void td_avx2_exp(float *out, const float *x, int n);
 void td_avx2_swiglu(float *out, const float *g, const float *u, int n);
 /* f32 -> f16 with F16C (td_from_f32's TD_DTYPE_F16). */
