@@ -703,6 +703,40 @@ AI __m512 exp_v(__m512 x) {
 #ifndef ATT_PF
 #define ATT_PF 8 /* att_values_part: V rows prefetched this many keys ahead */
 #endif
+
+/* A prefetch stream spread over a loop's steps: bytes [0, n) from p, per bytes
+ * (whole lines) a step. */
+typedef struct { const char *p; size_t n, per, at; } pf_stream;
+AI pf_stream pf_begin(const char *p, size_t n, int steps) {
+    pf_stream s = {p, n, (n / 64 + (size_t)(steps > 1 ? steps : 1) - 1) / (size_t)(steps > 1 ? steps : 1) * 64, 0};
+    return s;
+}
+AI void pf_step(pf_stream *s) {
+    for (size_t k = 0; k < s->per && s->at < s->n; k += 64, s->at += 64) _mm_prefetch(s->p + s->at, _MM_HINT_T0);
+}
+
+/* The multi-query passes (att_multi, attend_b32_v) go over the keys in blocks
+ * of kc rows, every block of 4 queries taking its turn on a key block while it
+ * sits in L1. What query block bi (of nb) prefetches during its turn on key
+ * block [j0, j0 + kc) of X (rows rs bytes apart, the last of them rowb bytes
+ * long, nmax rows): a 1/nb slice of the next key block, so the rows stream in
+ * while every query block computes, not only during the first one's pass;
+ * block 0's first query block fetches block 0 itself too, from ATT_PF_DIST
+ * bytes on. Returns the start and sets *pfn (0: nothing). One thread over 224
+ * cold heads of 512 keys, hd 128, bf16 rows (a 0.6B shape's cache), A32 order:
+ * 16 queries a head 10.0 -> 7.7 ms, 2 queries 4.9 -> 3.8 ms (bench/forward-notes.md,
+ * "Stop 37"). */
+#define ATT_PF_DIST 2048
+static const char *att_pf_slice(const char *X, size_t rs, size_t rowb, int j0, int kc, int nmax, int bi, int nb,
+                                size_t *pfn) {
+    int n0 = j0 + kc < nmax ? j0 + kc : nmax, n1 = j0 + 2 * kc < nmax ? j0 + 2 * kc : nmax;
+    size_t b0 = (size_t)(n0 + (n1 - n0) * bi / nb) * rs, b1 = (size_t)(n0 + (n1 - n0) * (bi + 1) / nb) * rs;
+    size_t end = (size_t)(nmax - 1) * rs + rowb; /* the last row's end */
+    if (j0 == 0 && bi == 0) b0 = ATT_PF_DIST;
+    if (b1 > end) b1 = end;
+    *pfn = b1 > b0 ? b1 - b0 : 0;
+    return X + (*pfn ? b0 : 0);
+}
 /* Attention in blocks of qb queries (1, 2 or 4) that share every K and V load.
  * Each query's scores, softmax and output are computed with exactly the
  * operations of attend_p for that query alone (see kernels.h), so neither qb nor
@@ -713,12 +747,14 @@ AI __m512 exp_v(__m512 x) {
  * 16/qb keys x qb queries fill the 16 accumulators of one fold16x16: lane
  * b*kb + u = fold16 of (query b, key j0 + u) — the D16 dot of attend_p. */
 AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,
-                   int n, float scale) {
+                   int n, float scale, const char *pf, size_t pfn) {
     const int kb = 16 / qb;
     const size_t rowb = eoff(dt, (size_t)hd);
     int j0 = 0;
+    pf_stream ps = pf_begin(pf, pfn, n / kb);
     if ((hd & 15) == 0)
         for (; j0 + kb <= n; j0 += kb) {
+            pf_step(&ps);
             __m512 acc[16];
 #pragma GCC unroll 16
             for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
@@ -730,7 +766,7 @@ AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, c
                     __asm__("" : "+v"(qv[b])); /* keep in a register: GCC would fold the load into every FMA */
                 }
                 const char *kr = K + (size_t)j0 * rs;
-                if (d == 0) /* fetch the block after next (0.6B shape, T=8: ~1-2% faster, keys contiguous or not) */
+                if (d == 0 && !pf) /* without a stream: the block after next (0.6B shape, T=8: ~1-2% faster) */
                     for (int u = 2 * kb; u < 3 * kb && j0 + u < n; u++)
                         for (size_t off = 0; off < rowb; off += 64) _mm_prefetch(kr + (size_t)u * rs + off, _MM_HINT_T0);
 #pragma GCC unroll 16
@@ -789,15 +825,17 @@ static void att_softmax(float *sc, int n) {
  * (query b takes [j0, min(j1, nk[b]))). Each query's running sums start from
  * zero when j0 == 0, else from o (parked there between calls), so a pass
  * split into key blocks (att_multi) gives the bits of one pass (att_block).
- * pf: V rows before pf may be prefetched (0: none). */
+ * pf: V rows before pf may be prefetched ATT_PF keys ahead (0: none); or a
+ * stream (pfs, pfn bytes) spread over the first pass's keys. */
 AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int ss, const int *nk,
-                        const char *V, size_t rs, int hd, int j0, int j1, int pf) {
+                        const char *V, size_t rs, int hd, int j0, int j1, int pf, const char *pfs, size_t pfn) {
     int je[4], nmin = j1;
     for (int b = 0; b < qb; b++) {
         je[b] = nk[b] < j1 ? nk[b] : j1;
         nmin = je[b] < nmin ? je[b] : nmin;
     }
     int d0 = 0;
+    pf_stream ps = pf_begin(pfs, pfn, nmin - j0); /* issued in the first pass (d0 == 0) */
     if (qb <= 2) /* one or two queries (a decode's GQA pair): whole rows of 128 dimensions, so V is read row by
                     row, not in two strided passes; the same fmas in the same order per dimension */
         for (; d0 + 128 <= hd; d0 += 128) {
@@ -808,6 +846,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
                 for (int v = 0; v < 8; v++) a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
+                if (!d0) pf_step(&ps);
                 if (j + ATT_PF < pf)
                     for (size_t off = 0; off < eoff(dt, 128); off += 64) _mm_prefetch(vj + ATT_PF * rs + eoff(dt, (size_t)d0) + off, _MM_HINT_T0);
                 __m512 vv[8];
@@ -850,6 +889,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         if (nb == 4 && mk[3] == 0xFFFF) {
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
+                if (!d0) pf_step(&ps);
                 if (j + ATT_PF < pf)
                     for (size_t off = 0; off < eoff(dt, 64); off += 64) _mm_prefetch(vj + ATT_PF * rs + eoff(dt, (size_t)d0) + off, _MM_HINT_T0);
                 __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
@@ -867,6 +907,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         } else {
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
+                if (!d0) pf_step(&ps);
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
                     if (v >= nb) break;
@@ -899,13 +940,13 @@ AI void att_block(int qb, int dt, float *o, int ldo, const float *q, int ldq, co
                   const char *V, size_t rs, int hd, float scale, float *sc) {
     int n = nk[0];
     for (int b = 1; b < qb; b++) n = nk[b] > n ? nk[b] : n;
-    att_scores(qb, dt, sc, n, q, ldq, K, rs, hd, n, scale);
+    att_scores(qb, dt, sc, n, q, ldq, K, rs, hd, n, scale, NULL, 0);
     int nmin = nk[0];
     for (int b = 0; b < qb; b++) {
         att_softmax(sc + (size_t)b * n, nk[b]);
         nmin = nk[b] < nmin ? nk[b] : nmin;
     }
-    att_values_part(qb, dt, o, ldo, sc, n, nk, V, rs, hd, 0, n, nmin);
+    att_values_part(qb, dt, o, ldo, sc, n, nk, V, rs, hd, 0, n, nmin, NULL, 0);
 }
 /* att_block instantiated per block size and K/V dtype (constants, so each
  * variant has its own loads and conversions inlined) */
@@ -929,17 +970,17 @@ static const att_fn ATT[4][4] = {[TD_DTYPE_F32] = ATS(f32), [TD_DTYPE_F16] = ATS
  * keys [j0, j0 + n) (att_scores on the shifted rows: a score is its D16 dot
  * wherever it falls in a block), and att_values_part. */
 typedef void (*att_sc_fn)(float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd, int n,
-                          float scale);
+                          float scale, const char *pf, size_t pfn);
 typedef void (*att_pv_fn)(float *o, int ldo, const float *sc, int ss, const int *nk,
-                          const char *V, size_t rs, int hd, int j0, int j1, int pf);
+                          const char *V, size_t rs, int hd, int j0, int j1, const char *pf, size_t pfn);
 #define ATTP_INST(QB, DT, SUF)                                                                                      \
     static void att_sc##QB##_##SUF(float *sc, int ss, const float *q, int ldq, const char *K, size_t rs, int hd,  \
-                                   int n, float scale) {                                                            \
-        att_scores(QB, DT, sc, ss, q, ldq, K, rs, hd, n, scale);                                                    \
+                                   int n, float scale, const char *pf, size_t pfn) {                                \
+        att_scores(QB, DT, sc, ss, q, ldq, K, rs, hd, n, scale, pf, pfn);                                           \
     }                                                                                                               \
     static void att_pv##QB##_##SUF(float *o, int ldo, const float *sc, int ss, const int *nk, const char *V,      \
-                                   size_t rs, int hd, int j0, int j1, int pf) {                                     \
-        att_values_part(QB, DT, o, ldo, sc, ss, nk, V, rs, hd, j0, j1, pf);                                         \
+                                   size_t rs, int hd, int j0, int j1, const char *pf, size_t pfn) {                 \
+        att_values_part(QB, DT, o, ldo, sc, ss, nk, V, rs, hd, j0, j1, 0, pf, pfn);                                 \
     }
 #define ATTP_SET(DT, SUF) ATTP_INST(1, DT, SUF) ATTP_INST(2, DT, SUF) ATTP_INST(3, DT, SUF) ATTP_INST(4, DT, SUF)
 ATTP_SET(TD_DTYPE_F32, f32)
@@ -983,17 +1024,23 @@ static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const 
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
-            if (j0 < j1)
+            if (j0 < j1) {
+                size_t pfn;
+                const char *pf = att_pf_slice(K, rs, eoff(dt, (size_t)hd), j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 ATT_SC[dt][qb - 1](sc + (size_t)i * nmax + j0, nmax, q + (size_t)i * ldq, ldq, K + (size_t)j0 * rs, rs, hd,
-                                   j1 - j0, scale);
+                                   j1 - j0, scale, pf, pfn);
+            }
         }
     for (int b = 0; b < nq; b++) att_softmax(sc + (size_t)b * nmax, nk[b]);
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
-            if (j0 < j1 || j0 == 0) /* j0 == 0: a block of queries without keys still writes its zeros */
+            if (j0 < j1 || j0 == 0) { /* j0 == 0: a block of queries without keys still writes its zeros */
+                size_t pfn;
+                const char *pf = att_pf_slice(V, rs, eoff(dt, (size_t)hd), j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 ATT_PV[dt][qb - 1](o + (size_t)i * ldo, ldo, sc + (size_t)i * nmax, nmax, nk + i, V, rs, hd, j0,
-                                   j1 > j0 ? j1 : j0, i == 0 ? nmax : 0);
+                                   j1 > j0 ? j1 : j0, pf, pfn);
+            }
         }
 }
 
@@ -1023,10 +1070,12 @@ static void attend_v(float *o, int ldo, const float *q, int ldq, int nq, const i
  * p_2m+1): lane for lane dp_lane, on dimensions in the unpacks' order, parked
  * in o in that order between key blocks and put back at the end. */
 TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv, int hd,
-                       int n) {
+                       int n, const char *pf, size_t pfn) {
     const int kb = 16 / qb;
     int j0 = 0;
+    pf_stream ps = pf_begin(pf, pfn, n / kb);
     for (; j0 + kb <= n; j0 += kb) {
+        pf_step(&ps);
         __m512 acc[16];
 #pragma GCC unroll 16
         for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
@@ -1067,7 +1116,7 @@ TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, co
  * end are shared; then each query's own, row j + 1 read only when j + 1 < its
  * n_keys (else zeros). */
 TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,
-                       size_t ldkv, int d0, int j0, int j1) {
+                       size_t ldkv, int d0, int j0, int j1, const char *pf, size_t pfn) {
     __m512 a[4][8];
     int je[4], jsh = j1;
     for (int b = 0; b < qb; b++) {
@@ -1075,6 +1124,7 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
         jsh = je[b] < jsh ? je[b] : jsh;
     }
     jsh &= ~1;
+    pf_stream pst = pf_begin(pf, pfn, (jsh - j0) / 2);
 #pragma GCC unroll 4
     for (int b = 0; b < qb; b++)
 #pragma GCC unroll 8
@@ -1082,6 +1132,7 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
             a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
     for (int j = j0; j < jsh; j += 2) {
         const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
+        pf_step(&pst);
         __m512i w[8];
 #pragma GCC unroll 4
         for (int c = 0; c < ND; c++) {
@@ -1118,27 +1169,27 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
 /* a32_scores and a32_values (over all of hd) instantiated per block size */
 #define A32_INST(QB)                                                                                               \
     TBF static void a32_sc##QB(float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv,   \
-                               int hd, int n) {                                                                   \
-        a32_scores(QB, sc, ss, q, ldq, K, ldkv, hd, n);                                                            \
+                               int hd, int n, const char *pf, size_t pfn) {                                       \
+        a32_scores(QB, sc, ss, q, ldq, K, ldkv, hd, n, pf, pfn);                                                   \
     }                                                                                                              \
     TBF static void a32_pv##QB(float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V,    \
-                               size_t ldkv, int hd, int j0, int j1) {                                             \
-        int d0 = 0;                                                                                                \
+                               size_t ldkv, int hd, int j0, int j1, const char *pf, size_t pfn) {                 \
+        int d0 = 0; /* the first pass over the rows prefetches */                                                 \
         if (QB <= 2) /* whole rows of 128 dimensions (the registers allow it) */                                   \
-            for (; d0 + 128 <= hd; d0 += 128) a32_values(QB, 4, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);          \
-        for (; d0 + 64 <= hd; d0 += 64) a32_values(QB, 2, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);                 \
-        if (d0 < hd) a32_values(QB, 1, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1);                                    \
+            for (; d0 + 128 <= hd; d0 += 128) a32_values(QB, 4, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1, pf, d0 ? 0 : pfn); \
+        for (; d0 + 64 <= hd; d0 += 64) a32_values(QB, 2, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1, pf, d0 ? 0 : pfn);    \
+        if (d0 < hd) a32_values(QB, 1, o, ldo, p, ps, nk, V, ldkv, d0, j0, j1, pf, d0 ? 0 : pfn);                       \
     }
 A32_INST(1)
 A32_INST(2)
 A32_INST(3)
 A32_INST(4)
-typedef void (*a32_sc_fn)(float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv, int hd, int n);
+typedef void (*a32_sc_fn)(float *sc, int ss, const uint16_t *q, int ldq, const uint16_t *K, size_t ldkv, int hd, int n,
+                          const char *pf, size_t pfn);
 typedef void (*a32_pv_fn)(float *o, int ldo, const uint16_t *p, int ps, const int *nk, const uint16_t *V, size_t ldkv,
-                          int hd, int j0, int j1);
+                          int hd, int j0, int j1, const char *pf, size_t pfn);
 static const a32_sc_fn A32_SC[4] = {a32_sc1, a32_sc2, a32_sc3, a32_sc4};
 static const a32_pv_fn A32_PV[4] = {a32_pv1, a32_pv2, a32_pv3, a32_pv4};
-
 /* td_attend_b32 on vdpbf16ps: sc and p rows ps apart (the largest n_keys,
  * rounded up to even) */
 TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int nq, const int *nk, const uint16_t *K,
@@ -1147,9 +1198,12 @@ TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int 
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
-            if (j0 < j1)
+            if (j0 < j1) {
+                size_t pfn;
+                const char *pf = att_pf_slice((const char *)K, 2 * ldkv, 2 * (size_t)hd, j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 A32_SC[qb - 1](sc + (size_t)i * ps + j0, ps, q + (size_t)i * ldq, ldq, K + (size_t)j0 * ldkv, ldkv, hd,
-                               j1 - j0);
+                               j1 - j0, pf, pfn);
+            }
         }
     for (int b = 0; b < nq; b++) {
         att_softmax(sc + (size_t)b * ps, nk[b]);
@@ -1158,8 +1212,11 @@ TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int 
     for (int j0 = 0; j0 < nmax; j0 += kc)
         for (int i = 0; i < nq; i += 4) {
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
-            if (j0 < j1)
-                A32_PV[qb - 1](o + (size_t)i * ldo, ldo, p + (size_t)i * ps, ps, nk + i, V, ldkv, hd, j0, j1);
+            if (j0 < j1) {
+                size_t pfn;
+                const char *pf = att_pf_slice((const char *)V, 2 * ldkv, 2 * (size_t)hd, j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
+                A32_PV[qb - 1](o + (size_t)i * ldo, ldo, p + (size_t)i * ps, ps, nk + i, V, ldkv, hd, j0, j1, pf, pfn);
+            }
         }
     const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
