@@ -13,7 +13,8 @@
  * Build and run (from the repository root, after make):
  *   cc -std=c11 -O2 -march=native -Iinclude -Isrc bench/attend_bw.c build/libtandem.a -o /tmp/attend_bw \
  *      -lpcre2-8 -lutf8proc -lcjson -lmicrohttpd -lm -pthread
- *   /tmp/attend_bw [HEADS=224] [HD=128] [ROUNDS=7]     (AVX-512 machines) */
+ *   /tmp/attend_bw [HEADS=224] [HD=128] [ROUNDS=7] [avx2]     (AVX-512 machines; avx2: that path's
+ *   kernels, as an AVX2-only CPU runs them — the A32 attention is then not timed) */
 #define _GNU_SOURCE
 #include "tandem.h"
 #include "nn/kernels.h"
@@ -41,6 +42,11 @@ static void evict(const uint64_t *junk, size_t words) {
 
 int main(int argc, char **argv) {
     int heads = argc > 1 ? atoi(argv[1]) : 224, hd = argc > 2 ? atoi(argv[2]) : 128, rounds = argc > 3 ? atoi(argv[3]) : 7;
+    int avx2 = argc > 4 && !strcmp(argv[4], "avx2");
+    if (avx2 && td_kernels_set_path(TD_KPATH_AVX2) != TD_KPATH_AVX2) {
+        fprintf(stderr, "attend_bw: this build or CPU has no AVX2 path\n");
+        return 2;
+    }
     if (heads < 1 || heads > 4096 || hd < 32 || hd > 256 || hd % 32 || rounds < 1 || rounds > ROUNDS_MAX) {
         fprintf(stderr, "attend_bw: 1 <= HEADS <= 4096, HD a multiple of 32 in [32, 256], 1 <= ROUNDS <= %d\n", ROUNDS_MAX);
         return 2;
@@ -66,7 +72,7 @@ int main(int argc, char **argv) {
     memset(junk, 1, junk_words * 8);
     int nk[NQMAX];
     for (int i = 0; i < NQMAX; i++) nk[i] = NK;
-    int a32 = td_kernels_bf16_native();
+    int a32 = !avx2 && td_kernels_bf16_native();
     static const int NQS[2] = {2, 16};
     double t_read[ROUNDS_MAX], t_k[2][2][ROUNDS_MAX], t_hot[2][2];
     float scale = 1.0f / 11.3f;
@@ -105,8 +111,8 @@ int main(int argc, char **argv) {
             t_hot[v][kind] = kind || a32 ? best : 0;
         }
     double bytes = 2.0 * (double)per * 2 * heads, tr = bw_med(t_read, rounds);
-    printf("{\"heads\": %d, \"hd\": %d, \"keys\": %d, \"rounds\": %d, \"kv_mb\": %.1f, \"read_ms\": %.3f, \"read_gbs\": %.2f",
-           heads, hd, NK, rounds, bytes / 1e6, tr * 1e3, bytes / tr / 1e9);
+    printf("{\"path\": \"%s\", \"heads\": %d, \"hd\": %d, \"keys\": %d, \"rounds\": %d, \"kv_mb\": %.1f, \"read_ms\": %.3f, "
+           "\"read_gbs\": %.2f", avx2 ? "avx2" : "avx512", heads, hd, NK, rounds, bytes / 1e6, tr * 1e3, bytes / tr / 1e9);
     static const char *KN[2] = {"a32", "f32"};
     for (int v = 0; v < 2; v++)
         for (int kind = 0; kind < 2; kind++) {

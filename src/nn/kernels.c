@@ -704,39 +704,6 @@ AI __m512 exp_v(__m512 x) {
 #define ATT_PF 8 /* att_values_part: V rows prefetched this many keys ahead */
 #endif
 
-/* A prefetch stream spread over a loop's steps: bytes [0, n) from p, per bytes
- * (whole lines) a step. */
-typedef struct { const char *p; size_t n, per, at; } pf_stream;
-AI pf_stream pf_begin(const char *p, size_t n, int steps) {
-    pf_stream s = {p, n, (n / 64 + (size_t)(steps > 1 ? steps : 1) - 1) / (size_t)(steps > 1 ? steps : 1) * 64, 0};
-    return s;
-}
-AI void pf_step(pf_stream *s) {
-    for (size_t k = 0; k < s->per && s->at < s->n; k += 64, s->at += 64) _mm_prefetch(s->p + s->at, _MM_HINT_T0);
-}
-
-/* The multi-query passes (att_multi, attend_b32_v) go over the keys in blocks
- * of kc rows, every block of 4 queries taking its turn on a key block while it
- * sits in L1. What query block bi (of nb) prefetches during its turn on key
- * block [j0, j0 + kc) of X (rows rs bytes apart, the last of them rowb bytes
- * long, nmax rows): a 1/nb slice of the next key block, so the rows stream in
- * while every query block computes, not only during the first one's pass;
- * block 0's first query block fetches block 0 itself too, from ATT_PF_DIST
- * bytes on. Returns the start and sets *pfn (0: nothing). One thread over 224
- * cold heads of 512 keys, hd 128, bf16 rows (a 0.6B shape's cache), A32 order:
- * 16 queries a head 10.0 -> 7.7 ms, 2 queries 4.9 -> 3.8 ms (bench/forward-notes.md,
- * "Stop 37"). */
-#define ATT_PF_DIST 2048
-static const char *att_pf_slice(const char *X, size_t rs, size_t rowb, int j0, int kc, int nmax, int bi, int nb,
-                                size_t *pfn) {
-    int n0 = j0 + kc < nmax ? j0 + kc : nmax, n1 = j0 + 2 * kc < nmax ? j0 + 2 * kc : nmax;
-    size_t b0 = (size_t)(n0 + (n1 - n0) * bi / nb) * rs, b1 = (size_t)(n0 + (n1 - n0) * (bi + 1) / nb) * rs;
-    size_t end = (size_t)(nmax - 1) * rs + rowb; /* the last row's end */
-    if (j0 == 0 && bi == 0) b0 = ATT_PF_DIST;
-    if (b1 > end) b1 = end;
-    *pfn = b1 > b0 ? b1 - b0 : 0;
-    return X + (*pfn ? b0 : 0);
-}
 /* Attention in blocks of qb queries (1, 2 or 4) that share every K and V load.
  * Each query's scores, softmax and output are computed with exactly the
  * operations of attend_p for that query alone (see kernels.h), so neither qb nor
@@ -751,10 +718,10 @@ AI void att_scores(int qb, int dt, float *sc, int ss, const float *q, int ldq, c
     const int kb = 16 / qb;
     const size_t rowb = eoff(dt, (size_t)hd);
     int j0 = 0;
-    pf_stream ps = pf_begin(pf, pfn, n / kb);
+    td_pf_stream ps = td_pf_begin(pf, pfn, n / kb);
     if ((hd & 15) == 0)
         for (; j0 + kb <= n; j0 += kb) {
-            pf_step(&ps);
+            td_pf_step(&ps);
             __m512 acc[16];
 #pragma GCC unroll 16
             for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
@@ -835,7 +802,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         nmin = je[b] < nmin ? je[b] : nmin;
     }
     int d0 = 0;
-    pf_stream ps = pf_begin(pfs, pfn, nmin - j0); /* issued in the first pass (d0 == 0) */
+    td_pf_stream ps = td_pf_begin(pfs, pfn, nmin - j0); /* issued in the first pass (d0 == 0) */
     if (qb <= 2) /* one or two queries (a decode's GQA pair): whole rows of 128 dimensions, so V is read row by
                     row, not in two strided passes; the same fmas in the same order per dimension */
         for (; d0 + 128 <= hd; d0 += 128) {
@@ -846,7 +813,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
                 for (int v = 0; v < 8; v++) a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
-                if (!d0) pf_step(&ps);
+                if (!d0) td_pf_step(&ps);
                 if (j + ATT_PF < pf)
                     for (size_t off = 0; off < eoff(dt, 128); off += 64) _mm_prefetch(vj + ATT_PF * rs + eoff(dt, (size_t)d0) + off, _MM_HINT_T0);
                 __m512 vv[8];
@@ -889,7 +856,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         if (nb == 4 && mk[3] == 0xFFFF) {
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
-                if (!d0) pf_step(&ps);
+                if (!d0) td_pf_step(&ps);
                 if (j + ATT_PF < pf)
                     for (size_t off = 0; off < eoff(dt, 64); off += 64) _mm_prefetch(vj + ATT_PF * rs + eoff(dt, (size_t)d0) + off, _MM_HINT_T0);
                 __m512 v0 = ldw(vj, d0, dt), v1 = ldw(vj, d0 + 16, dt), v2 = ldw(vj, d0 + 32, dt),
@@ -907,7 +874,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         } else {
             for (int j = j0; j < nmin; j++) {
                 const char *vj = V + (size_t)j * rs;
-                if (!d0) pf_step(&ps);
+                if (!d0) td_pf_step(&ps);
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
                     if (v >= nb) break;
@@ -1026,7 +993,7 @@ static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const 
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
             if (j0 < j1) {
                 size_t pfn;
-                const char *pf = att_pf_slice(K, rs, eoff(dt, (size_t)hd), j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
+                const char *pf = td_att_pf_slice(K, rs, eoff(dt, (size_t)hd), j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 ATT_SC[dt][qb - 1](sc + (size_t)i * nmax + j0, nmax, q + (size_t)i * ldq, ldq, K + (size_t)j0 * rs, rs, hd,
                                    j1 - j0, scale, pf, pfn);
             }
@@ -1037,7 +1004,7 @@ static void att_multi(float *o, int ldo, const float *q, int ldq, int nq, const 
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
             if (j0 < j1 || j0 == 0) { /* j0 == 0: a block of queries without keys still writes its zeros */
                 size_t pfn;
-                const char *pf = att_pf_slice(V, rs, eoff(dt, (size_t)hd), j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
+                const char *pf = td_att_pf_slice(V, rs, eoff(dt, (size_t)hd), j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 ATT_PV[dt][qb - 1](o + (size_t)i * ldo, ldo, sc + (size_t)i * nmax, nmax, nk + i, V, rs, hd, j0,
                                    j1 > j0 ? j1 : j0, pf, pfn);
             }
@@ -1073,9 +1040,9 @@ TBF AI void a32_scores(int qb, float *sc, int ss, const uint16_t *q, int ldq, co
                        int n, const char *pf, size_t pfn) {
     const int kb = 16 / qb;
     int j0 = 0;
-    pf_stream ps = pf_begin(pf, pfn, n / kb);
+    td_pf_stream ps = td_pf_begin(pf, pfn, n / kb);
     for (; j0 + kb <= n; j0 += kb) {
-        pf_step(&ps);
+        td_pf_step(&ps);
         __m512 acc[16];
 #pragma GCC unroll 16
         for (int u = 0; u < 16; u++) acc[u] = _mm512_setzero_ps();
@@ -1124,7 +1091,7 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
         jsh = je[b] < jsh ? je[b] : jsh;
     }
     jsh &= ~1;
-    pf_stream pst = pf_begin(pf, pfn, (jsh - j0) / 2);
+    td_pf_stream pst = td_pf_begin(pf, pfn, (jsh - j0) / 2);
 #pragma GCC unroll 4
     for (int b = 0; b < qb; b++)
 #pragma GCC unroll 8
@@ -1132,7 +1099,7 @@ TBF AI void a32_values(int qb, int ND, float *o, int ldo, const uint16_t *p, int
             a[b][v] = j0 ? _mm512_loadu_ps(o + (size_t)b * ldo + d0 + 16 * v) : _mm512_setzero_ps();
     for (int j = j0; j < jsh; j += 2) {
         const uint16_t *x = V + (size_t)j * ldkv + d0, *y = x + ldkv;
-        pf_step(&pst);
+        td_pf_step(&pst);
         __m512i w[8];
 #pragma GCC unroll 4
         for (int c = 0; c < ND; c++) {
@@ -1200,7 +1167,7 @@ TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int 
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
             if (j0 < j1) {
                 size_t pfn;
-                const char *pf = att_pf_slice((const char *)K, 2 * ldkv, 2 * (size_t)hd, j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
+                const char *pf = td_att_pf_slice((const char *)K, 2 * ldkv, 2 * (size_t)hd, j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 A32_SC[qb - 1](sc + (size_t)i * ps + j0, ps, q + (size_t)i * ldq, ldq, K + (size_t)j0 * ldkv, ldkv, hd,
                                j1 - j0, pf, pfn);
             }
@@ -1214,7 +1181,7 @@ TBF static void attend_b32_v(float *o, int ldo, const uint16_t *q, int ldq, int 
             int qb = nq - i >= 4 ? 4 : nq - i, j1 = j0 + kc < bmax[i / 4] ? j0 + kc : bmax[i / 4];
             if (j0 < j1) {
                 size_t pfn;
-                const char *pf = att_pf_slice((const char *)V, 2 * ldkv, 2 * (size_t)hd, j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
+                const char *pf = td_att_pf_slice((const char *)V, 2 * ldkv, 2 * (size_t)hd, j0, kc, nmax, i / 4, (nq + 3) / 4, &pfn);
                 A32_PV[qb - 1](o + (size_t)i * ldo, ldo, p + (size_t)i * ps, ps, nk + i, V, ldkv, hd, j0, j1, pf, pfn);
             }
         }

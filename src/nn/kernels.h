@@ -161,6 +161,41 @@ void *td_thread_scratch(size_t n);
  * up to TD_ATTEND_QMAX over L1-sized blocks of keys (kernels_avx2.c): a T = 8
  * verify of a GQA-2 model is 16 queries per KV head, whose K/V rows are then
  * read from L2/L3 once instead of four times. */
+/* A prefetch stream spread over a loop's steps: bytes [0, n) from p, per bytes
+ * (whole 64-byte lines) a step (td_pf_step at the top of each). Prefetches only:
+ * no bit of any result depends on them. */
+typedef struct { const char *p; size_t n, per, at; } td_pf_stream;
+static inline td_pf_stream td_pf_begin(const char *p, size_t n, int steps) {
+    size_t st = (size_t)(steps > 1 ? steps : 1);
+    td_pf_stream s = {p, n, (n / 64 + st - 1) / st * 64, 0};
+    return s;
+}
+static inline void td_pf_step(td_pf_stream *s) {
+    for (size_t k = 0; k < s->per && s->at < s->n; k += 64, s->at += 64) __builtin_prefetch(s->p + s->at, 0, 3);
+}
+/* The attention passes over many queries go over a head's keys in blocks of
+ * about 16 KiB (kc rows), every query block taking its turn on a key block
+ * while it sits in L1. What query block bi (of nb) prefetches during its turn
+ * on key block [j0, j0 + kc) of X (rows rs bytes apart, the last of them rowb
+ * bytes long, nmax rows): a 1/nb slice of the next key block, so the rows
+ * stream in while every query block computes, not only during the first one's
+ * pass; block 0's first query block fetches block 0 itself too, from
+ * TD_ATT_PF_DIST bytes on. Returns the start and sets *pfn (0: nothing). One
+ * thread over 224 cold heads of 512 keys, hd 128, bf16 rows (a 0.6B shape's
+ * cache), A32 order: 16 queries a head 10.0 -> 7.7 ms, 2 queries 4.9 -> 3.8 ms
+ * (bench/attend_bw.c; bench/forward-notes.md, "Stop 37"). */
+#define TD_ATT_PF_DIST 2048
+static inline const char *td_att_pf_slice(const char *X, size_t rs, size_t rowb, int j0, int kc, int nmax, int bi,
+                                          int nb, size_t *pfn) {
+    int n0 = j0 + kc < nmax ? j0 + kc : nmax, n1 = j0 + 2 * kc < nmax ? j0 + 2 * kc : nmax;
+    size_t b0 = (size_t)(n0 + (n1 - n0) * bi / nb) * rs, b1 = (size_t)(n0 + (n1 - n0) * (bi + 1) / nb) * rs;
+    size_t end = nmax > 0 ? (size_t)(nmax - 1) * rs + rowb : 0; /* the last row's end */
+    if (j0 == 0 && bi == 0) b0 = TD_ATT_PF_DIST;
+    if (b1 > end) b1 = end;
+    *pfn = b1 > b0 ? b1 - b0 : 0;
+    return X + (*pfn ? b0 : 0);
+}
+
 #define TD_ATTEND_QB 4
 #define TD_ATTEND_QMAX 16 /* scratch rows (the largest query block of any path) */
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,

@@ -596,11 +596,13 @@ AI __m256 scores8(int dt, const float *qi, const char *kb, size_t rs, int hd) {
  * running sums parked in o between key blocks), so neither the blocking nor the
  * other queries change a bit. sc: TD_ATTEND_QMAX rows of max(n_keys) floats. */
 AI void attend_scores(int dt, float *sc, const float *qi, const char *K, size_t rs, int hd, int j0, int j1,
-                      __m256 vscale, float scale) {
+                      __m256 vscale, float scale, td_pf_stream *pf) {
     int j = j0;
     if ((hd & 15) == 0)
-        for (; j + 8 <= j1; j += 8)
+        for (; j + 8 <= j1; j += 8) {
+            td_pf_step(pf);
             _mm256_storeu_ps(sc + j, _mm256_mul_ps(scores8(dt, qi, K + (size_t)j * rs, rs, hd), vscale));
+        }
     for (; j < j1; j++) sc[j] = td_avx2_dot(qi, K + (size_t)j * rs, dt, hd) * scale;
 }
 
@@ -644,7 +646,8 @@ AI float attend_softmax(float *sc, int n) {
 /* oi += sum over j in [j0, j1), in order, of (sc[j] * inv) V_j — from zero when
  * j0 == 0 — in blocks of 8 dims (64 at a time), the running sums kept in oi.
  * V holds the rows of keys vr.. (key j at V + (j - vr) rs). */
-AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, int vr, size_t rs, int hd, int j0, int j1) {
+AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, int vr, size_t rs, int hd, int j0, int j1,
+                  td_pf_stream *pf) {
     for (int d0 = 0; d0 < hd; d0 += 64) {
         int rem = hd - d0;
         const char *vb = V + eoff(dt, (size_t)d0);
@@ -652,6 +655,7 @@ AI void attend_pv(int dt, float *oi, const float *sc, float inv, const char *V, 
         if (rem >= 64) {
             for (int b = 0; b < 8; b++) a[b] = j0 ? _mm256_loadu_ps(oi + d0 + 8 * b) : _mm256_setzero_ps();
             for (int j = j0; j < j1; j++) {
+                if (!d0) td_pf_step(pf);
                 __m256 p = _mm256_set1_ps(sc[j] * inv);
                 const char *vj = vb + (size_t)(j - vr) * rs;
 #pragma GCC unroll 8
@@ -725,9 +729,13 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
             const char *Kb = key_block(wide, K, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt, &kr);
             for (int b = 0; b < qb; b++) {
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
-                if (j0 < j1)
+                if (j0 < j1) { /* each query prefetches its slice of the next key block's rows (kernels.h) */
+                    size_t pfn;
+                    const char *pfp = td_att_pf_slice(K, rs, eoff(dt, (size_t)hd), j0, kb, nmax, b, qb, &pfn);
+                    td_pf_stream pf = td_pf_begin(pfp, pfn, (j1 - j0) / 8);
                     attend_scores(kd, sc + (size_t)b * nmax + j0, q + (size_t)(i0 + b) * ldq, Kb + (size_t)(j0 - kr) * wrs, wrs, hd, 0,
-                                  j1 - j0, vscale, scale);
+                                  j1 - j0, vscale, scale, &pf);
+                }
             }
         }
         float inv[TD_ATTEND_QMAX];
@@ -740,7 +748,12 @@ AI void attend(int dt, float *o, int ldo, const float *q, int ldq, int nq, const
             const char *Vb = key_block(wide, V, rs, j0, j0 + kb < nmax ? j0 + kb : nmax, hd, dt, &vr);
             for (int b = 0; b < qb; b++) {
                 int n = n_keys[i0 + b], j1 = j0 + kb < n ? j0 + kb : n;
-                if (j0 < j1) attend_pv(kd, o + (size_t)(i0 + b) * ldo, sc + (size_t)b * nmax, inv[b], Vb, vr, wrs, hd, j0, j1);
+                if (j0 < j1) {
+                    size_t pfn;
+                    const char *pfp = td_att_pf_slice(V, rs, eoff(dt, (size_t)hd), j0, kb, nmax, b, qb, &pfn);
+                    td_pf_stream pf = td_pf_begin(pfp, pfn, j1 - j0);
+                    attend_pv(kd, o + (size_t)(i0 + b) * ldo, sc + (size_t)b * nmax, inv[b], Vb, vr, wrs, hd, j0, j1, &pf);
+                }
             }
         }
     }
