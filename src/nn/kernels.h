@@ -145,22 +145,6 @@ void td_swiglu(float *out, const float *g, const float *u, int n);
  * permuted activations), and no kernel calls another while holding it. */
 void *td_thread_scratch(size_t n);
 
-/* Causal attention of nq queries against one KV head. Query i (hd floats at
- * q + i*ldq) attends to keys 0 .. n_keys[i]-1 (rows of K and V, stride ldkv):
- *   s_j = td_dot(q_i, K_j, hd) * scale;  mx = max_j s_j;  e_j = exp(s_j - mx);
- *   sum = D16 sum of e_0..e_{n-1};  o_i[d] = sum over j in order of
- *   fma(e_j * (1/sum), V_j[d], o_i[d]) (sequential in j from 0).
- * So each query's output depends only on its own q, keys and n_keys — not on nq
- * or on which queries share the call. Every K and V row may be read up to
- * max(n_keys) (all of them must be valid). scratch: min(nq, TD_ATTEND_QMAX) x
- * max(n_keys) floats. The AVX-512 path takes the queries in blocks of up to
- * TD_ATTEND_QB (then the rest, 1 to 3: a GQA group of 3 reads its K/V once)
- * that share each K/V load; scores of 16 keys (16/qb keys x qb queries, 15
- * lanes for 3) are folded together (fold16x16: the same additions as the D16
- * fold, on shuffled registers). The AVX2 path takes the queries in blocks of
- * up to TD_ATTEND_QMAX over L1-sized blocks of keys (kernels_avx2.c): a T = 8
- * verify of a GQA-2 model is 16 queries per KV head, whose K/V rows are then
- * read from L2/L3 once instead of four times. */
 /* A prefetch stream spread over a loop's steps: bytes [0, n) from p, per bytes
  * (whole 64-byte lines) a step (td_pf_step at the top of each). Prefetches only:
  * no bit of any result depends on them. */
@@ -196,6 +180,22 @@ static inline const char *td_att_pf_slice(const char *X, size_t rs, size_t rowb,
     return X + (*pfn ? b0 : 0);
 }
 
+/* Causal attention of nq queries against one KV head. Query i (hd floats at
+ * q + i*ldq) attends to keys 0 .. n_keys[i]-1 (rows of K and V, stride ldkv):
+ *   s_j = td_dot(q_i, K_j, hd) * scale;  mx = max_j s_j;  e_j = exp(s_j - mx);
+ *   sum = D16 sum of e_0..e_{n-1};  o_i[d] = sum over j in order of
+ *   fma(e_j * (1/sum), V_j[d], o_i[d]) (sequential in j from 0).
+ * So each query's output depends only on its own q, keys and n_keys — not on nq
+ * or on which queries share the call. Every K and V row may be read up to
+ * max(n_keys) (all of them must be valid). scratch: min(nq, TD_ATTEND_QMAX) x
+ * max(n_keys) floats. The AVX-512 path takes the queries in blocks of up to
+ * TD_ATTEND_QB (then the rest, 1 to 3: a GQA group of 3 reads its K/V once)
+ * that share each K/V load; scores of 16 keys (16/qb keys x qb queries, 15
+ * lanes for 3) are folded together (fold16x16: the same additions as the D16
+ * fold, on shuffled registers). The AVX2 path takes the queries in blocks of
+ * up to TD_ATTEND_QMAX over L1-sized blocks of keys (kernels_avx2.c): a T = 8
+ * verify of a GQA-2 model is 16 queries per KV head, whose K/V rows are then
+ * read from L2/L3 once instead of four times. */
 #define TD_ATTEND_QB 4
 #define TD_ATTEND_QMAX 16 /* scratch rows (the largest query block of any path) */
 void td_attend(float *o, int ldo, const float *q, int ldq, int nq, const int *n_keys,
