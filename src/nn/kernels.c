@@ -785,6 +785,20 @@ static void att_softmax(float *sc, int n) {
     }
 }
 
+/* A query's own keys [ja, jb) past those its block shares, into its running
+ * sums a[0 .. nv): a[v] += p_j V_j[d0 + 16v ..] in key order, each vector loaded
+ * whole (mk NULL) or under mk[v] (att_values_part's two widths of a pass). */
+AI void att_own_keys(int dt, int nv, const __mmask16 *mk, __m512 *a, const float *scb, const char *V, size_t rs, int d0,
+                     int ja, int jb) {
+    for (int j = ja; j < jb; j++) {
+        __m512 p = _mm512_set1_ps(scb[j]);
+        const char *vj = V + (size_t)j * rs;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++)
+            a[v] = _mm512_fmadd_ps(p, mk ? ldwm(vj, d0 + 16 * v, dt, mk[v]) : ldw(vj, d0 + 16 * v, dt), a[v]);
+    }
+}
+
 /* o_b = sum_j p_bj V_j (p: att_softmax's probabilities) for the qb queries over keys [j0, j1), in j
  * order per query, 64 dimensions (4 vectors, the last masked) at a time — 128 (8 vectors)
  * while they last for one or two queries; the
@@ -831,12 +845,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
             }
 #pragma GCC unroll 2
             for (int b = 0; b < qb; b++) {
-                for (int j = nmin > j0 ? nmin : j0; j < je[b]; j++) { /* this query's keys beyond the shared ones */
-                    __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j]);
-                    const char *vj = V + (size_t)j * rs;
-#pragma GCC unroll 8
-                    for (int v = 0; v < 8; v++) a[b][v] = _mm512_fmadd_ps(p, ldw(vj, d0 + 16 * v, dt), a[b][v]);
-                }
+                att_own_keys(dt, 8, NULL, a[b], sc + (size_t)b * ss, V, rs, d0, nmin > j0 ? nmin : j0, je[b]);
 #pragma GCC unroll 8
                 for (int v = 0; v < 8; v++) _mm512_storeu_ps(o + (size_t)b * ldo + d0 + 16 * v, a[b][v]);
             }
@@ -888,13 +897,7 @@ AI void att_values_part(int qb, int dt, float *o, int ldo, const float *sc, int 
         }
 #pragma GCC unroll 4
         for (int b = 0; b < qb; b++) {
-            for (int j = nmin > j0 ? nmin : j0; j < je[b]; j++) { /* this query's keys beyond the shared ones */
-                __m512 p = _mm512_set1_ps(sc[(size_t)b * ss + j]);
-                const char *vj = V + (size_t)j * rs;
-#pragma GCC unroll 4
-                for (int v = 0; v < 4; v++)
-                    if (v < nb) a[b][v] = _mm512_fmadd_ps(p, ldwm(vj, d0 + 16 * v, dt, mk[v]), a[b][v]);
-            }
+            att_own_keys(dt, nb, mk, a[b], sc + (size_t)b * ss, V, rs, d0, nmin > j0 ? nmin : j0, je[b]);
             float *ob = o + (size_t)b * ldo + d0;
 #pragma GCC unroll 4
             for (int v = 0; v < 4; v++)
