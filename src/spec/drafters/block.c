@@ -57,7 +57,11 @@
  * and a round's block entries go into a copy of the last chunk, so the
  * committed ones are written once). Under act_type bf16 the products follow
  * the target's too (bf16 weights in the B32 order on bf16 activations, Q8_0
- * ones on their R16 repacks); the attention stays in f32. A checkpoint
+ * ones on their R16 repacks), and so does the attention where head_dim is a
+ * multiple of 32: the A32 order (td_attend_b32) over a bf16 mirror of each
+ * row's keys and values, the block entries written into the mirror only
+ * (fixed depth 7, 20 code prompts, Zen 5: 142 -> 99-107 us of attention a
+ * round against the f32 td_attend; bench/forward-notes.md, "Stop 38"). A checkpoint
  * holds projected K/V, so one taken under another quant= restores fine but
  * drafts slightly differently until its rows are re-projected (the output
  * stays exact either way).
@@ -133,6 +137,9 @@ typedef struct {
 
 typedef struct {
     float *K, *V;             /* [n_layer][KVH][cap][hd] context rows (+ block scratch) */
+    uint16_t *Kh, *Vh;        /* A32 attention (g->b32_att): K and V rounded to bf16, rows as K's,
+                                 capb of them per (layer, kv head); zeroed at first, so the pair
+                                 partner an odd key count reads past the last key is finite */
     uint16_t *Kp, *Vp;        /* amx attention (g->amx_att): K and V rounded to bf16 in the tiles' pair
                                  layouts (td_amx_kp_at, td_amx_vp_at), [n_layer][KVH][capp*hd]; else NULL */
     int len, cap;             /* committed positions projected into K/V; capacity incl. G */
@@ -181,6 +188,10 @@ typedef struct {
     size_t sstride;           /* floats */
     int amx_att, capp;        /* 1: the block's attention runs on the AMX tiles (act amx, hd % 32 == 0);
                                  capp = cap rounded up to 32 */
+    int b32_att, capb;        /* 1: the block's attention takes the A32 order (act bf16, hd % 32 == 0:
+                                 td_attend_b32, as the target's does); capb = cap rounded up to even */
+    uint16_t *bscr;           /* A32 attention: [pool threads][TD_ATTEND_QMAX*(capb + hd)] a call's
+                                 probabilities and scaled queries in bf16 */
     float *ascr;              /* amx attention: [pool threads][nqm*hd + 16*capp] a kv head's outputs
                                  and scores (nqm = (H/KVH)*G queries) */
     uint16_t *apk;            /* amx attention: [pool threads][nqm*hd + 16*capp] its queries and
@@ -212,6 +223,10 @@ static void mm(blk_group *g, float *y, int ldy, const float *x, int ldx, int M, 
 static size_t kv_at(const blk_group *g, int l, int h, int pos) {
     return (((size_t)l * g->p->KVH + h) * g->cap + pos) * g->p->hd;
 }
+/* the same position's bf16 mirror (b32_att) */
+static size_t kvb_at(const blk_group *g, int l, int h, int pos) {
+    return (((size_t)l * g->p->KVH + h) * g->capb + pos) * g->p->hd;
+}
 
 /* Store position pos's key k[hd] and value v[hd] of layer l, kv head h in row
  * r, and their bf16 mirrors where the attention runs on the tiles. */
@@ -220,6 +235,11 @@ static void kv_put(const blk_group *g, blk_row *r, int l, int h, int pos, const 
     size_t at = kv_at(g, l, h, pos);
     memcpy(r->K + at, k, sizeof(float) * (size_t)hd);
     memcpy(r->V + at, v, sizeof(float) * (size_t)hd);
+    if (r->Kh) {
+        size_t bt = kvb_at(g, l, h, pos);
+        td_from_f32(r->Kh + bt, k, TD_DTYPE_BF16, (size_t)hd);
+        td_from_f32(r->Vh + bt, v, TD_DTYPE_BF16, (size_t)hd);
+    }
     if (!r->Kp) return;
     size_t lh = ((size_t)l * g->p->KVH + h) * g->capp * hd;
     td_amx_kv_put(r->Kp + lh, r->Vp + lh, pos, k, v, hd);
@@ -302,6 +322,8 @@ static void flush_backlogs(blk_group *g, const int *idx, int n) {
 static void row_free(blk_row *r) {
     free(r->K);
     free(r->V);
+    free(r->Kh);
+    free(r->Vh);
     free(r->Kp);
     free(r->Vp);
     free(r->raw);
@@ -333,7 +355,8 @@ static int row_alloc(blk_group *g, blk_row *r) {
     memset(r, 0, sizeof *r);
     if (g->n_spare > 0) { /* a spare's buffers, sized for this group */
         blk_row *s = &g->spare[--g->n_spare];
-        r->K = s->K, r->V = s->V, r->Kp = s->Kp, r->Vp = s->Vp, r->raw = s->raw, r->stream = s->stream;
+        r->K = s->K, r->V = s->V, r->Kh = s->Kh, r->Vh = s->Vh, r->Kp = s->Kp, r->Vp = s->Vp, r->raw = s->raw,
+        r->stream = s->stream;
         memset(s, 0, sizeof *s);
         r->cap = g->cap;
         if (td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 || (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
@@ -352,7 +375,12 @@ static int row_alloc(blk_group *g, blk_row *r) {
         r->Kp = calloc(na, sizeof(uint16_t));
         r->Vp = calloc(na, sizeof(uint16_t));
     }
-    if ((g->amx_att && (!r->Kp || !r->Vp)) || !r->K || !r->V || !r->raw || !r->stream || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
+    if (g->b32_att) { /* zeroed: an odd key count pairs its last key with the next row, times 0 */
+        size_t na = (size_t)p->n_layer * p->KVH * p->hd * g->capb;
+        r->Kh = calloc(na, sizeof(uint16_t));
+        r->Vh = calloc(na, sizeof(uint16_t));
+    }
+    if ((g->amx_att && (!r->Kp || !r->Vp)) || (g->b32_att && (!r->Kh || !r->Vh)) || !r->K || !r->V || !r->raw || !r->stream || td_draft_ctxids_init(&r->cx, &p->voc, &e) != 0 ||
         (p->rank && td_draft_ctxids_init(&r->mx, &p->mvoc, &e) != 0)) {
         row_free(r);
         return TD_ENOMEM;
@@ -464,7 +492,7 @@ static void att_run(void *arg, int ith, int nth) {
     const td_layer_w *L = &p->L[j->l];
     int H = p->H, KVH = p->KVH, hd = p->hd, half = hd / 2, QW = H * hd, KW = KVH * hd, grp = H / KVH;
     int nk[TD_ATTEND_QMAX];
-    float *scratch = g->scratch + (size_t)ith * g->sstride, *qg = scratch + (size_t)TD_ATTEND_QMAX * g->cap,
+    float *scratch = g->scratch + (size_t)ith * g->sstride, *qg = scratch + (size_t)TD_ATTEND_QMAX * g->capb,
           *og = qg + (size_t)TD_ATTEND_QMAX * hd;
     for (int it = ith; it < j->nb * KVH; it += nth) {
         int b = it / KVH, kh = it % KVH, G = g->bg[b], t0 = g->boff[b];
@@ -480,8 +508,15 @@ static void att_run(void *arg, int ith, int nth) {
             float *k = g->kb + (size_t)(t0 + t) * KW + (size_t)kh * hd;
             td_rmsnorm(k, k, L->k_norm.data, L->k_norm.dtype, hd, p->eps);
             td_rope(k, cs, sn, hd);
-            memcpy(r->K + kv_at(g, j->l, kh, pos), k, sizeof(float) * (size_t)hd);
-            memcpy(r->V + kv_at(g, j->l, kh, pos), g->vb + (size_t)(t0 + t) * KW + (size_t)kh * hd, sizeof(float) * (size_t)hd);
+            const float *v = g->vb + (size_t)(t0 + t) * KW + (size_t)kh * hd;
+            if (g->b32_att) { /* only the mirror is read this round; a commit writes both */
+                size_t bt = kvb_at(g, j->l, kh, pos);
+                td_from_f32(r->Kh + bt, k, TD_DTYPE_BF16, (size_t)hd);
+                td_from_f32(r->Vh + bt, v, TD_DTYPE_BF16, (size_t)hd);
+            } else {
+                memcpy(r->K + kv_at(g, j->l, kh, pos), k, sizeof(float) * (size_t)hd);
+                memcpy(r->V + kv_at(g, j->l, kh, pos), v, sizeof(float) * (size_t)hd);
+            }
         }
         for (int i0 = 0, nq = G * grp; i0 < nq; i0 += TD_ATTEND_QMAX) {
             int n = nq - i0 < TD_ATTEND_QMAX ? nq - i0 : TD_ATTEND_QMAX;
@@ -490,8 +525,19 @@ static void att_run(void *arg, int ith, int nth) {
                 memcpy(qg + (size_t)i * hd, g->q + (size_t)t * QW + (size_t)h * hd, sizeof(float) * (size_t)hd);
                 nk[i] = r->len + G;
             }
-            td_attend(og, hd, qg, hd, n, nk, r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd,
-                      j->scale, scratch);
+            if (g->b32_att) { /* the target's A32 order: q * scale rounded to bf16 once */
+                uint16_t *pr = g->bscr + (size_t)ith * TD_ATTEND_QMAX * (g->capb + hd),
+                         *qt = pr + (size_t)TD_ATTEND_QMAX * g->capb;
+                for (int i = 0; i < n; i++) {
+                    float *qi = qg + (size_t)i * hd;
+                    for (int d = 0; d < hd; d++) qi[d] *= j->scale;
+                    td_from_f32(qt + (size_t)i * hd, qi, TD_DTYPE_BF16, (size_t)hd);
+                }
+                size_t lh = kvb_at(g, j->l, kh, 0);
+                td_attend_b32(og, hd, qt, hd, n, nk, r->Kh + lh, r->Vh + lh, hd, hd, scratch, pr);
+            } else
+                td_attend(og, hd, qg, hd, n, nk, r->K + kv_at(g, j->l, kh, 0), r->V + kv_at(g, j->l, kh, 0), hd, hd,
+                          j->scale, scratch);
             for (int i = 0; i < n; i++) {
                 int t = t0 + (i0 + i) / grp, h = kh * grp + (i0 + i) % grp;
                 memcpy(g->o + (size_t)t * QW + (size_t)h * hd, og + (size_t)i * hd, sizeof(float) * (size_t)hd);
@@ -856,7 +902,7 @@ static void blk_free_group(void *gv) {
     free(g->rows); free(g->rcos); free(g->rsin);
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xa); free(g->xq);
-    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->ascr); free(g->apk); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
+    free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->bscr); free(g->ascr); free(g->apk); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
     free(g->cz); free(g->ca); free(g->cg); free(g->cs); free(g->cu); free(g->cact); free(g->cprev);
     free(g);
 }
@@ -905,6 +951,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->max_ctx = max_ctx;
     g->max_depth = max_depth;
     g->cap = max_ctx + max_depth + 2 + p->G;
+    g->capb = (g->cap + 1) / 2 * 2;
     int T = max_rows * p->G;
     g->max_tok = T > BLK_CHUNK ? T : BLK_CHUNK;
     int half = p->hd / 2, D = p->D, W = p->H * p->hd > D ? p->H * p->hd : D;
@@ -947,7 +994,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->spare || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
-        !(g->scratch = malloc(sizeof(float) * (g->sstride = (size_t)TD_ATTEND_QMAX * ((size_t)g->cap + 2 * (size_t)p->hd)) *
+        !(g->scratch = malloc(sizeof(float) * (g->sstride = (size_t)TD_ATTEND_QMAX * ((size_t)g->capb + 2 * (size_t)p->hd)) *
                               (size_t)td_pool_size(g->pool)))) {
         blk_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
@@ -959,6 +1006,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
         g->act = tact;
         g->amx_att = tact == TD_ACT_AMX && p->hd % 32 == 0;
+        g->b32_att = tact == TD_DTYPE_BF16 && p->hd % 32 == 0;
         g->capp = (g->cap + 31) / 32 * 32;
         size_t nt = (size_t)td_pool_size(g->pool), nqm = (size_t)(p->H / p->KVH) * p->G;
         int rc = 0;
@@ -968,6 +1016,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
             rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, &p->iarena, err);
         }
         if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
+            (g->b32_att && !(g->bscr = malloc(sizeof(uint16_t) * nt * TD_ATTEND_QMAX * ((size_t)g->capb + p->hd)))) ||
             (g->amx_att && (!(g->ascr = malloc(sizeof(float) * nt * (nqm * p->hd + 16 * (size_t)g->capp))) ||
                             !(g->apk = calloc(nt * (nqm * p->hd + 16 * (size_t)g->capp + 2 * (size_t)BLK_TAIL * p->hd),
                                               sizeof(uint16_t))))) ||
