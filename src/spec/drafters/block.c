@@ -204,6 +204,7 @@ typedef struct {
     float *ca, *cg, *cs;      /* [max_rows][C] a step's states and the previous ones (both in step
                                  order), and [max_rows][C] the states by row b */
     float *cu;                /* [max_rows][D] a step's u = z + out(s) */
+    float *cone;              /* [C] ones: silu(a) = td_swiglu(a, ones), vectorized */
     int *cact;                /* [max_rows] the rows b still drafting, in step order */
     int32_t *cprev;           /* [max_rows] by row b: the token before the step's position */
 } blk_group;
@@ -691,7 +692,7 @@ static int chain_draft(blk_group *g, td_draft_req *q, int nb, td_err *err) {
         if (j) mm(g, g->ca, C, g->cg, C, na, &p->ch_rec, C, C, 1);
         for (int a = 0; a < na; a++) {
             float *s = g->ca + (size_t)a * C;
-            for (int c = 0; c < C; c++) s[c] = s[c] / (1.0f + expf(-s[c]));
+            td_swiglu(s, s, g->cone, C); /* silu(s) * 1 */
             memcpy(g->cs + (size_t)g->cact[a] * C, s, sizeof(float) * (size_t)C);
         }
         mm(g, g->cu, D, g->ca, C, na, &p->ch_out, C, D, 1); /* u = z + out(s) */
@@ -903,7 +904,7 @@ static void blk_free_group(void *gv) {
     free(g->x); free(g->n); free(g->q); free(g->kb); free(g->vb); free(g->o); free(g->g); free(g->u);
     free(g->lg); free(g->tb); free(g->ckv); free(g->crow); free(g->ctap); free(g->cn); free(g->xa); free(g->xq);
     free(g->a); free(g->qsub); free(g->cl); free(g->scratch); free(g->bscr); free(g->ascr); free(g->apk); free(g->brow); free(g->bdepth); free(g->bg); free(g->boff);
-    free(g->cz); free(g->ca); free(g->cg); free(g->cs); free(g->cu); free(g->cact); free(g->cprev);
+    free(g->cz); free(g->ca); free(g->cg); free(g->cs); free(g->cu); free(g->cone); free(g->cact); free(g->cprev);
     free(g);
 }
 
@@ -988,10 +989,12 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         g->cg = malloc(sizeof(float) * mr * C);
         g->cs = malloc(sizeof(float) * mr * C);
         g->cu = malloc(sizeof(float) * mr * D);
+        if ((g->cone = malloc(sizeof(float) * C)))
+            for (size_t c = 0; c < C; c++) g->cone[c] = 1.0f;
         g->cact = malloc(sizeof(int) * mr);
         g->cprev = malloc(sizeof(int32_t) * mr);
     }
-    if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->spare || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
+    if ((p->C && (!g->cz || !g->ca || !g->cg || !g->cs || !g->cu || !g->cone || !g->cact || !g->cprev)) || !g->bdepth || !g->bg || !g->boff || !g->rows || !g->spare || !g->rcos || !g->rsin || !g->x || !g->n || !g->q || !g->kb || !g->vb || !g->o || !g->g || !g->u ||
         !g->lg || !g->tb || !g->ckv || !g->crow || !g->ctap || !g->cn || !g->a || !g->qsub || !g->cl || !g->brow || td_sampler_open(&g->smp, p->n_sub) != 0 ||
         (target_ctx ? !(g->pool = td_ctx_pool(target_ctx)) : (g->own_pool = 1, td_pool_open(&g->pool, 1) != 0)) ||
         !(g->scratch = malloc(sizeof(float) * (g->sstride = (size_t)TD_ATTEND_QMAX * ((size_t)g->capb + 2 * (size_t)p->hd)) *
