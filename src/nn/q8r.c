@@ -16,7 +16,13 @@
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
- * a forward); tokens are taken in slabs of 128 so a slab's activations stay in
+ * a forward). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
+ * registers), except for a verify's 8 or 16 tokens: 8 x 3 tiles (the f32 chains
+ * then live in L1), so each chunk is read in one pass that computes while the
+ * next chunk streams in (Zen 5, 0.6B shape, Q8_0, forwards alternating in one
+ * process: T = 8 28.9 -> 24.4 ms, T = 16 43.8 -> 41.0; T = 12, 24, 32 gained
+ * nothing and T = 128, compute-bound, lost 19%: bench/forward-notes.md, "Stop
+ * 38"). Tokens are taken in slabs of 128 so a slab's activations stay in
  * L2 while the thread's output range streams past. The tile shape never changes a bit
  * (the integer sums are exact; the f32 chain is per output). Where the CPU has
  * AMX-INT8, products of 16 tokens or more run their whole 16-token chunks on
@@ -138,9 +144,9 @@ static int vnni_ok(void) {
 TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, const uint8_t *xq, size_t rb, int T,
                                                             const uint8_t *wr, size_t gs, int G, int nb, int K,
                                                             const int *nv, int add, const uint8_t *pf, int pfg) {
-    __m512 f[4][8];
-    __m512i a[4][8];
-#pragma GCC unroll 4
+    __m512 f[8][8];
+    __m512i a[8][8];
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) f[t][g] = _mm512_setzero_ps();
@@ -150,7 +156,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf + g * gs + rec_values(b) + 64 * i), _MM_HINT_T1);
             if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(b)), _MM_HINT_T1);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512i s = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b));
 #pragma GCC unroll 8
@@ -161,14 +167,14 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             __m512i w[8];
 #pragma GCC unroll 8
             for (int g = 0; g < G; g++) w[g] = _mm512_load_si512((const void *)(rec + g * gs + 64 * j));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 __m512i xb = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + 32 * b + 4 * j));
 #pragma GCC unroll 8
                 for (int g = 0; g < G; g++) a[t][g] = _mm512_dpbusd_epi32(a[t][g], w[g], xb);
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));
 #pragma GCC unroll 8
@@ -178,7 +184,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) {
@@ -189,10 +195,16 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
         }
 }
 
-/* tokens [0, M) of a slab against the G groups at wg, 4 at a time */
+/* tokens [0, M) of a slab against the G groups at wg: 8 at a time where M is 8 or
+ * 16 and G is 3 (T8_TILES), else 4 at a time */
+#define T8_TILES(M, G) ((G) == 3 && ((M) == 8 || (M) == 16))
 #define TOK_TILES(G)                                                                                               \
     do {                                                                                                           \
         int m = 0;                                                                                                 \
+        if (T8_TILES(M, G))                                                                                        \
+            for (; m + 8 <= M; m += 8)                                                                             \
+                tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 8, wg, gs, G, nb, K, nv, add,                     \
+                     m + 8 == M ? pf : NULL, m + 8 == M ? pfg : 0);                                                \
         for (; m + 4 <= M; m += 4)                                                                                 \
             tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 4, wg, gs, G, nb, K, nv, add, m + 4 == M ? pf : NULL,   \
                  m + 4 == M ? pfg : 0);                                                                            \
