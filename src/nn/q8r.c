@@ -17,12 +17,14 @@
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
  * a forward). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
- * registers), except for a verify's 8 or 16 tokens: 8 x 3 tiles (the f32 chains
- * then live in L1), so each chunk is read in one pass that computes while the
- * next chunk streams in (Zen 5, 0.6B shape, Q8_0, forwards alternating in one
- * process: T = 8 28.9 -> 24.4 ms, T = 16 43.8 -> 41.0; T = 12, 24, 32 gained
- * nothing and T = 128, compute-bound, lost 19%: bench/forward-notes.md, "Stop
- * 38"). Tokens are taken in slabs of 128 so a slab's activations stay in
+ * registers), except for a verify's M <= 16 tokens: one tile of M tokens, or two
+ * of about M / 2 (up to 8 x 3, the f32 chains then partly in L1), so each chunk
+ * is read in one or two passes that compute while the next chunk streams in,
+ * instead of up to four (Zen 5, 0.6B shape, Q8_0, context 512, forwards
+ * alternating in one process, ms: T = 5 25.1 -> 19.0, 7 27.6 -> 22.0, 8 28.9 ->
+ * 24.4, 10 32.8 -> 26.4, 14 39.9 -> 34.3, 16 43.8 -> 41.0; the same tiles for
+ * T = 24 or 32 lost 4-5% and T = 128, compute-bound, 19%: bench/forward-notes.md,
+ * "Stop 38"). Tokens are taken in slabs of 128 so a slab's activations stay in
  * L2 while the thread's output range streams past. The tile shape never changes a bit
  * (the integer sums are exact; the f32 chain is per output). Where the CPU has
  * AMX-INT8, products of 16 tokens or more run their whole 16-token chunks on
@@ -195,16 +197,41 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
         }
 }
 
-/* tokens [0, M) of a slab against the G groups at wg: 8 at a time where M is 8 or
- * 16 and G is 3 (T8_TILES), else 4 at a time */
-#define T8_TILES(M, G) ((G) == 3 && ((M) == 8 || (M) == 16))
+/* A verify's M <= 16 tokens against 3 groups: one tile of M tokens, or two of
+ * about M / 2, so each record is read in one or two passes while the next
+ * chunk (pf, pfg groups) streams in during the last; T = 1 .. 8 tokens a tile. */
+TV static void verify_tiles(float *yg, int ldy, const uint8_t *xs, size_t rb, int M, const uint8_t *wg, size_t gs,
+                            int nb, int K, const int *nv, int add, const uint8_t *pf, int pfg) {
+    int nt = (M + 7) / 8;
+    for (int i = 0; i < nt; i++) {
+        int m0 = M * i / nt, T = M * (i + 1) / nt - m0;
+        const uint8_t *p = i + 1 == nt ? pf : NULL;
+        int pg = i + 1 == nt ? pfg : 0;
+        float *y = yg + (size_t)m0 * ldy;
+        const uint8_t *x = xs + (size_t)m0 * rb;
+        switch (T) {
+        case 1: tile(y, ldy, x, rb, 1, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 2: tile(y, ldy, x, rb, 2, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 3: tile(y, ldy, x, rb, 3, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 4: tile(y, ldy, x, rb, 4, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 5: tile(y, ldy, x, rb, 5, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 6: tile(y, ldy, x, rb, 6, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 7: tile(y, ldy, x, rb, 7, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        default: tile(y, ldy, x, rb, 8, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        }
+    }
+}
+#define VERIFY_TILES(M, G) ((G) == 3 && (M) <= 16)
+
+/* tokens [0, M) of a slab against the G groups at wg: VERIFY_TILES, else 4 at a
+ * time (compute-bound prefill slabs keep their f32 chains in registers) */
 #define TOK_TILES(G)                                                                                               \
     do {                                                                                                           \
         int m = 0;                                                                                                 \
-        if (T8_TILES(M, G))                                                                                        \
-            for (; m + 8 <= M; m += 8)                                                                             \
-                tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 8, wg, gs, G, nb, K, nv, add,                     \
-                     m + 8 == M ? pf : NULL, m + 8 == M ? pfg : 0);                                                \
+        if (VERIFY_TILES(M, G)) {                                                                                  \
+            verify_tiles(yg, ldy, xs, rb, M, wg, gs, nb, K, nv, add, pf, pfg);                                     \
+            m = M;                                                                                                 \
+        }                                                                                                          \
         for (; m + 4 <= M; m += 4)                                                                                 \
             tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 4, wg, gs, G, nb, K, nv, add, m + 4 == M ? pf : NULL,   \
                  m + 4 == M ? pfg : 0);                                                                            \
