@@ -490,8 +490,9 @@ static void test_matmul(void) {
  * kernel path in force: the activation record holds td_quant_act_row's q and d and -128 times
  * each block's sum of q; the kernel's outputs are the bits of a scalar
  * statement of the order for every M (1 .. 130: a verify's one or two tiles
- * of up to 8 tokens (M <= 16), tiles of 4, 3, 2, 1 and two slabs), N (tails of fewer than 16 outputs), K, add = 0 / 1 and output
- * ranges split on 16-output groups; they lie within quant.h's error bound of the
+ * of up to 8 tokens (M <= 16), tiles of 4, 3, 2, 1 and two slabs), N (tails
+ * of fewer than 16 outputs), K, add = 0 / 1 and output ranges split on
+ * 16-output groups; they lie within quant.h's error bound of the
  * product over the dequantized weights; a non-finite activation block makes its
  * row's outputs NaN and leaves the other rows alone. */
 static float r16_ref(const int8_t *q, const float *d, const unsigned char *wrow, int K) {

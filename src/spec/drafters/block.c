@@ -230,7 +230,8 @@ static size_t kvb_at(const blk_group *g, int l, int h, int pos) {
 }
 
 /* Store position pos's key k[hd] and value v[hd] of layer l, kv head h in row
- * r, and their bf16 mirrors where the attention runs on the tiles. */
+ * r, and their bf16 mirrors where the attention takes the A32 order (Kh, Vh)
+ * or runs on the tiles (Kp, Vp). */
 static void kv_put(const blk_group *g, blk_row *r, int l, int h, int pos, const float *k, const float *v) {
     int hd = g->p->hd;
     size_t at = kv_at(g, l, h, pos);
