@@ -1127,7 +1127,7 @@ static float kq_ref(const float *x, const unsigned char *wrow, int dt, int K, do
 
 static void test_kq_matmul(void) {
     t_begin("kquant_matmul_order_all_paths");
-    static const int Ms[] = {1, 2, 3, 5, 8, 17};
+    static const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 17}; /* every tile of kq512.c (1-8 tokens) and 8 + 8 + 1 */
     static const int Ns[] = {1, 2, 3, 7, 12};
     static const int Ks[] = {256, 512, 1280};
     int paths[TD_KPATH_COUNT], npaths = kernel_paths(paths), deflt = td_kernels_path(), fails = 0, checked = 0;

@@ -3,8 +3,8 @@
  *
  * Three kernel paths, the same bits (chosen by td_kernels_path(), so
  * TD_KERNELS=portable|avx2|avx512 and td_kernels_set_path() switch them with the
- * rest): AVX-512 VNNI register tiles here, AVX2 tiles in quant_avx2.c, and a
- * portable C twin. Integer block products are exact, so the paths agree as long
+ * rest): AVX-512 VNNI register tiles here (and for Q4_K / Q5_K / Q6_K in
+ * kq512.c), AVX2 tiles in quant_avx2.c, and a portable C twin. Integer block products are exact, so the paths agree as long
  * as each lane receives the same fmas in the same order; tests/test_quant.c
  * checks them against each other and against a scalar transcription of the Q16
  * order with memcmp.
@@ -21,6 +21,7 @@
 #include "nn/kernels.h"
 #include "nn/kernels_neon.h"
 #include "nn/kquant.h"
+#include "nn/kq512.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -849,6 +850,8 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
     if (M <= 0 || n0 >= n1) return;
     if (!td_dtype_is_quant(dtype) || K <= 0 || K % td_dtype_block(dtype)) { set_nan(y, ldy, M, n0, n1); return; } /* callers validate */
     int path = td_kernels_path(), mb = M < QMB ? M : QMB, kq = td_dtype_is_kquant(dtype);
+    if (path == TD_KPATH_AVX512 && td_kq512_ok(dtype) && td_kq512_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add) == 0)
+        return; /* Q4_K / Q5_K / Q6_K on AVX-512 VNNI (kq512.h); the others, and a failed scratch, below */
 #ifdef TQ_VNNI
     if (path == TD_KPATH_AVX512 && vnni_ok() && (dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0)) { /* others: the AVX2 tiles below */
         size_t lda = (size_t)(K / TD_QK + 1) / 2 * PAIR;
