@@ -197,7 +197,8 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
         /* a lone super-block leaves the odd lanes alone */
         acc[i] = TWO ? _mm512_fmadd_ps(c, x, acc[i]) : _mm512_mask3_fmadd_ps(c, x, acc[i], 0x00ff);
         if (mins) {
-            __m512 xm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(h.m, _mm512_loadu_si512(ai + 576)));
+            /* m_j * S_j exactly: m <= 63 and |S| <= 32 * 127 are int16 (the high word of m is 0) */
+            __m512 xm = _mm512_cvtepi32_ps(_mm512_madd_epi16(h.m, _mm512_loadu_si512(ai + 576)));
             __m512 cm = _mm512_mul_ps(h.dm, ds);
             mac[i] = _mm256_fmadd_ps(_mm512_castps512_ps256(cm), _mm512_castps512_ps256(xm), mac[i]);
             if (TWO) mac[i] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(cm, 1), _mm512_extractf32x8_ps(xm, 1), mac[i]);

@@ -525,6 +525,12 @@ static void pack_v(char *a, size_t lda, const float *x, int ldx, int M, int K, i
         }
 }
 
+/* the formats of these kernels: Q8_0, Q4_0, Q5_0, IQ4_NL (signed values, no minimum) */
+#define VBS(dt) ((dt) == TD_DTYPE_Q8_0 ? 34 : (dt) == TD_DTYPE_Q5_0 ? 22 : 18) /* block bytes */
+static int vnni_dtype(int dt) {
+    return dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_Q4_0 || dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_IQ4_NL;
+}
+
 /* Blocks 2p, 2p+1 of a weight row (blk = block 2p; one = only block 2p exists):
  * the 64 values as u8 = w + 128, and the scales (dw of block 2p in lanes 0-7). */
 AI __m512i wpair(const char *blk, int dt, int one) {
@@ -533,13 +539,26 @@ AI __m512i wpair(const char *blk, int dt, int one) {
         __m256i hi = one ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(blk + 36));
         return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
     }
-    /* Q4_0: 128-bit lanes [qs0, qs0 >> 4, qs1, qs1 >> 4] & 15, + 120 (= nibble - 8 + 128) */
-    __m128i a = _mm_loadu_si128((const __m128i *)(blk + 2));
-    __m128i b = one ? _mm_setzero_si128() : _mm_loadu_si128((const __m128i *)(blk + 20));
+    /* the nibbles, byte i = value i of block 2p, byte 32 + i = value i of block 2p+1:
+       128-bit lanes [qs0, qs0 >> 4, qs1, qs1 >> 4] & 15 */
+    const size_t qo = dt == TD_DTYPE_Q5_0 ? 6 : 2, bs = VBS(dt);
+    __m128i a = _mm_loadu_si128((const __m128i *)(blk + qo));
+    __m128i b = one ? _mm_setzero_si128() : _mm_loadu_si128((const __m128i *)(blk + bs + qo));
     __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1);
     __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
     __m512i v = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(15));
-    return _mm512_add_epi8(v, _mm512_set1_epi8(120));
+    if (dt == TD_DTYPE_IQ4_NL) { /* the table's value + 128 */
+        const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)td_iq4_values), _mm_set1_epi8((char)0x80));
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), v);
+    }
+    if (dt == TD_DTYPE_Q5_0) { /* bit i of qh: bit 4 of value i; w = value - 16, + 128 */
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, blk + 2, 4);
+        if (!one) memcpy(&h1, blk + bs + 2, 4);
+        v = _mm512_add_epi8(v, _mm512_set1_epi8(112));
+        return _mm512_mask_add_epi8(v, (__mmask64)((uint64_t)h1 << 32 | h0), v, _mm512_set1_epi8(16));
+    }
+    return _mm512_add_epi8(v, _mm512_set1_epi8(120)); /* Q4_0: nibble - 8 + 128 */
 }
 AI __m512 wscale(const char *blk, size_t bs, int one) {
     uint16_t d0, d1 = 0;
@@ -553,7 +572,7 @@ AI __m512 wscale(const char *blk, size_t bs, int one) {
  * count) of an MR x NR tile. */
 AI void istep(int MR, int NR, int dt, __m512 (*acc)[8], const char *a, size_t lda, const char *w, size_t wrow,
               int p, int one) {
-    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const size_t bs = VBS(dt);
     const char *blk = w + (size_t)(2 * p) * bs;
     __m512i wu[8];
     __m512 dw[8];
@@ -582,14 +601,14 @@ AI void istep(int MR, int NR, int dt, __m512 (*acc)[8], const char *a, size_t ld
 AI void itile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow,
               int nb, int add, const char *pf) {
     __m512 acc[8][8];
-    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const size_t bs = VBS(dt);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
     int p = 0;
     for (; 2 * p + 1 < nb; p++) {
-        if (pf && (dt == TD_DTYPE_Q8_0 || (p & 1) == 0))
+        if (pf && (dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_Q5_0 || (p & 1) == 0))
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)(2 * p) * bs, QPFH);
         istep(MR, NR, dt, acc, a, lda, w, wrow, p, 0);
@@ -625,11 +644,15 @@ typedef void (*itile_fn)(float *y, int ldy, const char *a, size_t lda, const cha
     IT_INST(1, 8, DT, SUF)
 IT_SET(TD_DTYPE_Q8_0, q8)
 IT_SET(TD_DTYPE_Q4_0, q4)
+IT_SET(TD_DTYPE_Q5_0, q5)
+IT_SET(TD_DTYPE_IQ4_NL, n4)
 
 typedef struct { itile_fn t[QMR + 1][2]; itile_fn gemv; } itile_set; /* t[mr][NR = 1 | QNR] */
 #define ITS(S) {{{0, 0}, {it_1x1_##S, it_1x4_##S}, {it_2x1_##S, it_2x4_##S}, {it_3x1_##S, it_3x4_##S},         \
                  {it_4x1_##S, it_4x4_##S}}, it_1x8_##S}
-static const itile_set ITILES[2] = {ITS(q8), ITS(q4)};
+static const itile_set ITILES[4] = {ITS(q8), ITS(q4), ITS(q5), ITS(n4)};
+/* the index of dt's tiles in ITILES */
+static int vnni_set(int dt) { return dt == TD_DTYPE_Q8_0 ? 0 : dt == TD_DTYPE_Q4_0 ? 1 : dt == TD_DTYPE_Q5_0 ? 2 : 3; }
 
 static int vnni_ok(void) {
     static int ok = -1;
@@ -645,7 +668,7 @@ static void matmul_v(float *y, int ldy, const char *a, size_t lda, int M, const 
                      int n1, int add) {
     size_t wrow = td_dtype_row_bytes(dt, K);
     int nb = K / TD_QK;
-    const itile_set *ts = &ITILES[dt == TD_DTYPE_Q8_0 ? 0 : 1];
+    const itile_set *ts = &ITILES[vnni_set(dt)];
     const char *wend = W + (size_t)n1 * wrow;
     if (M == 1) {
         int n = n0;
@@ -701,7 +724,7 @@ static void matmul_v(float *y, int ldy, const char *a, size_t lda, int M, const 
 /* Transpose nv (<= 8) weight rows (w, stride wrow; missing rows are zeros) of
  * nb blocks into s: per pair p, XPAIR bytes (8 vectors l, then the scales). */
 AI void strip_xx(char *s, const char *w, size_t wrow, int nv, int dt, int nb, const char *pf) {
-    const size_t bs = dt == TD_DTYPE_Q8_0 ? 34 : 18;
+    const size_t bs = VBS(dt);
     const __m512i idx = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
     for (int p = 0; 2 * p < nb; p++) {
         int one = 2 * p + 1 >= nb;
@@ -755,11 +778,15 @@ AI void strip_xx(char *s, const char *w, size_t wrow, int nv, int dt, int nb, co
 }
 static void strip_full_q8(char *s, const char *w, size_t wrow, int nb, const char *pf) { strip_xx(s, w, wrow, XS, TD_DTYPE_Q8_0, nb, pf); }
 static void strip_full_q4(char *s, const char *w, size_t wrow, int nb, const char *pf) { strip_xx(s, w, wrow, XS, TD_DTYPE_Q4_0, nb, pf); }
+static void strip_full_q5(char *s, const char *w, size_t wrow, int nb, const char *pf) { strip_xx(s, w, wrow, XS, TD_DTYPE_Q5_0, nb, pf); }
+static void strip_full_n4(char *s, const char *w, size_t wrow, int nb, const char *pf) { strip_xx(s, w, wrow, XS, TD_DTYPE_IQ4_NL, nb, pf); }
 /* nv (<= 8) rows; a full strip of 8 through the specialized copies */
 static void strip_x(char *s, const char *w, size_t wrow, int nv, int dt, int nb, const char *pf) {
     if (nv == XS) {
         if (dt == TD_DTYPE_Q8_0) strip_full_q8(s, w, wrow, nb, pf);
-        else strip_full_q4(s, w, wrow, nb, pf);
+        else if (dt == TD_DTYPE_Q4_0) strip_full_q4(s, w, wrow, nb, pf);
+        else if (dt == TD_DTYPE_Q5_0) strip_full_q5(s, w, wrow, nb, pf);
+        else strip_full_n4(s, w, wrow, nb, pf);
     } else strip_xx(s, w, wrow, nv, dt, nb, NULL);
 }
 
@@ -853,7 +880,7 @@ void td_quant_matmul(float *y, int ldy, const float *x, int ldx, int M, const vo
     if (path == TD_KPATH_AVX512 && td_kq512_ok(dtype) && td_kq512_matmul(y, ldy, x, ldx, M, W, dtype, K, n0, n1, add) == 0)
         return; /* Q4_K / Q5_K / Q6_K on AVX-512 VNNI (kq512.h); the others, and a failed scratch, below */
 #ifdef TQ_VNNI
-    if (path == TD_KPATH_AVX512 && vnni_ok() && (dtype == TD_DTYPE_Q8_0 || dtype == TD_DTYPE_Q4_0)) { /* others: the AVX2 tiles below */
+    if (path == TD_KPATH_AVX512 && vnni_ok() && vnni_dtype(dtype)) { /* others: the AVX2 tiles below */
         size_t lda = (size_t)(K / TD_QK + 1) / 2 * PAIR;
         if (M >= (dtype == TD_DTYPE_Q8_0 ? QXM_Q8 : QXM_Q4)) {
             size_t sb = (size_t)(K / TD_QK + 1) / 2 * XPAIR;

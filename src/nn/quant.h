@@ -51,10 +51,10 @@
  * add |m_b d_b| |S_b| to each block's term).
  * Measured relative rms error of a product vs the unquantized weights: q8_0
  * ~1e-2 (weights and activations each ~0.6% rms), q4_0 ~0.1.
- * Kernels: AVX-512 VNNI (vpdpbusd on u8 = w + 128 against s8 activations, with
- * -128 * sum q precomputed per activation lane as the accumulator's start: so
- * weight bytes of -128 in a GGUF file are exact too), 1 x 8 register tiles for
- * decode; for M >= 2 (q8_0; q4_0: M >= 8) "strips": 8 weight rows transposed
+ * Kernels: AVX-512 VNNI for Q8_0, Q4_0, Q5_0 and IQ4_NL (vpdpbusd on u8 = w + 128
+ * against s8 activations, with -128 * sum q precomputed per activation lane as the
+ * accumulator's start: so weight bytes of -128 in a GGUF file are exact too), 1 x 8
+ * register tiles for decode; for M >= 2 (q8_0; the others: M >= 8) "strips": 8 weight rows transposed
  * once per call so that one vector holds lane (h, l) of 8 outputs, tiles of 3
  * tokens x 8 outputs (quant.c); AVX2 (quant_avx2.c: vpmaddubsw of |w|
  * with sign(q, w), then vpmaddwd); portable C. CPUs with AVX-512 but without
