@@ -208,48 +208,59 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
 
 /* MR tokens (pair-layout rows a + i * lda) x one weight row w; pf: where to
  * prefetch pfn bytes over the row's pairs, or NULL */
-KI void ktile(int MR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, int K, int add,
-              const char *pf, size_t pfn) {
+KI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow,
+              int K, int add, const char *pf) {
     const int nsb = K / TD_QKK, np = nsb / 2, mins = dt != TD_DTYPE_Q6_K;
     const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210, pb = pair_bytes(dt);
-    const size_t pfs = pfn / (size_t)(np + 1) + 64;
-    __m512 acc[KMR];
-    __m256 mac[KMR];
+    /* the prefetched rows' bytes, a slice a pair */
+    const size_t pfb = (size_t)NR * wrow, pfs = ((pfb + (size_t)(np > 0 ? np : 1) - 1) / (size_t)(np > 0 ? np : 1) + 63) & ~(size_t)63;
+    __m512 acc[2][KMR]; /* [row][token] */
+    __m256 mac[2][KMR];
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-        acc[i] = _mm512_setzero_ps();
-        mac[i] = _mm256_setzero_ps();
-    }
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++) {
+            acc[o][i] = _mm512_setzero_ps();
+            mac[o][i] = _mm256_setzero_ps();
+        }
     int p = 0;
     for (; p < np; p++) {
         if (pf)
-            for (size_t c = 0; c < pfs; c += 64) _mm_prefetch(pf + (size_t)p * (pfs - 64) + c, _MM_HINT_T0);
-        pair_step(MR, dt, 1, w + (size_t)(2 * p) * bs, a + (size_t)p * pb, lda, acc, mac);
+            for (size_t c = (size_t)p * pfs; c < (size_t)(p + 1) * pfs && c < pfb; c += 64) _mm_prefetch(pf + c, _MM_HINT_T0);
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++) /* NR rows side by side: independent chains */
+            pair_step(MR, dt, 1, w + (size_t)o * wrow + (size_t)(2 * p) * bs, a + (size_t)p * pb, lda, acc[o], mac[o]);
     }
-    if (nsb & 1) pair_step(MR, dt, 0, w + (size_t)(2 * p) * bs, a + (size_t)p * pb, lda, acc, mac);
+    if (nsb & 1)
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++)
+            pair_step(MR, dt, 0, w + (size_t)o * wrow + (size_t)(2 * p) * bs, a + (size_t)p * pb, lda, acc[o], mac[o]);
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-        float v = fold8(_mm256_add_ps(_mm512_castps512_ps256(acc[i]), _mm512_extractf32x8_ps(acc[i], 1)));
-        if (mins) v -= fold8(mac[i]);
-        float *yp = y + (size_t)i * ldy;
-        *yp = add ? *yp + v : v;
-    }
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+        for (int o = 0; o < NR; o++) {
+            float v = fold8(_mm256_add_ps(_mm512_castps512_ps256(acc[o][i]), _mm512_extractf32x8_ps(acc[o][i], 1)));
+            if (mins) v -= fold8(mac[o][i]);
+            float *yp = y + (size_t)i * ldy + o;
+            *yp = add ? *yp + v : v;
+        }
 }
 
-typedef void (*ktile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, int K, int add, const char *pf,
-                         size_t pfn);
-#define KT_INST(MR, DT, SUF)                                                                                       \
-    static void kt_##MR##_##SUF(float *y, int ldy, const char *a, size_t lda, const char *w, int K, int add,       \
-                                const char *pf, size_t pfn) {                                                      \
-        ktile(MR, DT, y, ldy, a, lda, w, K, add, pf, pfn);                                                          \
+typedef void (*ktile_fn)(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow, int K, int add,
+                         const char *pf);
+#define KT_INST(MR, NR, DT, SUF)                                                                                   \
+    static void kt_##MR##x##NR##_##SUF(float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow,   \
+                                       int K, int add, const char *pf) {                                           \
+        ktile(MR, NR, DT, y, ldy, a, lda, w, wrow, K, add, pf);                                                     \
     }
 #define KT_SET(DT, SUF)                                                                                            \
-    KT_INST(1, DT, SUF) KT_INST(2, DT, SUF) KT_INST(3, DT, SUF) KT_INST(4, DT, SUF) KT_INST(5, DT, SUF)            \
-    KT_INST(6, DT, SUF) KT_INST(7, DT, SUF) KT_INST(8, DT, SUF)
+    KT_INST(1, 1, DT, SUF) KT_INST(2, 1, DT, SUF) KT_INST(3, 1, DT, SUF) KT_INST(4, 1, DT, SUF)                    \
+    KT_INST(5, 1, DT, SUF) KT_INST(6, 1, DT, SUF) KT_INST(7, 1, DT, SUF) KT_INST(8, 1, DT, SUF) KT_INST(1, 2, DT, SUF)
 KT_SET(TD_DTYPE_Q4_K, k4)
 KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
-#define KTS(SUF) {0, kt_1_##SUF, kt_2_##SUF, kt_3_##SUF, kt_4_##SUF, kt_5_##SUF, kt_6_##SUF, kt_7_##SUF, kt_8_##SUF}
+/* t[mr]: mr tokens x 1 row; t[0]: 1 token x 2 rows (decode) */
+#define KTS(S) {kt_1x2_##S, kt_1x1_##S, kt_2x1_##S, kt_3x1_##S, kt_4x1_##S, kt_5x1_##S, kt_6x1_##S, kt_7x1_##S, kt_8x1_##S}
 static const ktile_fn KTILES[3][KMR + 1] = {KTS(k4), KTS(k5), KTS(k6)};
 
 static int cpu_ok(void) {
@@ -280,13 +291,20 @@ int td_kq512_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
     for (int m0 = 0; m0 < M; m0 += KQB) {
         int me = m0 + KQB < M ? m0 + KQB : M;
         for (int m = m0; m < me; m++) pack_row(a + (size_t)(m - m0) * lda, x + (size_t)m * ldx, K, dt, tmp);
-        for (int n = n0; n < n1; n++) {
+        int n = n0;
+        if (me - m0 == 1) /* decode: two rows a tile, for independent chains */
+            for (; n + 2 <= n1; n += 2) {
+                const char *pf = wb + (size_t)(n + KPF_ROWS) * wrow;
+                ts[0](y + (size_t)m0 * ldy + n, ldy, a, lda, wb + (size_t)n * wrow, wrow, K, add,
+                      pf + 2 * wrow <= wend ? pf : NULL);
+            }
+        for (; n < n1; n++) {
             const char *pf = wb + (size_t)(n + KPF_ROWS) * wrow;
             if (pf + wrow > wend) pf = NULL;
             for (int m = m0; m < me; m += KMR) {
                 int mr = me - m < KMR ? me - m : KMR;
-                ts[mr](y + (size_t)m * ldy + n, ldy, a + (size_t)(m - m0) * lda, lda, wb + (size_t)n * wrow, K, add,
-                       m == m0 ? pf : NULL, wrow);
+                ts[mr](y + (size_t)m * ldy + n, ldy, a + (size_t)(m - m0) * lda, lda, wb + (size_t)n * wrow, wrow, K,
+                       add, m == m0 ? pf : NULL);
             }
         }
     }
