@@ -608,9 +608,12 @@ AI void itile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
         for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
     int p = 0;
     for (; 2 * p + 1 < nb; p++) {
-        if (pf && (dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_Q5_0 || (p & 1) == 0))
+        if (pf) /* the pair's first and last byte: every line of each row (a pair spans at most two) */
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)(2 * p) * bs, QPFH);
+            for (int j = 0; j < NR; j++) {
+                _mm_prefetch(pf + j * wrow + (size_t)(2 * p) * bs, QPFH);
+                _mm_prefetch(pf + j * wrow + (size_t)(2 * p + 2) * bs - 1, QPFH);
+            }
         istep(MR, NR, dt, acc, a, lda, w, wrow, p, 0);
     }
     if (2 * p < nb) istep(MR, NR, dt, acc, a, lda, w, wrow, p, 1);
