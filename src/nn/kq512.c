@@ -3,7 +3,7 @@
  *
  * Activations: each row is quantized by td_quant_act_row_k (the portable rule)
  * and rearranged per pair p of super-blocks (2p, 2p + 1; a last odd one pairs
- * with zeros) into PAIR_B bytes:
+ * with zeros) into pair_bytes(dt) bytes:
  *   q    [8][64] int8:  chunk j = values 32j..32j+31 of super-block 2p, then of 2p + 1
  *   ds   [16]    f32:   d of 2p in lanes 0-7, of 2p + 1 in 8-15
  *   S    [16]    int32: the sums of each 32 q (sub-blocks 0-7 of 2p, then of 2p + 1)
@@ -18,7 +18,9 @@
  * 8-15 sc[2j + 1], which are lanes l < 4 and l >= 4). Then, per quant.h:
  * acc = fma(d_w * d_s, (float)P, acc) on 16 lanes (both parities at once), and
  * for Q4_K / Q5_K the minimums, macc = fma(dmin_w * d_s, (float)(m_j * S_j),
- * macc) on 8 lanes, 2p then 2p + 1. The end folds as the AVX2 kernels do. */
+ * macc) on 8 lanes, 2p then 2p + 1. The end folds as the AVX2 kernels do.
+ * Tiles: up to 8 tokens x one weight row; a decode (one token) takes two rows
+ * side by side, so that their chains interleave. */
 #include "nn/kq512.h"
 #include "nn/kernels.h"
 #include "nn/kquant.h"
@@ -206,8 +208,9 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
     }
 }
 
-/* MR tokens (pair-layout rows a + i * lda) x one weight row w; pf: where to
- * prefetch pfn bytes over the row's pairs, or NULL */
+/* MR tokens (pair-layout rows a + i * lda) x NR weight rows (w, wrow bytes
+ * apart; NR = 2 only for MR = 1); pf: NR rows ahead to prefetch (their bytes in
+ * one slice a pair), or NULL */
 KI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow,
               int K, int add, const char *pf) {
     const int nsb = K / TD_QKK, np = nsb / 2, mins = dt != TD_DTYPE_Q6_K;
