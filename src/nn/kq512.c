@@ -6,19 +6,22 @@
  * with zeros) into pair_bytes(dt) bytes:
  *   q    [8][64] int8:  chunk j = values 32j..32j+31 of super-block 2p, then of 2p + 1
  *   ds   [16]    f32:   d of 2p in lanes 0-7, of 2p + 1 in 8-15
- *   S    [16]    int32: the sums of each 32 q (sub-blocks 0-7 of 2p, then of 2p + 1)
- *   corr [8][32] int16: (Q6_K only) 32 * (q[2k] + q[2k + 1]) of chunk j's byte pairs
- * Weights: chunk j of a pair is the 32 unsigned values (Q4_K / Q5_K: q; Q6_K:
- * q6 = w + 32) of sub-block j of each super-block, in the halves' order; one
- * vpmaddubsw against the token's chunk gives exact int16 pair sums (|pair| <=
- * 2 * 63 * 127), for Q6_K minus corr (so w * q exactly), and one vpdpwssd with
+ *   S    [16]    int32: the sums of each 32 q (sub-blocks 0-7 of 2p, then of 2p + 1);
+ *                       Q2_K: [32] int16, the sums of each 16 q
+ *   corr [8][32] int16: (Q6_K, Q3_K) c * (q[2k] + q[2k + 1]) of chunk j's byte pairs
+ * Weights: chunk j of a pair is the 32 unsigned values (Q4_K / Q5_K / Q2_K: q;
+ * Q6_K: q6 = w + 32; Q3_K: w + 4) of sub-block j of each super-block, in the
+ * halves' order; one vpmaddubsw against the token's chunk gives exact int16 pair
+ * sums (|pair| <= 2 * 63 * 127), for Q6_K / Q3_K minus corr (32 or 4 times the
+ * pair sums of q, so w * q exactly), and one vpdpwssd with
  * the sub-block's scale in every word adds sc * (sum of 4 products) into lane
  * l (first half) or 8 + l (second half): after 8 chunks lanes 0-7 hold P_2p[l]
  * and 8-15 P_2p+1[l] (Q6_K's per-16 scales: words 0-7 of a half take sc[2j],
- * 8-15 sc[2j + 1], which are lanes l < 4 and l >= 4). Then, per quant.h:
- * acc = fma(d_w * d_s, (float)P, acc) on 16 lanes (both parities at once), and
- * for Q4_K / Q5_K the minimums, macc = fma(dmin_w * d_s, (float)(m_j * S_j),
- * macc) on 8 lanes, 2p then 2p + 1. The end folds as the AVX2 kernels do.
+ * 8-15 sc[2j + 1], which are lanes l < 4 and l >= 4; Q3_K and Q2_K alike). Then,
+ * per quant.h: acc = fma(d_w * d_s, (float)P, acc) on 16 lanes (both parities at
+ * once), and for Q4_K / Q5_K / Q2_K the minimums, macc = fma(dmin_w * d_s,
+ * (float)(m_j * S_j), macc) (Q2_K: m_2j * S'_2j + m_2j+1 * S'_2j+1 by one
+ * vpmaddwd) on 8 lanes, 2p then 2p + 1. The end folds as the AVX2 kernels do.
  * Tiles: up to 8 tokens x one weight row; a decode (one token) takes two rows
  * side by side, so that their chains interleave. */
 #include "nn/kq512.h"
@@ -36,7 +39,11 @@
 #define KMR 8      /* tokens per tile */
 #define KPF_ROWS 4 /* the tile of the first tokens prefetches the row this many rows ahead */
 
-static size_t pair_bytes(int dt) { return dt == TD_DTYPE_Q6_K ? 640 + 512 : 640; }
+/* the value offset whose pair sums a product subtracts (Q6_K's q6 = w + 32, Q3_K's w + 4; else 0) */
+static int corr_of(int dt) { return dt == TD_DTYPE_Q6_K ? 32 : dt == TD_DTYPE_Q3_K ? 4 : 0; }
+static size_t pair_bytes(int dt) { return corr_of(dt) ? 640 + 512 : 640; }
+/* a super-block's bytes */
+#define KBS(dt) ((dt) == TD_DTYPE_Q4_K ? 144 : (dt) == TD_DTYPE_Q5_K ? 176 : (dt) == TD_DTYPE_Q6_K ? 210 : (dt) == TD_DTYPE_Q3_K ? 110 : 84)
 
 /* One activation row (K values) into the pair layout at r (quantized in the
  * scratch tmp: K + K/256*4 + K/32*4 + K/16*2 < 3K/2 bytes). */
@@ -56,17 +63,28 @@ static void pack_row(char *r, const float *x, int K, int dt, char *tmp) {
             else memset(o + 64 * j + 32, 0, 32);
         }
         float *ds = (float *)(o + 512);
-        int32_t *Sp = (int32_t *)(o + 576);
         for (int l = 0; l < 8; l++) {
             ds[l] = d[2 * p];
             ds[8 + l] = two ? d[2 * p + 1] : 0.0f;
-            Sp[l] = S[8 * (2 * p) + l];
-            Sp[8 + l] = two ? S[8 * (2 * p + 1) + l] : 0;
         }
-        if (dt == TD_DTYPE_Q6_K) {
+        if (dt == TD_DTYPE_Q2_K) { /* its minimums go by 16 values: the 16-sums, as int16 */
+            const int16_t *S16 = (const int16_t *)(S + K / TD_QK);
+            int16_t *Sp = (int16_t *)(o + 576);
+            for (int l = 0; l < 16; l++) {
+                Sp[l] = S16[16 * (2 * p) + l];
+                Sp[16 + l] = two ? S16[16 * (2 * p + 1) + l] : 0;
+            }
+        } else {
+            int32_t *Sp = (int32_t *)(o + 576);
+            for (int l = 0; l < 8; l++) {
+                Sp[l] = S[8 * (2 * p) + l];
+                Sp[8 + l] = two ? S[8 * (2 * p + 1) + l] : 0;
+            }
+        }
+        if (corr_of(dt)) {
             int16_t *c = (int16_t *)(o + 640);
             const int8_t *qc = (const int8_t *)o;
-            for (int k = 0; k < 256; k++) c[k] = (int16_t)(32 * (qc[2 * k] + qc[2 * k + 1]));
+            for (int k = 0; k < 256; k++) c[k] = (int16_t)(corr_of(dt) * (qc[2 * k] + qc[2 * k + 1]));
         }
     }
 }
@@ -85,14 +103,43 @@ typedef struct { __m512i sc, m; __m512 dw, dm; } khead;
 /* 16 bytes at p, or zeros */
 KI __m128i ld16(const char *p) { return p ? _mm_loadu_si128((const __m128i *)p) : _mm_setzero_si128(); }
 
+/* Q3_K's 16 scales (6 bits, minus 32) of the block at blk, as bytes (kquant.h's td_kq_q3_scales) */
+KI __m128i q3_scales(const char *blk) {
+    uint32_t w[3];
+    memcpy(w, blk + 96, 12);
+    const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    __m128i s8 = _mm_setr_epi32((int)((w[0] & k4) | (w[2] & k2) << 4), (int)((w[1] & k4) | ((w[2] >> 2) & k2) << 4),
+                                (int)(((w[0] >> 4) & k4) | ((w[2] >> 4) & k2) << 4),
+                                (int)(((w[1] >> 4) & k4) | ((w[2] >> 6) & k2) << 4));
+    return _mm_sub_epi8(s8, _mm_set1_epi8(32));
+}
+
+/* f16 at b0 + off and b1 + off (or 0) as 16 f32 lanes, b0's in 0-7 */
+KI __m512 two_d(const char *b0, const char *b1, size_t off) {
+    uint16_t d0, d1 = 0;
+    memcpy(&d0, b0 + off, 2);
+    if (b1) memcpy(&d1, b1 + off, 2);
+    __m128 d = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, 0, 0, (short)d1, (short)d0));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(d));
+}
+
 KI void head(int dt, const char *b0, const char *b1, khead *h) {
+    if (dt == TD_DTYPE_Q3_K) {
+        h->sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(b1 ? q3_scales(b1) : _mm_setzero_si128(), q3_scales(b0)));
+        h->dw = two_d(b0, b1, 108);
+        return;
+    }
+    if (dt == TD_DTYPE_Q2_K) { /* 16 bytes: low nibble the scale, high the minimum, of each 16 values */
+        const __m256i s = _mm256_set_m128i(ld16(b1), ld16(b0)), m4 = _mm256_set1_epi8(15);
+        h->sc = _mm512_cvtepu8_epi16(_mm256_and_si256(s, m4));
+        h->m = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(s, 4), m4));
+        h->dw = two_d(b0, b1, 80);
+        h->dm = two_d(b0, b1, 82);
+        return;
+    }
     if (dt == TD_DTYPE_Q6_K) {
         h->sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(ld16(b1 ? b1 + 192 : NULL), ld16(b0 + 192)));
-        uint16_t d0, d1 = 0;
-        memcpy(&d0, b0 + 208, 2);
-        if (b1) memcpy(&d1, b1 + 208, 2);
-        __m128 d = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, 0, 0, (short)d1, (short)d0));
-        h->dw = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(d));
+        h->dw = two_d(b0, b1, 208);
         return;
     }
     /* quant.h's 6-bit (sc, m) of 8 sub-blocks from the 12 bytes s at blk + 4, both
@@ -131,12 +178,22 @@ static const int16_t SC_IDX[2][8][32] __attribute__((aligned(64))) = {
     {K45_IDX(0), K45_IDX(1), K45_IDX(2), K45_IDX(3), K45_IDX(4), K45_IDX(5), K45_IDX(6), K45_IDX(7)},
     {K6_IDX(0), K6_IDX(1), K6_IDX(2), K6_IDX(3), K6_IDX(4), K6_IDX(5), K6_IDX(6), K6_IDX(7)}};
 KI __m512i chunk_scale(int dt, const khead *h, int j) {
-    return _mm512_permutexvar_epi16(_mm512_load_si512(SC_IDX[dt == TD_DTYPE_Q6_K][j]), h->sc);
+    return _mm512_permutexvar_epi16(_mm512_load_si512(SC_IDX[dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K ? 0 : 1][j]), h->sc);
 }
 
 /* the unsigned values of chunk j (a constant after unrolling) of the pair */
 KI __m512i chunk_vals(int dt, const char *b0, const char *b1, int j) {
     const __m512i m4 = _mm512_set1_epi8(15);
+    if (dt == TD_DTYPE_Q2_K || dt == TD_DTYPE_Q3_K) { /* 2 bits at 2g of byte l of 32-byte group h */
+        int hh = j / 4, g = j % 4;
+        size_t off = (dt == TD_DTYPE_Q2_K ? 16 : 32) + 32 * (size_t)hh;
+        __m512i qs = ld_pair(b0 + off, b1 ? b1 + off : NULL);
+        __m512i lo = _mm512_and_si512(g ? _mm512_srli_epi16(qs, 2 * g) : qs, _mm512_set1_epi8(3));
+        if (dt == TD_DTYPE_Q2_K) return lo;
+        /* Q3_K: w = lo - 4 unless bit 4h + g of hmask[l] is set, so w + 4 = lo + 4 * bit */
+        __mmask64 k = _mm512_test_epi8_mask(ld_pair(b0, b1), _mm512_set1_epi8((char)(1 << (4 * hh + g))));
+        return _mm512_mask_add_epi8(lo, k, lo, _mm512_set1_epi8(4));
+    }
     if (dt == TD_DTYPE_Q6_K) {
         int hh = j / 4, g = j % 4;
         size_t lo_off = 64 * (size_t)hh + 32 * (size_t)(g & 1), hi_off = 128 + 32 * (size_t)hh;
@@ -167,8 +224,8 @@ KI float fold8(__m256 a) {
 /* One pair p of super-blocks (b0, and b1 = b0 + its bytes when TWO, else a lone
  * last one) for MR tokens: the integer sums, then acc and mac (kq512.h) */
 KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_t lda, __m512 *acc, __m256 *mac) {
-    const int mins = dt != TD_DTYPE_Q6_K;
-    const char *b1 = TWO ? b0 + (dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210) : NULL;
+    const int mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K;
+    const char *b1 = TWO ? b0 + KBS(dt) : NULL;
     khead h;
     head(dt, b0, b1, &h);
     /* NC independent integer sums per token (exact, so any grouping): with few
@@ -186,7 +243,7 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
         for (int i = 0; i < MR; i++) {
             const char *ai = ap + (size_t)i * lda;
             __m512i p16 = _mm512_maddubs_epi16(u, _mm512_loadu_si512(ai + 64 * j));
-            if (dt == TD_DTYPE_Q6_K) p16 = _mm512_sub_epi16(p16, _mm512_loadu_si512(ai + 640 + 64 * j));
+            if (corr_of(dt)) p16 = _mm512_sub_epi16(p16, _mm512_loadu_si512(ai + 640 + 64 * j));
             P[i][j % NC] = _mm512_dpwssd_epi32(P[i][j % NC], p16, sc);
         }
     }
@@ -199,7 +256,8 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
         /* a lone super-block leaves the odd lanes alone */
         acc[i] = TWO ? _mm512_fmadd_ps(c, x, acc[i]) : _mm512_mask3_fmadd_ps(c, x, acc[i], 0x00ff);
         if (mins) {
-            /* m_j * S_j exactly: m <= 63 and |S| <= 32 * 127 are int16 (the high word of m is 0) */
+            /* Q4_K / Q5_K: m_j * S_j exactly (m <= 63 and |S| <= 32 * 127 are int16, the high
+               word of m is 0); Q2_K: m_2j * S'_2j + m_2j+1 * S'_2j+1 over the 16-sums */
             __m512 xm = _mm512_cvtepi32_ps(_mm512_madd_epi16(h.m, _mm512_loadu_si512(ai + 576)));
             __m512 cm = _mm512_mul_ps(h.dm, ds);
             mac[i] = _mm256_fmadd_ps(_mm512_castps512_ps256(cm), _mm512_castps512_ps256(xm), mac[i]);
@@ -213,8 +271,8 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
  * one slice a pair), or NULL */
 KI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t lda, const char *w, size_t wrow,
               int K, int add, const char *pf) {
-    const int nsb = K / TD_QKK, np = nsb / 2, mins = dt != TD_DTYPE_Q6_K;
-    const size_t bs = dt == TD_DTYPE_Q4_K ? 144 : dt == TD_DTYPE_Q5_K ? 176 : 210, pb = pair_bytes(dt);
+    const int nsb = K / TD_QKK, np = nsb / 2, mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K;
+    const size_t bs = KBS(dt), pb = pair_bytes(dt);
     /* the prefetched rows' bytes, a slice a pair */
     const size_t pfb = (size_t)NR * wrow, pfs = ((pfb + (size_t)(np > 0 ? np : 1) - 1) / (size_t)(np > 0 ? np : 1) + 63) & ~(size_t)63;
     __m512 acc[2][KMR]; /* [row][token] */
@@ -262,9 +320,11 @@ typedef void (*ktile_fn)(float *y, int ldy, const char *a, size_t lda, const cha
 KT_SET(TD_DTYPE_Q4_K, k4)
 KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
+KT_SET(TD_DTYPE_Q3_K, k3)
+KT_SET(TD_DTYPE_Q2_K, k2)
 /* t[mr]: mr tokens x 1 row; t[0]: 1 token x 2 rows (decode) */
 #define KTS(S) {kt_1x2_##S, kt_1x1_##S, kt_2x1_##S, kt_3x1_##S, kt_4x1_##S, kt_5x1_##S, kt_6x1_##S, kt_7x1_##S, kt_8x1_##S}
-static const ktile_fn KTILES[3][KMR + 1] = {KTS(k4), KTS(k5), KTS(k6)};
+static const ktile_fn KTILES[5][KMR + 1] = {KTS(k4), KTS(k5), KTS(k6), KTS(k3), KTS(k2)};
 
 static int cpu_ok(void) {
     static int ok = -1;
@@ -277,7 +337,8 @@ static int cpu_ok(void) {
 }
 
 int td_kq512_ok(int dt) {
-    return (dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q6_K) && cpu_ok();
+    return (dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_Q3_K ||
+            dt == TD_DTYPE_Q2_K) && cpu_ok();
 }
 
 #define KQB 64 /* activation rows packed per pass (they stay in cache while the weights stream) */
@@ -289,7 +350,7 @@ int td_kq512_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
     char *a = td_thread_scratch(lda * (size_t)mb + tmpb + 64);
     if (!a) return TD_ENOMEM;
     char *tmp = a + lda * (size_t)mb;
-    const ktile_fn *ts = KTILES[dt == TD_DTYPE_Q4_K ? 0 : dt == TD_DTYPE_Q5_K ? 1 : 2];
+    const ktile_fn *ts = KTILES[dt == TD_DTYPE_Q4_K ? 0 : dt == TD_DTYPE_Q5_K ? 1 : dt == TD_DTYPE_Q6_K ? 2 : dt == TD_DTYPE_Q3_K ? 3 : 4];
     const char *wb = W, *wend = wb + (size_t)n1 * wrow;
     for (int m0 = 0; m0 < M; m0 += KQB) {
         int me = m0 + KQB < M ? m0 + KQB : M;
