@@ -3,8 +3,9 @@
  *
  * Three kernel paths, the same bits (chosen by td_kernels_path(), so
  * TD_KERNELS=portable|avx2|avx512 and td_kernels_set_path() switch them with the
- * rest): AVX-512 VNNI register tiles here (and for Q4_K / Q5_K / Q6_K in
- * kq512.c), AVX2 tiles in quant_avx2.c, and a portable C twin. Integer block products are exact, so the paths agree as long
+ * rest): AVX-512 VNNI register tiles here (Q8_0, Q4_0, Q5_0, IQ4_NL; Q2_K-Q6_K
+ * in kq512.c), AVX2 tiles in quant_avx2.c, and a portable C twin. Integer block
+ * products are exact, so the paths agree as long
  * as each lane receives the same fmas in the same order; tests/test_quant.c
  * checks them against each other and against a scalar transcription of the Q16
  * order with memcmp.
