@@ -274,7 +274,8 @@ KI void ktile(int MR, int NR, int dt, float *y, int ldy, const char *a, size_t l
     const int nsb = K / TD_QKK, np = nsb / 2, mins = dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q2_K;
     const size_t bs = KBS(dt), pb = pair_bytes(dt);
     /* the prefetched rows' bytes, a slice a pair */
-    const size_t pfb = (size_t)NR * wrow, pfs = ((pfb + (size_t)(np > 0 ? np : 1) - 1) / (size_t)(np > 0 ? np : 1) + 63) & ~(size_t)63;
+    const size_t pfb = (size_t)NR * wrow, npf = (size_t)(np > 0 ? np : 1);
+    const size_t pfs = ((pfb + npf - 1) / npf + 63) & ~(size_t)63;
     __m512 acc[2][KMR]; /* [row][token] */
     __m256 mac[2][KMR];
 #pragma GCC unroll 8
@@ -350,7 +351,11 @@ int td_kq512_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
     char *a = td_thread_scratch(lda * (size_t)mb + tmpb + 64);
     if (!a) return TD_ENOMEM;
     char *tmp = a + lda * (size_t)mb;
-    const ktile_fn *ts = KTILES[dt == TD_DTYPE_Q4_K ? 0 : dt == TD_DTYPE_Q5_K ? 1 : dt == TD_DTYPE_Q6_K ? 2 : dt == TD_DTYPE_Q3_K ? 3 : 4];
+    const ktile_fn *ts = KTILES[dt == TD_DTYPE_Q4_K   ? 0
+                                : dt == TD_DTYPE_Q5_K ? 1
+                                : dt == TD_DTYPE_Q6_K ? 2
+                                : dt == TD_DTYPE_Q3_K ? 3
+                                                      : 4];
     const char *wb = W, *wend = wb + (size_t)n1 * wrow;
     for (int m0 = 0; m0 < M; m0 += KQB) {
         int me = m0 + KQB < M ? m0 + KQB : M;
