@@ -8,7 +8,8 @@
  *   ds   [16]    f32:   d of 2p in lanes 0-7, of 2p + 1 in 8-15
  *   S    [16]    int32: the sums of each 32 q (sub-blocks 0-7 of 2p, then of 2p + 1);
  *                       Q2_K: [32] int16, the sums of each 16 q
- *   corr [8][32] int16: (Q6_K, Q3_K) c * (q[2k] + q[2k + 1]) of chunk j's byte pairs
+ *   corr [8][32] int16: (Q6_K, Q3_K) c * (q[2k] + q[2k + 1]) of chunk j's byte pairs;
+ *                       IQ4_XS: [8][16] int32, -128 * (sum of each 4 q)
  * Weights: chunk j of a pair is the 32 unsigned values (Q4_K / Q5_K / Q2_K: q;
  * Q6_K: q6 = w + 32; Q3_K: w + 4) of sub-block j of each super-block, in the
  * halves' order; one vpmaddubsw against the token's chunk gives exact int16 pair
@@ -17,7 +18,10 @@
  * the sub-block's scale in every word adds sc * (sum of 4 products) into lane
  * l (first half) or 8 + l (second half): after 8 chunks lanes 0-7 hold P_2p[l]
  * and 8-15 P_2p+1[l] (Q6_K's per-16 scales: words 0-7 of a half take sc[2j],
- * 8-15 sc[2j + 1], which are lanes l < 4 and l >= 4; Q3_K and Q2_K alike). Then,
+ * 8-15 sc[2j + 1], which are lanes l < 4 and l >= 4; Q3_K and Q2_K alike). IQ4_XS's
+ * values (-127..113, as table + 128) would saturate vpmaddubsw's pair sums: it
+ * takes one vpdpbusd from -128 * (sum of 4 q) (exact quads) and sc * quad by
+ * vpmulld into the same lanes. Then,
  * per quant.h: acc = fma(d_w * d_s, (float)P, acc) on 16 lanes (both parities at
  * once), and for Q4_K / Q5_K / Q2_K the minimums, macc = fma(dmin_w * d_s,
  * (float)(m_j * S_j), macc) (Q2_K: m_2j * S'_2j + m_2j+1 * S'_2j+1 by one
@@ -41,9 +45,11 @@
 
 /* the value offset whose pair sums a product subtracts (Q6_K's q6 = w + 32, Q3_K's w + 4; else 0) */
 static int corr_of(int dt) { return dt == TD_DTYPE_Q6_K ? 32 : dt == TD_DTYPE_Q3_K ? 4 : 0; }
-static size_t pair_bytes(int dt) { return corr_of(dt) ? 640 + 512 : 640; }
+static size_t pair_bytes(int dt) { return corr_of(dt) || dt == TD_DTYPE_IQ4_XS ? 640 + 512 : 640; }
 /* a super-block's bytes */
-#define KBS(dt) ((dt) == TD_DTYPE_Q4_K ? 144 : (dt) == TD_DTYPE_Q5_K ? 176 : (dt) == TD_DTYPE_Q6_K ? 210 : (dt) == TD_DTYPE_Q3_K ? 110 : 84)
+#define KBS(dt)                                                                                              \
+    ((dt) == TD_DTYPE_Q4_K ? 144 : (dt) == TD_DTYPE_Q5_K ? 176 : (dt) == TD_DTYPE_Q6_K ? 210                  \
+     : (dt) == TD_DTYPE_Q3_K ? 110 : (dt) == TD_DTYPE_IQ4_XS ? 136 : 84)
 
 /* One activation row (K values) into the pair layout at r (quantized in the
  * scratch tmp: K + K/256*4 + K/32*4 + K/16*2 < 3K/2 bytes). */
@@ -86,6 +92,11 @@ static void pack_row(char *r, const float *x, int K, int dt, char *tmp) {
             const int8_t *qc = (const int8_t *)o;
             for (int k = 0; k < 256; k++) c[k] = (int16_t)(corr_of(dt) * (qc[2 * k] + qc[2 * k + 1]));
         }
+        if (dt == TD_DTYPE_IQ4_XS) { /* vpdpbusd's start: -128 * (sum of each 4 q) */
+            int32_t *c = (int32_t *)(o + 640);
+            const int8_t *qc = (const int8_t *)o;
+            for (int k = 0; k < 128; k++) c[k] = -128 * (qc[4 * k] + qc[4 * k + 1] + qc[4 * k + 2] + qc[4 * k + 3]);
+        }
     }
 }
 
@@ -123,7 +134,26 @@ KI __m512 two_d(const char *b0, const char *b1, size_t off) {
     return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(d));
 }
 
+/* IQ4_XS's 8 scales of the block at blk as int32: nibble j of scales_l | 2 bits
+ * 2j of scales_h << 4, minus 32 (quant_avx2.c's khead_get) */
+KI __m256i xs_scales(const char *blk) {
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, blk + 2, 2);
+    memcpy(&sl, blk + 4, 4);
+    __m128i a = _mm_cvtsi32_si128((int)sl), m4 = _mm_set1_epi8(15);
+    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(a, 4), m4));
+    __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                  _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(32));
+}
+
 KI void head(int dt, const char *b0, const char *b1, khead *h) {
+    if (dt == TD_DTYPE_IQ4_XS) { /* scales as 16 int32 lanes (2p's in 0-7) */
+        h->sc = _mm512_inserti64x4(_mm512_castsi256_si512(xs_scales(b0)), b1 ? xs_scales(b1) : _mm256_setzero_si256(), 1);
+        h->dw = two_d(b0, b1, 0);
+        return;
+    }
     if (dt == TD_DTYPE_Q3_K) {
         h->sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(b1 ? q3_scales(b1) : _mm_setzero_si128(), q3_scales(b0)));
         h->dw = two_d(b0, b1, 108);
@@ -178,12 +208,23 @@ static const int16_t SC_IDX[2][8][32] __attribute__((aligned(64))) = {
     {K45_IDX(0), K45_IDX(1), K45_IDX(2), K45_IDX(3), K45_IDX(4), K45_IDX(5), K45_IDX(6), K45_IDX(7)},
     {K6_IDX(0), K6_IDX(1), K6_IDX(2), K6_IDX(3), K6_IDX(4), K6_IDX(5), K6_IDX(6), K6_IDX(7)}};
 KI __m512i chunk_scale(int dt, const khead *h, int j) {
+    if (dt == TD_DTYPE_IQ4_XS) /* int32 lanes: sc_j of 2p in 0-7, of 2p + 1 in 8-15 */
+        return _mm512_permutexvar_epi32(_mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(8 + j), 1), h->sc);
     return _mm512_permutexvar_epi16(_mm512_load_si512(SC_IDX[dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K ? 0 : 1][j]), h->sc);
 }
 
 /* the unsigned values of chunk j (a constant after unrolling) of the pair */
 KI __m512i chunk_vals(int dt, const char *b0, const char *b1, int j) {
     const __m512i m4 = _mm512_set1_epi8(15);
+    if (dt == TD_DTYPE_IQ4_XS) { /* 16 bytes of sub-block j: values 0-15 low nibbles, 16-31 high; table + 128 */
+        __m128i a = _mm_loadu_si128((const __m128i *)(b0 + 8 + 16 * j));
+        __m128i b = b1 ? _mm_loadu_si128((const __m128i *)(b1 + 8 + 16 * j)) : _mm_setzero_si128();
+        __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1);
+        __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+        __m512i v = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), m4);
+        const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)td_iq4_values), _mm_set1_epi8((char)0x80));
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), v);
+    }
     if (dt == TD_DTYPE_Q2_K || dt == TD_DTYPE_Q3_K) { /* 2 bits at 2g of byte l of 32-byte group h */
         int hh = j / 4, g = j % 4;
         size_t off = (dt == TD_DTYPE_Q2_K ? 16 : 32) + 32 * (size_t)hh;
@@ -242,6 +283,12 @@ KI void pair_step(int MR, int dt, int TWO, const char *b0, const char *ap, size_
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             const char *ai = ap + (size_t)i * lda;
+            if (dt == TD_DTYPE_IQ4_XS) { /* values to +-127 would saturate vpmaddubsw's pairs: exact quads,
+                                           then sc * quad in int32 */
+                __m512i R = _mm512_dpbusd_epi32(_mm512_loadu_si512(ai + 640 + 64 * j), u, _mm512_loadu_si512(ai + 64 * j));
+                P[i][j % NC] = _mm512_add_epi32(P[i][j % NC], _mm512_mullo_epi32(R, sc));
+                continue;
+            }
             __m512i p16 = _mm512_maddubs_epi16(u, _mm512_loadu_si512(ai + 64 * j));
             if (corr_of(dt)) p16 = _mm512_sub_epi16(p16, _mm512_loadu_si512(ai + 640 + 64 * j));
             P[i][j % NC] = _mm512_dpwssd_epi32(P[i][j % NC], p16, sc);
@@ -323,9 +370,10 @@ KT_SET(TD_DTYPE_Q5_K, k5)
 KT_SET(TD_DTYPE_Q6_K, k6)
 KT_SET(TD_DTYPE_Q3_K, k3)
 KT_SET(TD_DTYPE_Q2_K, k2)
+KT_SET(TD_DTYPE_IQ4_XS, x4)
 /* t[mr]: mr tokens x 1 row; t[0]: 1 token x 2 rows (decode) */
 #define KTS(S) {kt_1x2_##S, kt_1x1_##S, kt_2x1_##S, kt_3x1_##S, kt_4x1_##S, kt_5x1_##S, kt_6x1_##S, kt_7x1_##S, kt_8x1_##S}
-static const ktile_fn KTILES[5][KMR + 1] = {KTS(k4), KTS(k5), KTS(k6), KTS(k3), KTS(k2)};
+static const ktile_fn KTILES[6][KMR + 1] = {KTS(k4), KTS(k5), KTS(k6), KTS(k3), KTS(k2), KTS(x4)};
 
 static int cpu_ok(void) {
     static int ok = -1;
@@ -339,7 +387,7 @@ static int cpu_ok(void) {
 
 int td_kq512_ok(int dt) {
     return (dt == TD_DTYPE_Q4_K || dt == TD_DTYPE_Q5_K || dt == TD_DTYPE_Q6_K || dt == TD_DTYPE_Q3_K ||
-            dt == TD_DTYPE_Q2_K) && cpu_ok();
+            dt == TD_DTYPE_Q2_K || dt == TD_DTYPE_IQ4_XS) && cpu_ok();
 }
 
 #define KQB 64 /* activation rows packed per pass (they stay in cache while the weights stream) */
@@ -355,7 +403,8 @@ int td_kq512_matmul(float *y, int ldy, const float *x, int ldx, int M, const voi
                                 : dt == TD_DTYPE_Q5_K ? 1
                                 : dt == TD_DTYPE_Q6_K ? 2
                                 : dt == TD_DTYPE_Q3_K ? 3
-                                                      : 4];
+                                : dt == TD_DTYPE_Q2_K ? 4
+                                                      : 5];
     const char *wb = W, *wend = wb + (size_t)n1 * wrow;
     for (int m0 = 0; m0 < M; m0 += KQB) {
         int me = m0 + KQB < M ? m0 + KQB : M;

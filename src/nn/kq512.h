@@ -1,4 +1,4 @@
-/* kq512 — the k-quant products (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) on AVX-512 (BW + VNNI),
+/* kq512 — the k-quant products (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) on AVX-512 (BW + VNNI),
  * internal: td_quant_matmul (quant.c) dispatches to them on the AVX-512 path.
  *
  * Same bits as the portable and AVX2 products (the k-quant order of quant.h):
@@ -16,7 +16,7 @@
 #define TD_KQ512_H
 
 /* 1 when this build has the kernels, the CPU runs them and dt is one they take
- * (TD_DTYPE_Q2_K, Q3_K, Q4_K, Q5_K, Q6_K); else 0. */
+ * (TD_DTYPE_Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); else 0. */
 int td_kq512_ok(int dt);
 
 /* td_quant_matmul's contract for those dtypes (quant.h; K % 256 == 0, checked

@@ -103,9 +103,9 @@
  *   values 16i..16i+15: for Q4_K/Q5_K m_{2j} = m_{2j+1} = m_j, so this is m_j * S_j)
  *   s = D16 fold of acc, minus (Q4_K/Q5_K/Q2_K) the D8 fold of macc (s4[i] = v[i] + v[i+4],
  *   s2[i] = s4[i] + s4[i+2], s2[0] + s2[1]); y = s, or y + s when add.
- * Kernels: AVX-512 BW + VNNI for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K (kq512.c: two
- * super-blocks a register, tiles of up to 8 tokens), AVX2 (quant_avx2.c: IQ4_XS,
- * and every k-quant on AVX-512 CPUs without VNNI) and portable C. The
+ * Kernels: AVX-512 BW + VNNI for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (kq512.c:
+ * two super-blocks a register, tiles of up to 8 tokens), AVX2 (quant_avx2.c: every
+ * k-quant on AVX-512 CPUs without VNNI) and portable C. The
  * quantizers (td_quantize_row) are tandem's own, simpler than llama.cpp's
  * iterative ones (files differ in bytes, not in format): per sub-block the
  * range (Q4_K/Q5_K: min(0, min x) .. max x; Q6_K: the largest |x|) sets its
