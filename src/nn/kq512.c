@@ -134,23 +134,10 @@ KI __m512 two_d(const char *b0, const char *b1, size_t off) {
     return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(d));
 }
 
-/* IQ4_XS's 8 scales of the block at blk as int32: nibble j of scales_l | 2 bits
- * 2j of scales_h << 4, minus 32 (quant_avx2.c's khead_get) */
-KI __m256i xs_scales(const char *blk) {
-    uint16_t sh;
-    uint32_t sl;
-    memcpy(&sh, blk + 2, 2);
-    memcpy(&sl, blk + 4, 4);
-    __m128i a = _mm_cvtsi32_si128((int)sl), m4 = _mm_set1_epi8(15);
-    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(a, 4), m4));
-    __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                                  _mm256_set1_epi32(3));
-    return _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(32));
-}
-
 KI void head(int dt, const char *b0, const char *b1, khead *h) {
     if (dt == TD_DTYPE_IQ4_XS) { /* scales as 16 int32 lanes (2p's in 0-7) */
-        h->sc = _mm512_inserti64x4(_mm512_castsi256_si512(xs_scales(b0)), b1 ? xs_scales(b1) : _mm256_setzero_si256(), 1);
+        h->sc = _mm512_inserti64x4(_mm512_castsi256_si512(td_kq_iq4xs_scales(b0)),
+                                   b1 ? td_kq_iq4xs_scales(b1) : _mm256_setzero_si256(), 1);
         h->dw = two_d(b0, b1, 0);
         return;
     }

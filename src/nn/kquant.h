@@ -54,4 +54,22 @@ float td_fold8(const float *v);
 void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const char *W, int dt, int K, int n0,
                     int n1, int add);
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* IQ4_XS's 8 sub-block scales of the block at blk as int32 lanes (the AVX2 and
+ * AVX-512 kernels): nibble j of scales_l (the low and high nibbles interleaved)
+ * | bits 2j of scales_h << 4 (one variable shift per lane), minus 32 */
+static inline __m256i td_kq_iq4xs_scales(const char *blk) {
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, blk + 2, 2);
+    memcpy(&sl, blk + 4, 4);
+    __m128i a = _mm_cvtsi32_si128((int)sl), m4 = _mm_set1_epi8(15);
+    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(a, 4), m4));
+    __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                  _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(32));
+}
+#endif
+
 #endif

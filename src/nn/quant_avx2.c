@@ -288,24 +288,14 @@ AI void khead_get(int dt, const char *blk, khead *k) {
         k->m = _mm_setzero_si128();
         return;
     }
-    if (dt == TD_DTYPE_IQ4_XS) { /* ls = nibble j of scales_l | 2 bits j of scales_h << 4; sc = ls - 32 */
-        uint16_t dh, sh;
-        uint32_t sl;
+    if (dt == TD_DTYPE_IQ4_XS) { /* sc = ls - 32 (kquant.h; a scalar loop cost ~40 instructions
+                                      per super-block, a third of a decode step) */
+        uint16_t dh;
         memcpy(&dh, blk, 2);
-        memcpy(&sh, blk + 2, 2);
-        memcpy(&sl, blk + 4, 4);
-        /* nibble j of scales_l: bytes interleaved from the low and high nibbles; bits 2j of
-         * scales_h: one variable shift per 32-bit lane (a scalar loop cost ~40 instructions
-         * per super-block, a third of a decode step) */
-        __m128i a = _mm_cvtsi32_si128((int)sl), m4 = _mm_set1_epi8(15);
-        __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(a, 4), m4));
-        __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                                      _mm256_set1_epi32(3));
-        __m256i ls = _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4));
+        __m256i sc = td_kq_iq4xs_scales(blk);
         k->d = _cvtsh_ss(dh);
         k->dmin = 0.0f;
-        __m128i s16 = _mm_sub_epi16(_mm_packs_epi32(_mm256_castsi256_si128(ls), _mm256_extracti128_si256(ls, 1)),
-                                    _mm_set1_epi16(32));
+        __m128i s16 = _mm_packs_epi32(_mm256_castsi256_si128(sc), _mm256_extracti128_si256(sc, 1));
         k->lo = k->hi = _mm256_broadcastsi128_si256(s16);
         k->m = _mm_setzero_si128();
         return;
