@@ -48,8 +48,9 @@ static int corr_of(int dt) { return dt == TD_DTYPE_Q6_K ? 32 : dt == TD_DTYPE_Q3
 static size_t pair_bytes(int dt) { return corr_of(dt) || dt == TD_DTYPE_IQ4_XS ? 640 + 512 : 640; }
 /* a super-block's bytes */
 #define KBS(dt)                                                                                              \
-    ((dt) == TD_DTYPE_Q4_K ? 144 : (dt) == TD_DTYPE_Q5_K ? 176 : (dt) == TD_DTYPE_Q6_K ? 210                  \
-     : (dt) == TD_DTYPE_Q3_K ? 110 : (dt) == TD_DTYPE_IQ4_XS ? 136 : 84)
+    ((dt) == TD_DTYPE_Q4_K ? sizeof(td_block_q4_k) : (dt) == TD_DTYPE_Q5_K ? sizeof(td_block_q5_k)            \
+     : (dt) == TD_DTYPE_Q6_K ? sizeof(td_block_q6_k) : (dt) == TD_DTYPE_IQ4_XS ? sizeof(td_block_iq4_xs)      \
+     : (dt) == TD_DTYPE_Q3_K ? sizeof(td_block_q3_k) : sizeof(td_block_q2_k))
 
 /* One activation row (K values) into the pair layout at r (quantized in the
  * scratch tmp: K + K/256*4 + K/32*4 + K/16*2 < 3K/2 bytes). */
@@ -114,17 +115,6 @@ typedef struct { __m512i sc, m; __m512 dw, dm; } khead;
 /* 16 bytes at p, or zeros */
 KI __m128i ld16(const char *p) { return p ? _mm_loadu_si128((const __m128i *)p) : _mm_setzero_si128(); }
 
-/* Q3_K's 16 scales (6 bits, minus 32) of the block at blk, as bytes (kquant.h's td_kq_q3_scales) */
-KI __m128i q3_scales(const char *blk) {
-    uint32_t w[3];
-    memcpy(w, blk + 96, 12);
-    const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    __m128i s8 = _mm_setr_epi32((int)((w[0] & k4) | (w[2] & k2) << 4), (int)((w[1] & k4) | ((w[2] >> 2) & k2) << 4),
-                                (int)(((w[0] >> 4) & k4) | ((w[2] >> 4) & k2) << 4),
-                                (int)(((w[1] >> 4) & k4) | ((w[2] >> 6) & k2) << 4));
-    return _mm_sub_epi8(s8, _mm_set1_epi8(32));
-}
-
 /* f16 at b0 + off and b1 + off (or 0) as 16 f32 lanes, b0's in 0-7 */
 KI __m512 two_d(const char *b0, const char *b1, size_t off) {
     uint16_t d0, d1 = 0;
@@ -142,7 +132,7 @@ KI void head(int dt, const char *b0, const char *b1, khead *h) {
         return;
     }
     if (dt == TD_DTYPE_Q3_K) {
-        h->sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(b1 ? q3_scales(b1) : _mm_setzero_si128(), q3_scales(b0)));
+        h->sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(b1 ? td_kq_q3_scales_v(b1) : _mm_setzero_si128(), td_kq_q3_scales_v(b0)));
         h->dw = two_d(b0, b1, 108);
         return;
     }

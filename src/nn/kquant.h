@@ -56,6 +56,17 @@ void td_kq_matmul_p(float *y, int ldy, const char *a, size_t lda, int M, const c
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+/* Q3_K's 16 scales (6 bits, minus 32) of the block at blk as int8 lanes, in
+ * registers (the AVX2 and AVX-512 kernels; td_kq_q3_scales' rule) */
+static inline __m128i td_kq_q3_scales_v(const char *blk) {
+    uint32_t w[3];
+    memcpy(w, blk + 96, 12);
+    const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    __m128i s8 = _mm_setr_epi32((int)((w[0] & k4) | (w[2] & k2) << 4), (int)((w[1] & k4) | ((w[2] >> 2) & k2) << 4),
+                                (int)(((w[0] >> 4) & k4) | ((w[2] >> 4) & k2) << 4),
+                                (int)(((w[1] >> 4) & k4) | ((w[2] >> 6) & k2) << 4));
+    return _mm_sub_epi8(s8, _mm_set1_epi8(32));
+}
 /* IQ4_XS's 8 sub-block scales of the block at blk as int32 lanes (the AVX2 and
  * AVX-512 kernels): nibble j of scales_l (the low and high nibbles interleaved)
  * | bits 2j of scales_h << 4 (one variable shift per lane), minus 32 */

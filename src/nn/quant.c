@@ -527,7 +527,9 @@ static void pack_v(char *a, size_t lda, const float *x, int ldx, int M, int K, i
 }
 
 /* the formats of these kernels: Q8_0, Q4_0, Q5_0, IQ4_NL (signed values, no minimum) */
-#define VBS(dt) ((dt) == TD_DTYPE_Q8_0 ? 34 : (dt) == TD_DTYPE_Q5_0 ? 22 : 18) /* block bytes */
+#define VBS(dt) /* block bytes */ \
+    ((dt) == TD_DTYPE_Q8_0 ? sizeof(td_block_q8_0) : (dt) == TD_DTYPE_Q5_0 ? sizeof(td_block_q5_0)   \
+     : (dt) == TD_DTYPE_IQ4_NL ? sizeof(td_block_iq4_nl) : sizeof(td_block_q4_0))
 static int vnni_dtype(int dt) {
     return dt == TD_DTYPE_Q8_0 || dt == TD_DTYPE_Q4_0 || dt == TD_DTYPE_Q5_0 || dt == TD_DTYPE_IQ4_NL;
 }

@@ -273,14 +273,8 @@ AI void khead_get(int dt, const char *blk, khead *k) {
     }
     if (dt == TD_DTYPE_Q3_K) { /* kquant.h's td_kq_q3_scales, in registers */
         uint16_t dh;
-        uint32_t w[3];
         memcpy(&dh, blk + 108, 2);
-        memcpy(w, blk + 96, 12);
-        const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
-        __m128i s8 = _mm_setr_epi32((int)((w[0] & k4) | (w[2] & k2) << 4), (int)((w[1] & k4) | ((w[2] >> 2) & k2) << 4),
-                                    (int)(((w[0] >> 4) & k4) | ((w[2] >> 4) & k2) << 4),
-                                    (int)(((w[1] >> 4) & k4) | ((w[2] >> 6) & k2) << 4));
-        __m256i s16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(s8, _mm_set1_epi8(32)));
+        __m256i s16 = _mm256_cvtepi8_epi16(td_kq_q3_scales_v(blk));
         k->d = _cvtsh_ss(dh);
         k->dmin = 0.0f;
         k->lo = _mm256_permute2x128_si256(s16, s16, 0x00);
