@@ -547,6 +547,15 @@ static void test_depth_plan(void) {
     T_CHECK(low < 0.05 && stale.a[2] > 0.9 && stale.a[0] > 0.99, "a stale position drifts up (%.2f -> %.2f)", low, stale.a[2]);
     for (int r = 0; r < 60; r++) td_depth_update(&stale, 2, 0);
     T_CHECK(stale.a[2] > 0.9, "and never down on drafted positions' rejections (%.2f)", stale.a[2]);
+    /* ... towards the drafted positions' highest estimate, not their mean: a
+     * first position accepted half the time and a second always (given the
+     * first) leave the third near the second's, not near their mean 0.75 */
+    td_depth_ctl rise;
+    td_depth_init(&rise, 0.9);
+    for (int r = 0; r < 40; r++) td_depth_update(&rise, 4, 2);
+    for (int r = 0; r < 120; r++) td_depth_update(&rise, 2, (r & 1) ? 2 : 0);
+    T_CHECK(rise.a[0] < 0.7 && rise.a[1] > 0.9 && rise.a[2] > 0.88,
+            "a stale position drifts towards the highest drafted estimate (a %.2f %.2f %.2f)", rise.a[0], rise.a[1], rise.a[2]);
     /* the verify curve: the measurements made nondecreasing, steps kept */
     td_cost_curve cv;
     int cT[6] = {1, 2, 3, 8, 9, 16};
@@ -558,6 +567,24 @@ static void test_depth_plan(void) {
             "the step at T = 9 is kept: c(8) %.3f c(9) %.3f c(10) %.3f", td_cost_at(&cv, 8), td_cost_at(&cv, 9), td_cost_at(&cv, 10));
     for (int T = 2; T < 20; T++)
         T_CHECK(td_cost_at(&cv, T) >= td_cost_at(&cv, T - 1), "cost curve nondecreasing at T = %d", T);
+    /* kept current by differences: a forward dearer than the curve says moves
+     * every point up by a tenth of the gap, a token's price stays, and the first
+     * point neither falls below the floor nor more than doubles at once */
+    {
+        int sT[3] = {1, 8, 16};
+        double ss[3] = {1.0, 1.6, 3.0};
+        td_cost_curve sh;
+        td_cost_curve_fit(&sh, sT, ss, 3);
+        td_cost_curve_shift(&sh, 8, 2.6, 0.25);
+        T_CHECK(fabs(td_cost_at(&sh, 8) - 1.7) < 1e-12 && fabs(td_cost_at(&sh, 16) - td_cost_at(&sh, 8) - 1.4) < 1e-12 &&
+                    fabs(td_cost_at(&sh, 1) - 1.1) < 1e-12,
+                "shift: c(1) %.3f c(8) %.3f c(16) %.3f", td_cost_at(&sh, 1), td_cost_at(&sh, 8), td_cost_at(&sh, 16));
+        for (int r = 0; r < 200; r++) td_cost_curve_shift(&sh, 1, 0.0, 0.25);
+        T_CHECK(fabs(td_cost_at(&sh, 1) - 0.25) < 1e-12 && fabs(td_cost_at(&sh, 16) - td_cost_at(&sh, 1) - 2.0) < 1e-9,
+                "shift: floored at 0.25 (c(1) %.3f, c(16) %.3f)", td_cost_at(&sh, 1), td_cost_at(&sh, 16));
+        td_cost_curve_shift(&sh, 1, 1000.0, 0.25);
+        T_CHECK(fabs(td_cost_at(&sh, 1) - 0.5) < 1e-12, "shift: at most doubles (c(1) %.3f)", td_cost_at(&sh, 1));
+    }
     /* a burst of load during the measurement (figures from a run on the Zen 5 VM, ms): T = 2, 3 and 5
      * measured at 4-5x T = 1, T = 4 and 6 as usual. The curve takes the later, lower figures, and a
      * drafter accepted 90% of the time drafts (raised to T = 2's 6.9 ms, it never would, nor probe) */

@@ -2,7 +2,7 @@
 #include "spec/depth.h"
 
 #define EMA 0.15
-#define DRIFT 0.05 /* per round, of an undrafted position towards the drafted ones' mean */
+#define DRIFT 0.05 /* per round, of an undrafted position towards the drafted ones' highest */
 
 void td_depth_init(td_depth_ctl *c, double prior) {
     for (int j = 0; j < TD_SPEC_MAX_DEPTH; j++) c->a[j] = prior;
@@ -39,6 +39,14 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
         c->T[p] = T[p];
         c->s[p] = v;
     }
+}
+
+void td_cost_curve_shift(td_cost_curve *c, int T, double seen, double floor_s) {
+    if (c->n == 0) return;
+    double d = 0.1 * (seen - td_cost_at(c, T));
+    if (d > c->s[0]) d = c->s[0];
+    if (c->s[0] + d < floor_s) d = floor_s - c->s[0];
+    for (int i = 0; i < c->n; i++) c->s[i] += d;
 }
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
@@ -203,8 +211,8 @@ void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {
      * deep position that looks too good gets drafted and corrected). */
     if (n_drafted > 0 && n_drafted < TD_SPEC_MAX_DEPTH) {
         double ref = 0;
-        for (int j = 0; j < n_drafted; j++) ref += c->a[j];
-        ref /= n_drafted;
+        for (int j = 0; j < n_drafted; j++)
+            if (c->a[j] > ref) ref = c->a[j];
         for (int j = n_drafted; j < TD_SPEC_MAX_DEPTH; j++)
             if (c->a[j] < ref) c->a[j] += DRIFT * (ref - c->a[j]);
     }

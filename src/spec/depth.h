@@ -3,9 +3,12 @@
  *
  * Model: a row keeps a running estimate a_j of P(draft j accepted | drafts
  * 1..j-1 accepted) (exponential moving average over rounds that reached j).
- * Positions deeper than a round drafted drift up (5% a round) towards the mean
- * estimate of the drafted ones, so that a low estimate left from long ago does
- * not keep the plan from ever drafting there again.
+ * Positions deeper than a round drafted drift up (5% a round) towards the
+ * highest estimate of the drafted ones, so that a low estimate left from long
+ * ago does not keep the plan from ever drafting there again (the highest, not
+ * the mean: a drafter's a_j tend to rise with j — MTP at fixed depth 7: 0.81,
+ * 0.85, 0.89, 0.94 ... — so the mean held a shallow plan's deeper positions
+ * below what they turn out to be).
  * At depth k a row emits E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens per
  * round. A round verifies T = sum over live rows of (1 + k_r) tokens in one
  * target forward, costing verify(T) from a curve measured when the group
@@ -91,6 +94,11 @@ double td_cost_at(const td_cost_curve *c, int T);
  * tile (T = 9 after 8 costs more than T = 10 after 9), and a plan that
  * smoothed them away would take the first token past a step for cheap. */
 void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n);
+/* Keep c current after a forward of T tokens that took `seen` seconds: every
+ * point moves by a tenth of (seen - predicted), an addition, so the steps and
+ * the order stay and a token's price (the differences) does not change; the
+ * first point never falls below floor_s nor more than doubles in one move. */
+void td_cost_curve_shift(td_cost_curve *c, int T, double seen, double floor_s);
 
 void td_depth_init(td_depth_ctl *c, double prior);
 /* A row joining a group starts from the group's pooled estimates (`from`,

@@ -87,6 +87,7 @@ struct td_spec {
     int have_q;                /* the drafter returned q this round */
     int32_t *emitted;          /* [max_depth+1] */
     td_cost_curve cv;          /* verify forward seconds by tokens */
+    double cv_t1;              /* seconds: cv's first point as measured */
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
     td_depth_ctl pool_depth;   /* every row's rounds pooled: where a joining row starts */
     td_depth_ctl pool_lk[2];   /* the same for proposals taken from offers, by strength */
@@ -169,7 +170,9 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
                                                                   second of two in a row: caches as in decoding */
                 int T = pts[p];
                 td_ctx_row_trim(g->ctx, row, ctx_n);
-                td_batch bt = {.n_rows = 1, .rows = &row, .n_tokens = &T, .tokens = toks + ctx_n};
+                /* every position's logits, as a verify computes them (the LM head is
+                 * a large part of a token's cost: 26% of the 0.6B shape's products) */
+                td_batch bt = {.n_rows = 1, .rows = &row, .n_tokens = &T, .tokens = toks + ctx_n, .want = g->want};
                 double t0 = td_now();
                 if ((rc = td_ctx_forward(g->ctx, &bt, g->logits, NULL, err)) != 0) goto out;
                 double dt = td_now() - t0;
@@ -183,6 +186,7 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
         fprintf(stderr, "\n");
     }
     td_cost_curve_fit(&g->cv, T, best, np);
+    g->cv_t1 = g->cv.s[0];
 out:
     free(toks);
     td_ctx_row_remove(g->ctx, row);
@@ -643,19 +647,18 @@ int td_spec_step(td_spec *g, td_err *err) {
     if (probe_round && g->cv.n > 0 && vdt > td_cost_at(&g->cv, nb)) g->probe_spent += vdt - td_cost_at(&g->cv, nb);
     g->probe_spent *= 0.995;
     /* keep the cost curve current: the startup measurement may have been taken
-     * on a busier (or quieter) machine, and at a shorter context, than the one
-     * running now. The whole curve moves by the observed/predicted ratio: moving
-     * only the point visited (plain rounds visit one size over and over) would
-     * bend the curve until a bigger forward looked cheaper than a smaller one. */
-    if (g->cv.n > 0) {
-        double pred = td_cost_at(&g->cv, nt);
-        if (pred > 0) {
-            double f = 1.0 + 0.1 * (vdt / pred - 1.0);
-            if (f < 0.5) f = 0.5;
-            if (f > 2.0) f = 2.0;
-            for (int i = 0; i < g->cv.n; i++) g->cv.s[i] *= f;
-        }
-    }
+     * on a busier (or quieter) machine, at a shorter context and on one row,
+     * unlike the forwards running now. The whole curve moves by a tenth of the
+     * observed - predicted difference: moving only the point visited (plain
+     * rounds visit one size over and over) would bend the curve until a bigger
+     * forward looked cheaper than a smaller one. It moves by a difference, not
+     * a ratio, because what the measurement misses is mostly a cost per forward
+     * (rows' own contexts: on the tiny-code target 8 rows x 1 token cost 0.6 ms
+     * more than 1 row x 8 tokens at context 250, 2.5 against 1.8 ms) that adds
+     * nothing to a verify token's price; a ratio scaled that price up by as
+     * much (1.35x there), and at batch 1 the rescaled curve priced T = 4 -> 8
+     * at 0.75 ms where the rounds took 0.54 (bench/forward-notes.md, "Stop 40"). */
+    td_cost_curve_shift(&g->cv, nt, vdt, 0.25 * g->cv_t1);
     /* 3. accept, emit, commit */
     t0 = td_now();
     size_t V_embd = (size_t)g->m->cfg.n_embd;
