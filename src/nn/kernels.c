@@ -393,6 +393,19 @@ AI float dot_v(const float *a, const char *w, int dt, int n) {
 #ifndef PF_PANELS
 #define PF_PANELS 2
 #endif
+#ifndef PF_MIN_BYTES
+#define PF_MIN_BYTES 9216
+#endif
+/* Where a tile of NR weight rows (wrow bytes each) prefetches: the rows of the
+ * tile PF_PANELS ahead, or further where that is under PF_MIN_BYTES ahead —
+ * the 8-token tiles' 3 rows of K = 384 bf16 (the tiny-code target's and the
+ * drafters' width) were 4.6 KB ahead, too close to hide DRAM's latency: tiles
+ * 4 ahead (9.2 KB) made a T = 8 forward of that target 3-4% faster and 8 rows
+ * x 1 token 7% (bench/forward-notes.md, "Stop 40"); wider rows keep 2. */
+AI const char *pf_ahead(const char *w, int NR, size_t wrow) {
+    size_t tb = (size_t)NR * wrow, n = (PF_MIN_BYTES + tb - 1) / tb;
+    return w + tb * (n > PF_PANELS ? n : PF_PANELS);
+}
 /* A tile's accumulators: started from accs when k0 > 0 (else zero), saved to
  * accs between K blocks, folded into y at the end (tile, tileb). */
 AI void acc_load(int MR, int NR, __m512 acc[8][8], int k0, const float *accs) {
@@ -447,7 +460,7 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
     acc_load(MR, NR, acc, k0, accs);
     int k = k0;
     const size_t esz = dt == TD_DTYPE_F32 ? 4 : 2;
-    const char *pf = w + (size_t)NR * wrow * PF_PANELS; /* the panel PF_PANELS ahead */
+    const char *pf = pf_ahead(w, NR, wrow);
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[8];
 #pragma GCC unroll 8
@@ -497,7 +510,7 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
     __m512 acc[8][8];
     acc_load(MR, NR, acc, k0, accs);
     int k = k0;
-    const char *pf = w + (size_t)NR * wrow * PF_PANELS;
+    const char *pf = pf_ahead(w, NR, wrow);
     for (; k + 32 <= k1; k += 32) {
         __m512i wv[8];
 #pragma GCC unroll 8
