@@ -567,6 +567,24 @@ static void test_depth_plan(void) {
             "the step at T = 9 is kept: c(8) %.3f c(9) %.3f c(10) %.3f", td_cost_at(&cv, 8), td_cost_at(&cv, 9), td_cost_at(&cv, 10));
     for (int T = 2; T < 20; T++)
         T_CHECK(td_cost_at(&cv, T) >= td_cost_at(&cv, T - 1), "cost curve nondecreasing at T = %d", T);
+    /* a plan that only breaks even is not taken: drafting at 98% acceptance
+     * where each verify token costs 0.95 of a plain round promises ~1.5%, under
+     * TD_DEPTH_MIN_GAIN, so the round stays plain; at 0.5 a token it drafts */
+    {
+        int eT[5] = {1, 2, 3, 4, 8};
+        double even[5] = {1.0, 1.95, 2.9, 3.85, 7.65}, cheap[5] = {1.0, 1.5, 2.0, 2.5, 4.5};
+        td_cost_curve ce;
+        td_depth_ctl g98;
+        td_depth_init(&g98, 0.98);
+        td_depth_ctl *c98[1] = {&g98};
+        int m4[1] = {4};
+        td_cost_curve_fit(&ce, eT, even, 5);
+        td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, k);
+        T_CHECK(k[0] == 0, "a break-even plan stays plain (depth %d)", k[0]);
+        td_cost_curve_fit(&ce, eT, cheap, 5);
+        td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, k);
+        T_CHECK(k[0] >= 3, "a paying plan drafts (depth %d)", k[0]);
+    }
     /* kept current by differences: a forward dearer than the curve says moves
      * every point up by a tenth of the gap, a token's price stays, and the first
      * point neither falls below the floor nor more than doubles at once */

@@ -56,6 +56,8 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     int T = n + n_other, kmax = 0; /* verified tokens; draft steps of the rows the drafter runs for */
     for (int i = 0; i < n; i++) k[i] = 0;
     double rate = E / td_cost_at(cv, T);
+    const double E0 = E, rate0 = rate;
+    const int T0 = T;
     double bgain[TD_DEPTH_BROAD_MAX]; /* broad moves: candidate rows' gains, best first */
     int bord[TD_DEPTH_BROAD_MAX], bsel[TD_DEPTH_BROAD_MAX];
     /* Each pass deepens one row by the number of positions d that raises the
@@ -130,6 +132,18 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         E += best_gain;
         T += best_d;
         rate = best_rate;
+    }
+    /* a plan must beat plain decoding by TD_DEPTH_MIN_GAIN, or the round is
+     * plain: a drafting round has costs the prices leave out (accepting and
+     * committing more tokens, a drafter's bookkeeping), and where drafting
+     * breaks even on paper it lost in practice (bench/forward-notes.md,
+     * "Stop 40": MTP at batch 8, paired 0.91-0.93 when it drafted) */
+    if (rate < rate0 * (1.0 + TD_DEPTH_MIN_GAIN)) {
+        for (int i = 0; i < n; i++) k[i] = 0;
+        E = E0;
+        T = T0;
+        kmax = 0;
+        rate = rate0;
     }
     /* probing is worth its catch-up only if a perfect draft could pay: one
      * token; where a round has a fixed part (step_extra), the depth at which

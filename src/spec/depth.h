@@ -22,7 +22,9 @@
  * rows that gain most deepened together by d <= 1 + step_extra (a draft step
  * serves every row at once, so a step, or a verify tile, that no one row
  * repays may pay for several); it stops when no move helps: k = 0 everywhere
- * is plain decoding, so speculation that does not pay turns itself down.
+ * is plain decoding, so speculation that does not pay turns itself down. A
+ * plan that promises less than TD_DEPTH_MIN_GAIN over plain decoding is not
+ * taken either (a drafting round's bookkeeping is not priced).
  * A row held at depth 0 probes depth 1 (with a fixed part: the depth a
  * perfect draft would pay best at) after TD_DEPTH_PROBE rounds so that a
  * drafter that starts paying is noticed; each probe that does not bring
@@ -43,6 +45,7 @@
 
 #include "tandem.h"
 
+#define TD_DEPTH_MIN_GAIN 0.04 /* the least gain over plain decoding a plan must promise */
 #define TD_DEPTH_PROBE 16
 #define TD_DEPTH_PROBE_MAX 512
 #define TD_DEPTH_BROAD_MAX 256 /* rows a broad move considers (the first ones of larger groups) */
