@@ -296,6 +296,14 @@ TA void td_amx_kv_put(uint16_t *kp, uint16_t *vp, int pos, const float *k, const
     }
 }
 
+#define ATT_PF_BLOCKS 8 /* key blocks (16 keys) the scores prefetch ahead */
+/* _mm_prefetch of every line of [p, p + n) (the hint a constant) */
+#define prefetch_bytes(p, n, hint)                                                  \
+    do {                                                                             \
+        const char *pb_ = (const char *)(p);                                         \
+        for (size_t l_ = 0; l_ < (n); l_ += 64) _mm_prefetch(pb_ + l_, hint);         \
+    } while (0)
+
 /* td_amx_attend and td_amx_attend_rows: query i attends to keys [0, nkq[i])
  * (nkq NULL: all to [0, nk)), nk the largest. A query's probabilities are
  * zero from its own nk on, so the chunks past its own (which the others
@@ -306,9 +314,17 @@ TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const u
                            uint16_t *p) {
     int np = (nk + 31) / 32 * 32, nb = (nk + 15) / 16;
     configure_att(nq);
-    /* scores: 16 keys a tile, hd/32 steps */
+    /* scores: 16 keys a tile, hd/32 steps. The tile loads stall on misses, so
+     * the committed keys ATT_PF_BLOCKS blocks ahead, and each block's values
+     * (for the output pass), are prefetched toward L2 (0.6B shape, Q8_0, a
+     * one-token forward, alternated in one process: 2-4% faster at context
+     * 512, 4% at 2048; toward L1 4 blocks ahead gained less: bench/forward-notes.md,
+     * "Stop 41") */
     for (int b = 0; b < nb; b++) {
         const uint16_t *kb = b * 16 < c0 ? kp + (size_t)b * hd * 16 : kt + (size_t)(b * 16 - c0) * hd;
+        if ((b + ATT_PF_BLOCKS) * 16 < c0 && b + ATT_PF_BLOCKS < nb)
+            prefetch_bytes(kp + (size_t)(b + ATT_PF_BLOCKS) * hd * 16, (size_t)hd * 32, _MM_HINT_T1);
+        if (b * 16 < c0) prefetch_bytes(vp + (size_t)b * hd * 16, (size_t)hd * 32, _MM_HINT_T1);
         _tile_zero(0);
         for (int k = 0; k < hd; k += 32) {
             _tile_loadd(4, q + k, (size_t)hd * 2);
