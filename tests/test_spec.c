@@ -585,23 +585,39 @@ static void test_depth_plan(void) {
         td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, k);
         T_CHECK(k[0] >= 3, "a paying plan drafts (depth %d)", k[0]);
     }
-    /* kept current by differences: a forward dearer than the curve says moves
-     * every point up by a tenth of the gap, a token's price stays, and the first
-     * point neither falls below the floor nor more than doubles at once */
+    /* kept current by an affine map of the measured curve, fitted to the rounds:
+     * rounds of one size move the level alone (a token's price stays); rounds
+     * of two sizes teach a token's price; a burst moves it a bounded step; the
+     * first point never falls below the floor */
     {
         int sT[3] = {1, 8, 16};
         double ss[3] = {1.0, 1.6, 3.0};
-        td_cost_curve sh;
-        td_cost_curve_fit(&sh, sT, ss, 3);
-        td_cost_curve_shift(&sh, 8, 2.6, 0.25);
-        T_CHECK(fabs(td_cost_at(&sh, 8) - 1.7) < 1e-12 && fabs(td_cost_at(&sh, 16) - td_cost_at(&sh, 8) - 1.4) < 1e-12 &&
-                    fabs(td_cost_at(&sh, 1) - 1.1) < 1e-12,
-                "shift: c(1) %.3f c(8) %.3f c(16) %.3f", td_cost_at(&sh, 1), td_cost_at(&sh, 8), td_cost_at(&sh, 16));
-        for (int r = 0; r < 200; r++) td_cost_curve_shift(&sh, 1, 0.0, 0.25);
-        T_CHECK(fabs(td_cost_at(&sh, 1) - 0.25) < 1e-12 && fabs(td_cost_at(&sh, 16) - td_cost_at(&sh, 1) - 2.0) < 1e-9,
-                "shift: floored at 0.25 (c(1) %.3f, c(16) %.3f)", td_cost_at(&sh, 1), td_cost_at(&sh, 16));
-        td_cost_curve_shift(&sh, 1, 1000.0, 0.25);
-        T_CHECK(fabs(td_cost_at(&sh, 1) - 0.5) < 1e-12, "shift: at most doubles (c(1) %.3f)", td_cost_at(&sh, 1));
+        td_cost_curve base, sh;
+        td_cost_model cm;
+        td_cost_curve_fit(&base, sT, ss, 3);
+        sh = base;
+        td_cost_model_init(&cm);
+        td_cost_model_update(&cm, &sh, &base, 8, 2.6, 0.25);
+        T_CHECK(td_cost_at(&sh, 8) > 1.6 + 0.2 && td_cost_at(&sh, 8) < 2.6 - 0.2,
+                "model: the first round moves part of the way (c(8) %.3f)", td_cost_at(&sh, 8));
+        for (int r = 0; r < 300; r++) td_cost_model_update(&cm, &sh, &base, 8, 2.6, 0.25);
+        T_CHECK(fabs(cm.b - 1.0) < 1e-9 && fabs(td_cost_at(&sh, 8) - 2.6) < 1e-3 &&
+                    fabs(td_cost_at(&sh, 16) - td_cost_at(&sh, 8) - 1.4) < 1e-9,
+                "model: one size shifts (b %.4f c(8) %.4f c(16) %.4f)", cm.b, td_cost_at(&sh, 8), td_cost_at(&sh, 16));
+        double c8 = td_cost_at(&sh, 8);
+        td_cost_model_update(&cm, &sh, &base, 8, 1000.0, 0.25);
+        T_CHECK(td_cost_at(&sh, 8) > c8 && td_cost_at(&sh, 8) < 1.1 * c8, "model: a burst moves a bounded step (c(8) %.3f)",
+                td_cost_at(&sh, 8));
+        td_cost_model_init(&cm);
+        sh = base;
+        for (int r = 0; r < 300; r++) {
+            int T = r % 2 ? 16 : 1;
+            td_cost_model_update(&cm, &sh, &base, T, 0.5 + 2.0 * td_cost_at(&base, T), 0.25);
+        }
+        T_CHECK(cm.b > 1.85 && cm.b <= 2.0 && td_cost_at(&sh, 16) - td_cost_at(&sh, 1) > 1.85 * 2.0,
+                "model: two sizes teach the slope (a %.3f b %.3f)", cm.a, cm.b);
+        for (int r = 0; r < 300; r++) td_cost_model_update(&cm, &sh, &base, 1, 0.0, 0.25);
+        T_CHECK(fabs(td_cost_at(&sh, 1) - 0.25) < 1e-9, "model: floored at 0.25 (c(1) %.3f)", td_cost_at(&sh, 1));
     }
     /* a burst of load during the measurement (figures from a run on the Zen 5 VM, ms): T = 2, 3 and 5
      * measured at 4-5x T = 1, T = 4 and 6 as usual. The curve takes the later, lower figures, and a

@@ -41,12 +41,39 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
     }
 }
 
-void td_cost_curve_shift(td_cost_curve *c, int T, double seen, double floor_s) {
-    if (c->n == 0) return;
-    double d = 0.1 * (seen - td_cost_at(c, T));
-    if (d > c->s[0]) d = c->s[0];
-    if (c->s[0] + d < floor_s) d = floor_s - c->s[0];
-    for (int i = 0; i < c->n; i++) c->s[i] += d;
+void td_cost_model_init(td_cost_model *m) {
+    m->w = m->sx = m->sy = m->sxx = m->sxy = 0;
+    m->pw = TD_COST_PRIOR;
+    m->a = 0;
+    m->b = 1;
+}
+
+void td_cost_model_update(td_cost_model *m, td_cost_curve *cv, const td_cost_curve *base, int T, double seen,
+                          double floor_s) {
+    if (base->n == 0) return;
+    double pred = td_cost_at(cv, T), x = td_cost_at(base, T);
+    if (seen > 2 * pred) seen = 2 * pred;
+    if (seen < 0.5 * pred) seen = 0.5 * pred;
+    m->w = TD_COST_DECAY * m->w + 1;
+    m->sx = TD_COST_DECAY * m->sx + x;
+    m->sy = TD_COST_DECAY * m->sy + seen;
+    m->sxx = TD_COST_DECAY * m->sxx + x * x;
+    m->sxy = TD_COST_DECAY * m->sxy + x * seen;
+    m->pw *= TD_COST_DECAY;
+    double half = 0.5 * base->s[0], lam = TD_COST_PRIOR * half * half;
+    double vxx = m->sxx - m->sx * m->sx / m->w, cxy = m->sxy - m->sx * m->sy / m->w;
+    double b = vxx + lam > 0 ? (cxy + lam) / (vxx + lam) : 1.0;
+    if (!(b >= 0.5)) b = 0.5; /* also a NaN */
+    if (b > 4) b = 4;
+    double a = (m->sy - b * m->sx) / (m->w + m->pw);
+    if (a + b * base->s[0] < floor_s) a = floor_s - b * base->s[0];
+    m->a = a;
+    m->b = b;
+    cv->n = base->n;
+    for (int i = 0; i < base->n; i++) {
+        cv->T[i] = base->T[i];
+        cv->s[i] = a + b * base->s[i];
+    }
 }
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,

@@ -97,11 +97,41 @@ double td_cost_at(const td_cost_curve *c, int T);
  * tile (T = 9 after 8 costs more than T = 10 after 9), and a plan that
  * smoothed them away would take the first token past a step for cheap. */
 void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n);
-/* Keep c current after a forward of T tokens that took `seen` seconds: every
- * point moves by a tenth of (seen - predicted), an addition, so the steps and
- * the order stay and a token's price (the differences) does not change; the
- * first point never falls below floor_s nor more than doubles in one move. */
-void td_cost_curve_shift(td_cost_curve *c, int T, double seen, double floor_s);
+/* What verify forwards cost now, as an affine map of the startup curve:
+ * seen = a + b * base(T), fitted by least squares over the recent rounds.
+ * The startup measurement runs one row, at a short context, on a machine
+ * whose speed drifts; what it misses is partly a cost per forward (rows' own
+ * contexts and bookkeeping: the offset a) and partly a cost per token (b: at
+ * batch 8 under amx on a Xeon, 8 rows x 8 tokens took 13.5 ms where the
+ * curve said 7.3, and 8 x 1 took 2.8 against 1.9). A shift alone (b = 1)
+ * priced the deep rounds' tokens at half their cost there, and the planner
+ * drafted 5 a row at 0.80-0.93x plain; a ratio alone (a = 0) priced a
+ * verify token 1.35x dear at batch 1 on the Zen 5 VM (bench/forward-notes.md,
+ * "Stop 40", "Stop 41"). */
+typedef struct td_cost_model {
+    double w, sx, sy, sxx, sxy; /* the rounds' (x = base(T), y = seen) sums, seconds, decayed */
+    double pw;                  /* the weight of the prior a = 0 (TD_COST_PRIOR, decayed) */
+    double a, b;                /* the fit: a seconds, b a factor */
+} td_cost_model;
+/* a = 0, b = 1, no rounds yet. */
+void td_cost_model_init(td_cost_model *m);
+/* Enter a forward of T tokens that took `seen` seconds (clipped to between
+ * half and twice what cv predicted, so one burst of load moves the fit by a
+ * bounded step), after decaying the earlier rounds' weight by TD_COST_DECAY;
+ * refit, and rewrite cv as a + b * base. b: the rounds' least-squares slope
+ * of seen on x, with a ridge towards 1 worth TD_COST_PRIOR rounds half a
+ * one-token forward (base's first point) either side of their mean, so
+ * rounds of one size leave b at 1 and move a alone (a shift), while rounds of
+ * several sizes teach the price of a token (plain rounds of 8 rows and
+ * rounds drafting one token a row, 0.5 ms apart on the curve, do);
+ * clamped to [0.5, 4]. a: through the rounds' weighted means, with a prior
+ * a = 0 of TD_COST_PRIOR rounds that decays like a round (the first rounds
+ * move it part of the way). cv's first point never below floor_s. base and
+ * cv have the same points; cv is only written. */
+#define TD_COST_DECAY 0.97
+#define TD_COST_PRIOR 2.0
+void td_cost_model_update(td_cost_model *m, td_cost_curve *cv, const td_cost_curve *base, int T, double seen,
+                          double floor_s);
 
 void td_depth_init(td_depth_ctl *c, double prior);
 /* A row joining a group starts from the group's pooled estimates (`from`,

@@ -86,7 +86,9 @@ struct td_spec {
     float *ptaps;              /* [max_ctx][n_taps][n_embd] prefill taps of one row */
     int have_q;                /* the drafter returned q this round */
     int32_t *emitted;          /* [max_depth+1] */
-    td_cost_curve cv;          /* verify forward seconds by tokens */
+    td_cost_curve cv;          /* verify forward seconds by tokens, now: cv0 through cvm */
+    td_cost_curve cv0;         /* the same as measured at startup */
+    td_cost_model cvm;         /* cv = cvm.a + cvm.b * cv0, fitted to the rounds */
     double cv_t1;              /* seconds: cv's first point as measured */
     td_depth_ctl **ctl;        /* [max_rows] by drafter row, for the planner */
     td_depth_ctl pool_depth;   /* every row's rounds pooled: where a joining row starts */
@@ -146,7 +148,7 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
     static const int pts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 24, 32, 48, 64, 96, 128, 192, 256};
     enum { N_PTS = sizeof pts / sizeof pts[0] };
     _Static_assert(N_PTS <= TD_COST_POINTS, "cost points");
-    g->cv.n = 0;
+    g->cv.n = g->cv0.n = 0;
     if (g->p.max_depth == 0) return 0;
     int row, rc = 0;
     if (td_ctx_row_add(g->ctx, &row) != 0) return 0; /* no spare row: linear fallback */
@@ -186,6 +188,8 @@ static int measure_verify(td_spec *g, int t_max, td_err *err) {
         fprintf(stderr, "\n");
     }
     td_cost_curve_fit(&g->cv, T, best, np);
+    g->cv0 = g->cv;
+    td_cost_model_init(&g->cvm);
     g->cv_t1 = g->cv.s[0];
 out:
     free(toks);
@@ -648,17 +652,10 @@ int td_spec_step(td_spec *g, td_err *err) {
     g->probe_spent *= 0.995;
     /* keep the cost curve current: the startup measurement may have been taken
      * on a busier (or quieter) machine, at a shorter context and on one row,
-     * unlike the forwards running now. The whole curve moves by a tenth of the
-     * observed - predicted difference: moving only the point visited (plain
-     * rounds visit one size over and over) would bend the curve until a bigger
-     * forward looked cheaper than a smaller one. It moves by a difference, not
-     * a ratio, because what the measurement misses is mostly a cost per forward
-     * (rows' own contexts: on the tiny-code target 8 rows x 1 token cost 0.6 ms
-     * more than 1 row x 8 tokens at context 250, 2.5 against 1.8 ms) that adds
-     * nothing to a verify token's price; a ratio scaled that price up by as
-     * much (1.35x there), and at batch 1 the rescaled curve priced T = 4 -> 8
-     * at 0.75 ms where the rounds took 0.54 (bench/forward-notes.md, "Stop 40"). */
-    td_cost_curve_shift(&g->cv, nt, vdt, 0.25 * g->cv_t1);
+     * unlike the forwards running now; the rounds fit an offset and a factor
+     * to it (depth.h, td_cost_model) */
+    td_cost_model_update(&g->cvm, &g->cv, &g->cv0, nt, vdt, 0.25 * g->cv_t1);
+    if (g->debug && g->cv0.n) fprintf(stderr, "tandem: verify cost now %.3f ms + %.3f x measured\n", g->cvm.a * 1e3, g->cvm.b);
     /* 3. accept, emit, commit */
     t0 = td_now();
     size_t V_embd = (size_t)g->m->cfg.n_embd;
