@@ -126,8 +126,8 @@ void td_cost_model_init(td_cost_model *m);
  * rounds drafting one token a row, 0.5 ms apart on the curve, do);
  * clamped to [0.5, 4]. a: through the rounds' weighted means, with a prior
  * a = 0 of TD_COST_PRIOR rounds that decays like a round (the first rounds
- * move it part of the way). cv's first point never below floor_s. base and
- * cv have the same points; cv is only written. */
+ * move it part of the way). cv's first point never below floor_s. cv gives
+ * the prediction, then is rewritten with base's points. */
 #define TD_COST_DECAY 0.97
 #define TD_COST_PRIOR 2.0
 void td_cost_model_update(td_cost_model *m, td_cost_curve *cv, const td_cost_curve *base, int T, double seen,
