@@ -5,10 +5,13 @@ Usage: python3 stage4_main.py WORK_DIR      (driven by tools/train/stage4.sh; ho
 Environment: STAGE4_LAYERS, STAGE4_INIT, STAGE4_PEAK_LR, STAGE4_SEED, STAGE4_GEN_S, STAGE4_POST_S, STAGE4_WPOS_TAU
 (loss weight of block position j = exp(-(j-1)/tau), default 5), STAGE4_GEN_BATCH, STAGE4_N_BENCH,
 STAGE4_CHAIN (the chain head's width C, block.py; default 0 = none; a warm start without one starts it as
-the identity, u = z).
-Needs models/tiny-code/target (committed), models/tiny-code/mtp (for the comparison only) and
-bench/prompts/code.jsonl.  Writes into $OUT: block/config.json + block/model.safetensors (the drafter),
-metrics.json, ref.json, logits.f32, alt.tar (the variant not chosen, for the record).
+the identity, u = z), STAGE4_G (block_size G: the anchor + G-1 drafts, default 8; no weight depends on G, so
+a warm start may come from a drafter of another block size; the replays, calibration (G-1 thresholds) and
+fixture all run at depth G-1).
+Needs models/tiny-code/target (committed), models/tiny-code/mtp (for the comparison only; without it the
+benchmark-prompt replay measures the drafter alone) and bench/prompts/code.jsonl.  Writes into $OUT:
+block/config.json + block/model.safetensors (the drafter), metrics.json, ref.json, logits.f32, alt.tar (the
+variant not chosen, for the record).
 
 Two sources of blocks, taken in turn step by step:
 - Generations (common.generation_data): for each (P, n) in SPECS, random P-token windows of the train stream
@@ -35,7 +38,7 @@ Warm start (STAGE4_INIT=DIR, relative to the repository root): every variant sta
 drafter; the layers DIR lacks (a deeper variant) start from the target's layers with o_proj and down_proj
 zero, i.e. as identities, so the deeper drafter starts as DIR's function.
 Selection: the variant with the most accepted drafts per round in replayed greedy speculative decoding at
-depth 7 (block.simulate_rounds) on valid-split generations from 256-token prompts wins, a deeper variant
+depth G-1 (block.simulate_rounds) on valid-split generations from 256-token prompts wins, a deeper variant
 only by a margin of DEEPER_MARGIN per extra layer (its round costs more).  The benchmark prompts
 (bench/prompts/code.jsonl, the first N_BENCH, 128 generated tokens, float32) are measured for every
 variant and for the MTP head (models/tiny-code/mtp), for the record only.
@@ -56,7 +59,8 @@ MTP_DIR = os.path.join(ROOT, "models", "tiny-code", "mtp")
 PROMPTS = os.path.join(ROOT, "bench", "prompts", "code.jsonl")
 OUT = os.environ.get("OUT") or os.path.join(WORK, "out")
 DL = common.Deadline(560)
-TAPS, G, INTER, RANK = [2, 6, 10], 8, 1280, 32
+TAPS, G, INTER, RANK = [2, 6, 10], int(os.environ.get("STAGE4_G", "8")), 1280, 32
+assert G >= 2, "STAGE4_G: the block holds the anchor and at least one draft"
 CHAIN = int(os.environ.get("STAGE4_CHAIN", "0"))
 VARIANTS = [int(x) for x in os.environ.get("STAGE4_LAYERS", "2,3").split(",")]  # drafter layer counts
 DEEPER_MARGIN = 0.05
@@ -71,18 +75,18 @@ WPOS_TAU = float(os.environ.get("STAGE4_WPOS_TAU", "5"))  # loss weight of block
 N_BENCH, BENCH_NEW, BENCH_MAXP = int(os.environ.get("STAGE4_N_BENCH", "40")), 128, 256
 TAU = 0.25  # pruning: keep draft j while the calibrated P(drafts 1..j accepted) >= TAU
 ROUNDS, N_FIX, N_CAND = 6, 3, 24
-DEFINITION = """Greedy speculative decoding of the target with the block drafter, 6 rounds per prompt.
+DEFINITION = f"""Greedy speculative decoding of the target with the block drafter, 6 rounds per prompt.
 All compute float32 (the committed bf16 weights of models/tiny-code/target and models/tiny-code/block
 upcast), eager attention, TF32 off, on the GPU; every target forward recomputes the whole sequence from
 position 0 (no KV cache); argmax = lowest id on ties.
 State: committed stream S (starts as prompt_ids[0..N-1)), pending token t (starts as prompt_ids[N-1]).
 The drafter's context holds c_p for p = 0..|S|-1 (from the target's taps of S; tap layers in config.json).
 Round: draft = one block forward (tools/train/block.py draft_round) with the anchor t at position |S|, at
-depth block_size-1 = 7, pruned by the confidence thresholds of config.json: drafts d_1..d_n (0 <= n <= 7).
+depth block_size-1 = {G - 1}, pruned by the confidence thresholds of config.json: drafts d_1..d_n (0 <= n <= {G - 1}).
 verify: the target over S + [t, d_1..d_n]; target_greedy[i] = argmax of its logits at position |S|+i
-(i = 0..n).  m = number of leading i < n with target_greedy[i] == d_{i+1}; emitted = target_greedy[0..m].
+(i = 0..n).  m = number of leading i < n with target_greedy[i] == d_{{i+1}}; emitted = target_greedy[0..m].
 commit: S += [t, d_1..d_m]; t := target_greedy[m].
-Round 0 of each prompt also records the UNPRUNED draft (all 7 positions): drafts_unpruned and its full
+Round 0 of each prompt also records the UNPRUNED draft (all {G - 1} positions): drafts_unpruned and its full
 logits rows (logits_rows) in logits.f32."""
 
 
@@ -252,7 +256,7 @@ def main():
             ms = v["ms"]
             n = max(len(ms), 1)
             out[str(k)] = {"rounds": len(ms), "mean_accepted_per_round": round(sum(ms) / n, 4),
-                           "P(round accepts >= j), j=1..7": [round(sum(1 for x in ms if x >= j) / n, 4) for j in range(1, G)],
+                           f"P(round accepts >= j), j=1..{G - 1}": [round(sum(1 for x in ms if x >= j) / n, 4) for j in range(1, G)],
                            "mean_accepted_all_anchors": round(sum(v["all"]) / max(len(v["all"]), 1), 4)}
         return out
 
@@ -285,7 +289,11 @@ def main():
                 if len(ids) < 2 or DL.left() < 90:
                     continue
                 seqs.append((common.greedy_generate(T, torch.tensor([ids], device=dev), BENCH_NEW), len(ids)))
-        r = replay(seqs, os.path.isdir(MTP_DIR))
+        # the device's upload may leave an empty directory where the MTP head was moved out: test its config
+        has_mtp = os.path.isfile(os.path.join(MTP_DIR, "config.json"))
+        if not has_mtp:
+            log("bench replay: no MTP head at", MTP_DIR, "- skipping its comparison, the drafter(s) only")
+        r = replay(seqs, has_mtp)
         r["prompts"] = len(seqs)
         metrics["bench_replay"] = r
         log("bench replay", r)
@@ -349,7 +357,7 @@ def main():
         kept = torch.stack(kept, 1).float()
         metrics["valid_teacher_forced"] = {
             "blocks": int(conf.shape[0]),
-            "P(drafts 1..j accepted), j=1..7": [round(float(x), 4) for x in cum.mean(0)],
+            f"P(drafts 1..j accepted), j=1..{G - 1}": [round(float(x), 4) for x in cum.mean(0)],
             "mean_accepted_unpruned": round(float(cum.sum(1).mean()), 4),
             "mean_accepted_unpruned_by_group": {k: round(float(torch.cat(v).sum(1).mean()), 4) for k, v in by_group.items()},
             "mean_drafted_pruned": round(float(kept.sum(1).mean()), 4),
@@ -373,7 +381,7 @@ def main():
 
     # ---- fixture
     fx = {"definition": DEFINITION, "target": "models/tiny-code/target", "block": "models/tiny-code/block",
-          "compute": "GPU (H200) float32, bf16 weights upcast, eager attention, TF32 off; transformers "
+          "compute": "GPU (" + (torch.cuda.get_device_name() if dev.startswith("cuda") else dev) + ") float32, bf16 weights upcast, eager attention, TF32 off; transformers "
                      + __import__("transformers").__version__ + ", torch " + torch.__version__,
           "block_size": G, "rounds": ROUNDS, "vocab_size": V, "prune_thresholds": m.c.get("prune_thresholds")}
 
