@@ -486,16 +486,55 @@ static void test_depth_plan(void) {
         for (int r = 1; r <= TD_DEPTH_PROBE_MAX; r++) td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, r < 10, k);
         T_CHECK(k[0] == 0, "a stale price's probe waits for the probe budget too");
     }
-    /* the step price: the first round sets it; a slow steady round raises it 10% at most, so a
-     * burst of 20 rounds at 10x leaves it under 7x (a cap of 2x, as before, gave 9.6x); a catch-up round only lowers it */
+    /* the draft price: the first round sets it; rounds of one size keep one price a step (a slow
+     * steady round raises it 10% at most, so a burst of 20 rounds at 10x leaves it under 7x; a cap
+     * of 2x, as before, gave 9.6x); a catch-up round only lowers it; rounds of two sizes teach the
+     * part of a round that does not grow with its steps */
     {
-        double e = td_step_cost_update(123.0, 1.0, 0, 0);
-        T_CHECK(e == 1.0, "the first measured round sets the price (%g)", e);
-        for (int r = 0; r < 20; r++) e = td_step_cost_update(e, 10.0, 1, 1);
-        T_CHECK(e > 6.0 && e < 7.0, "20 rounds at 10x: %g", e);
-        T_CHECK(td_step_cost_update(2.0, 1.0, 1, 1) == 0.8 * 2.0 + 0.2 * 1.0, "a fast steady round: a fifth of the way");
-        T_CHECK(td_step_cost_update(2.0, 1.5, 0, 1) == 0.8 * 2.0 + 0.2 * 1.5, "a cheaper catch-up round lowers the price");
-        T_CHECK(td_step_cost_update(1.0, 1.5, 0, 1) == 1.0, "a dearer catch-up round leaves it");
+        td_draft_price pr;
+        td_draft_price_init(&pr, 123.0);
+        T_CHECK(pr.s == 123.0 && pr.f == 0 && td_draft_price_at(&pr, 0) == 0, "the hint, until a round is measured");
+        td_draft_price_update(&pr, 2, 2.0, 0);
+        T_CHECK(pr.s == 1.0 && pr.f == 0, "the first measured round sets the price (%g + %g a step)", pr.f, pr.s);
+        for (int r = 0; r < 20; r++) td_draft_price_update(&pr, 2, 20.0, 1);
+        T_CHECK(pr.f < 1e-12 && pr.s > 6.0 && pr.s < 7.0, "20 rounds at 10x: %g + %g a step", pr.f, pr.s);
+        td_draft_price_init(&pr, 0);
+        td_draft_price_update(&pr, 4, 8.0, 1);
+        td_draft_price_update(&pr, 4, 4.0, 1);
+        T_CHECK(fabs(td_draft_price_at(&pr, 4) - (0.8 * 8.0 + 0.2 * 4.0)) < 1e-9, "a fast steady round: a fifth of the way (%g)",
+                td_draft_price_at(&pr, 4));
+        double before = td_draft_price_at(&pr, 4);
+        td_draft_price_update(&pr, 4, 100.0, 0);
+        T_CHECK(td_draft_price_at(&pr, 4) == before, "a dearer catch-up round leaves it");
+        td_draft_price_update(&pr, 4, 0.8 * before, 0);
+        T_CHECK(fabs(td_draft_price_at(&pr, 4) - (0.8 * before + 0.2 * 0.8 * before)) < 1e-9, "a cheaper catch-up round lowers it");
+        /* a block drafter's rounds (Xeon, amx): 2 steps 0.51 ms, 8 steps 0.875 ms */
+        td_draft_price_init(&pr, 0);
+        for (int r = 0; r < 40; r++) td_draft_price_update(&pr, r % 2 ? 8 : 2, r % 2 ? 0.875 : 0.51, 1);
+        T_CHECK(pr.f > 0.3 && pr.f < 0.41 && pr.s > 0.058 && pr.s < 0.08, "two sizes: %.3f + %.4f a step (0.388 + 0.0608)", pr.f,
+                pr.s);
+        T_CHECK(fabs(td_draft_price_at(&pr, 2) - 0.51) < 0.03 && fabs(td_draft_price_at(&pr, 8) - 0.875) < 0.03,
+                "two sizes: %.3f and %.3f predicted", td_draft_price_at(&pr, 2), td_draft_price_at(&pr, 8));
+        /* costs that do not grow with steps: the price a step stays positive */
+        td_draft_price_init(&pr, 0);
+        for (int r = 0; r < 40; r++) td_draft_price_update(&pr, r % 2 ? 8 : 2, r % 2 ? 0.5 : 0.6, 1);
+        T_CHECK(pr.s > 0 && pr.f >= 0 && isfinite(pr.f), "no growth: %g + %g a step", pr.f, pr.s);
+    }
+    /* a fixed part of the round (in steps) is weighed: a row accepting 0.7 a
+     * position, a verify of 1 + 0.15 a token, 0.05 a step: depth 3 without,
+     * depth 4 with 10 steps' worth (deeper amortizes it), none with 40 */
+    {
+        td_cost_curve lin = {.n = 2, .T = {1, 64}, .s = {1.0, 1.0 + 0.15 * 63}};
+        td_depth_ctl c7;
+        td_depth_init(&c7, 0.7);
+        td_depth_ctl *one7[1] = {&c7};
+        int m8[1] = {8};
+        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 1, NULL, 0, k);
+        T_CHECK(k[0] == 3, "no fixed part: depth %d (3)", k[0]);
+        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 11.0, NULL, 0, k);
+        T_CHECK(k[0] == 4, "10 steps fixed: depth %d (4)", k[0]);
+        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 41.0, NULL, 0, k);
+        T_CHECK(k[0] == 0, "40 steps fixed: depth %d (0)", k[0]);
     }
     /* a probe drafts one position, or with a fixed part per round (a block
      * drafter's anchor) as deep as a perfect draft pays best: here the whole 8 */

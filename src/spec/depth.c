@@ -77,8 +77,12 @@ void td_cost_model_update(td_cost_model *m, td_cost_curve *cv, const td_cost_cur
 }
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                  const td_cost_curve *cv, double step_s, int step_extra, const unsigned char *free_row,
+                  const td_cost_curve *cv, double step_s, double step_extra, const unsigned char *free_row,
                   int allow_probe, int *k) {
+    /* the whole steps of a round's fixed part bound the broad moves' depth and
+     * make a probe look for the depth that pays best (a fraction, such as an
+     * MTP head's small fitted fixed part, prices rounds but does neither) */
+    const int xi = step_extra < TD_SPEC_MAX_DEPTH ? (int)step_extra : TD_SPEC_MAX_DEPTH;
     double E = n + n_other;        /* tokens emitted this round */
     int T = n + n_other, kmax = 0; /* verified tokens; draft steps of the rows the drafter runs for */
     for (int i = 0; i < n; i++) k[i] = 0;
@@ -105,7 +109,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
                 reach *= ctl[i]->a[k[i] + d - 1];
                 gain += reach;
                 int deep = fr ? kmax : k[i] + d > kmax ? k[i] + d : kmax;
-                int steps = deep > 0 ? deep + step_extra : 0;
+                double steps = deep > 0 ? deep + step_extra : 0;
                 double r = (E + gain) / (td_cost_at(cv, T + d) + step_s * steps);
                 if (r > best_rate) { best_rate = r; best = i; best_d = d; best_gain = gain; }
             }
@@ -117,7 +121,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
          * starts another register tile (T = 8 -> 9), all eight rows' together
          * fill it. m = 1 is a single move, weighed above. */
         int nb = n < TD_DEPTH_BROAD_MAX ? n : TD_DEPTH_BROAD_MAX, broad_m = 0;
-        for (int d = 1; d <= 1 + step_extra; d++) {
+        for (int d = 1; d <= 1 + xi; d++) {
             int no = 0;
             for (int i = 0; i < nb; i++) {
                 if (k[i] + d > maxk[i]) continue;
@@ -180,7 +184,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     for (int i = 0; i < n; i++)
         if (maxk[i] > kall) kall = maxk[i];
     double probe_rate = (E + 1) / (td_cost_at(cv, T + 1) + step_s * ((kmax > 0 ? kmax : 1) + step_extra));
-    for (int d = 2; step_extra && d <= kall; d++) {
+    for (int d = 2; xi && d <= kall; d++) {
         double r = (E + d) / (td_cost_at(cv, T + d) + step_s * ((kmax > d ? kmax : d) + step_extra));
         if (r > probe_rate) { probe_rate = r; kp = d; }
     }
@@ -191,7 +195,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     for (int i = 0; i < n; i++) n0 += k[i] == 0 && maxk[i] > 0 && !(free_row && free_row[i]);
     if (!may_probe && n0 > 1) { /* then they probe at the depth that pays best for them together */
         double jr = rate;
-        for (int d = 1; d <= (step_extra ? kall : 1); d++) {
+        for (int d = 1; d <= (xi ? kall : 1); d++) {
             double r = (E + (double)n0 * d) / (td_cost_at(cv, T + n0 * d) + step_s * ((kmax > d ? kmax : d) + step_extra));
             if (r > jr) { jr = r; kp = d; may_probe = 1; }
         }
@@ -231,10 +235,45 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     return probes;
 }
 
-double td_step_cost_update(double est, double per, int steady, int measured) {
-    if (!measured) return per;
-    if (steady) return 0.8 * est + 0.2 * (per < 1.5 * est ? per : 1.5 * est);
-    return per < est ? 0.8 * est + 0.2 * per : est;
+void td_draft_price_init(td_draft_price *p, double hint_s) {
+    *p = (td_draft_price){.s = hint_s};
+}
+
+double td_draft_price_at(const td_draft_price *p, double steps) { return steps > 0 ? p->f + p->s * steps : 0.0; }
+
+void td_draft_price_update(td_draft_price *p, int steps, double seconds, int steady) {
+    if (steps <= 0 || !(seconds >= 0)) return;
+    double x = steps, y = seconds;
+    if (!p->measured) { /* the first round sets it, as if seen in a steady state */
+        double w = 1.0 / (1.0 - TD_PRICE_DECAY);
+        *p = (td_draft_price){.w = w, .sx = w * x, .sy = w * y, .sxx = w * x * x, .sxy = w * x * y,
+                              .f = 0, .s = y / x, .measured = 1};
+        return;
+    }
+    double pred = td_draft_price_at(p, x);
+    if (!steady && !(y < pred)) return; /* a dearer catch-up: its steps' price is not in it */
+    if (y > 1.5 * pred) y = 1.5 * pred;
+    if (y < 0.5 * pred) y = 0.5 * pred;
+    p->w = TD_PRICE_DECAY * p->w + 1;
+    p->sx = TD_PRICE_DECAY * p->sx + x;
+    p->sy = TD_PRICE_DECAY * p->sy + y;
+    p->sxx = TD_PRICE_DECAY * p->sxx + x * x;
+    p->sxy = TD_PRICE_DECAY * p->sxy + x * y;
+    /* minimise the weighted squares + TD_PRICE_PRIOR f^2: with every round of
+     * one size f = 0 and s = sy / sx; f < 0 is refitted through the origin, and
+     * s stays at least a tenth of the mean price a step */
+    double wl = p->w + TD_PRICE_PRIOR, det = wl * p->sxx - p->sx * p->sx;
+    double f = det > 0 ? (p->sy * p->sxx - p->sx * p->sxy) / det : 0.0;
+    double s = det > 0 ? (wl * p->sxy - p->sx * p->sy) / det : p->sy / p->sx;
+    if (!(f >= 0)) { f = 0; s = p->sxy / p->sxx; }
+    double smin = 0.1 * p->sy / p->sx;
+    if (!(s >= smin)) {
+        s = smin;
+        f = (p->sy - s * p->sx) / wl;
+        if (!(f >= 0)) f = 0;
+    }
+    p->f = f;
+    p->s = s;
 }
 
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted) {

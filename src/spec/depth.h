@@ -15,7 +15,8 @@
  * opened (interpolated, then kept current), plus the drafter's max_r k_r
  * sequential steps (drafters run all rows' step j together) at step_s each,
  * measured as rounds run, and step_extra more where a round has a fixed part
- * (the block drafter's anchor entry: its one forward runs k + 1 entries).
+ * (the block drafter's anchor entry: its one forward runs k + 1 entries; and
+ * what td_draft_price learns a round costs whatever its steps, in steps).
  * The planner starts every row at depth 0 and repeatedly makes the move that
  * raises (sum E) / cost the most: one row deepened by d positions (looking
  * ahead, so a fixed draft cost that only depth repays is weighed), or the m
@@ -73,16 +74,43 @@ typedef struct td_cost_curve {
     double s[TD_COST_POINTS];
 } td_cost_curve;
 
-/* The running price of one draft step (seconds) after a round whose steps
- * cost per each: the first measured round sets it (measured = 0); a steady
- * round (every drafting row drafted the round before) moves it a fifth of the
- * way, a slow one by at most a tenth of the estimate (a burst of load lasting
- * many rounds inflates it at most 1.1x a round, not 1.2x); a catch-up round
- * (a row first catches its drafter up on tokens it missed) costs more than
- * its steps, so it only lowers the price, a fifth of the way (setting it to
- * the catch-up's own figure measured no better on the Zen 5 VM: 1.98-2.28x
- * against 2.12-2.47x for MTP, three alternations). */
-double td_step_cost_update(double est, double per, int steady, int measured);
+/* The price of a drafting round: f + s * steps seconds (steps: the draft steps
+ * it ran, td_draft_req.steps, the drafter's step_extra included), fitted by
+ * least squares over the rounds (their weight decaying by TD_PRICE_DECAY),
+ * with a light ridge on f towards 0 (TD_PRICE_PRIOR rounds' worth) that only
+ * decides what the rounds cannot: rounds of one size leave f at 0 and s their
+ * decayed mean (the single price of earlier stops), rounds of several sizes
+ * teach the part of a round that does not grow with its steps (a ridge of a
+ * whole round halved it for two sizes 6 steps apart). A block drafter streams its layers'
+ * weights once a round whatever its depth: on an Intel Xeon (amx, 20 code
+ * prompts, fixed depths) 1, 2, 4 and 7 drafts cost 0.51, 0.49, 0.60 and
+ * 0.88 ms a round, about 0.42 ms + 0.065 a step, where one price a step
+ * learnt from deep rounds (0.11 ms) priced a one-draft round at 0.22 ms, and
+ * one learnt from shallow rounds (0.26 ms) a full block at 2.0 ms (the MTP
+ * head: 0.11 and 0.43 ms, nearly a price a step). Robustness as before: the
+ * first measured round sets the price (f = 0) and counts as the rounds of a
+ * steady state (1 / (1 - TD_PRICE_DECAY)), so a later round moves the fit
+ * about a fifth of the way; a steady round's figure is clipped to between
+ * half and 1.5 times the prediction (a burst of load lasting many rounds
+ * inflates the price at most 1.1x a round); a catch-up round (a row first
+ * catches its drafter up on tokens it missed) costs more than its steps, so
+ * it enters only when it is cheaper than the prediction (it then lowers the
+ * price; setting the price to a catch-up's own figure measured no better on
+ * the Zen 5 VM: 1.98-2.28x against 2.12-2.47x for MTP, three alternations). */
+#define TD_PRICE_DECAY 0.8
+#define TD_PRICE_PRIOR 0.05
+typedef struct td_draft_price {
+    double w, sx, sy, sxx, sxy; /* the rounds' (x = steps, y = seconds) sums, decayed */
+    double f, s;                /* the fit: seconds a drafting round, seconds a step */
+    int measured;               /* a round has been entered (else s is a hint and f = 0) */
+} td_draft_price;
+/* No rounds yet: f = 0, s = hint_s (the drafter's estimate). */
+void td_draft_price_init(td_draft_price *p, double hint_s);
+/* Enter a round of `steps` steps (> 0) that took `seconds`; steady: every
+ * drafting row drafted the round before (else a catch-up round). */
+void td_draft_price_update(td_draft_price *p, int steps, double seconds, int steady);
+/* What a round of `steps` steps costs by the fit (f + s * steps; 0 steps cost 0). */
+double td_draft_price_at(const td_draft_price *p, double steps);
 double td_cost_at(const td_cost_curve *c, int T);
 /* Set c from n measured points (T increasing, s the fastest time seen at
  * each), made nondecreasing: a point dearer than one after it takes that
@@ -141,14 +169,15 @@ void td_depth_init_from(td_depth_ctl *c, const td_depth_ctl *from);
 /* Plan depths for n drafting rows: ctl[i] (borrowed), maxk[i] the most row i may
  * draft; n_other: tokens other live rows add to the forward (1 each). Writes
  * k[i]. step_s: seconds per draft step (one position for all rows); a round
- * whose deepest row drafts k costs k + step_extra steps (td_drafter.step_extra);
+ * whose deepest row drafts k costs k + step_extra steps (td_drafter.step_extra,
+ * plus a fitted fixed part in steps: td_draft_price's f / s);
  * free_row[i] (NULL: none): row i's proposals are already made (offered, see
  * draft.h) and cost no draft step, only their verify tokens; allow_probe:
  * 0 = no row at depth 0 probes this round. Returns the number of rows set to
  * probe (depth 1, or with step_extra the depth a perfect draft pays best at,
  * from the probe schedule, not from the plan). */
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
-                  const td_cost_curve *cv, double step_s, int step_extra, const unsigned char *free_row,
+                  const td_cost_curve *cv, double step_s, double step_extra, const unsigned char *free_row,
                   int allow_probe, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);

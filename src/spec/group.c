@@ -100,9 +100,9 @@ struct td_spec {
     unsigned char *free_row;   /* [max_rows] the row drafts from its offer this round */
     int *ddepth;               /* [max_rows] depth asked of draft(): 0 where the offer serves */
     unsigned char *own;        /* [max_rows] the row's weak offer was declined: its drafter drafts */
-    double draft_s;            /* seconds per draft step (running): one position for all rows */
+    td_draft_price price;      /* a drafting round's price: seconds a round + seconds a step (one
+                                  position for all rows), fitted as rounds run */
     int debug;                 /* TD_SPEC_DEBUG set: trace costs to stderr */
-    int measured;              /* draft_s has been measured (else it is the drafter's hint) */
     double probe_spent;        /* seconds drafting in probe-only rounds, and verifying in them
                                   beyond a plain round's estimate (decaying sum) */
     double verify_spent;       /* seconds verifying (the same decay): probes may cost
@@ -113,7 +113,7 @@ struct td_spec {
 /* The most tokens a second one row alone makes of proposals accepted as c
  * estimates: (1 + E(k)) / (verify(1 + k) + (k + extra) draft steps of step_s)
  * over k = 0..maxk (step_s 0: proposals already made). */
-static double row_rate(const td_depth_ctl *c, int maxk, const td_cost_curve *cv, double step_s, int extra) {
+static double row_rate(const td_depth_ctl *c, int maxk, const td_cost_curve *cv, double step_s, double extra) {
     double best = 1.0 / td_cost_at(cv, 1), reach = 1.0, E = 1.0;
     for (int k = 1; k <= maxk && k <= TD_SPEC_MAX_DEPTH; k++) {
         reach *= c->a[k - 1];
@@ -318,7 +318,7 @@ int td_spec_open(td_spec **out, td_ctx *ctx, const td_model *m, td_drafter *draf
         return rc;
     }
     /* until a draft step is measured, assume the drafter's own estimate */
-    if (drafter) g->draft_s = drafter->step_cost_hint * td_cost_at(&g->cv, 1);
+    td_draft_price_init(&g->price, drafter ? drafter->step_cost_hint * td_cost_at(&g->cv, 1) : 0.0);
     td_depth_init(&g->pool_depth, 0.7);
     for (int c = 0; c < 2; c++) td_depth_init(&g->pool_lk[c], 0.7);
     if (g->debug) {
@@ -522,6 +522,9 @@ int td_spec_step(td_spec *g, td_err *err) {
         g->samp[r->dr] = &r->gp->sampling;
         g->out_pos[r->dr] = (uint64_t)r->n_emitted;
     }
+    /* a round's fixed part in steps: the drafter's own (step_extra) and the
+     * part of its measured price that does not grow with the steps */
+    double extra = g->drafter ? g->drafter->step_extra + (g->price.s > 0 ? g->price.f / g->price.s : 0.0) : 0.0;
     /* proposals on offer (a lookup in the row's stream): the plan weighs them
      * at their verify cost alone, with their own acceptance estimates, and a
      * row is drafted no deeper than its offer */
@@ -537,7 +540,7 @@ int td_spec_step(td_spec *g, td_err *err) {
         if (r->offered == 1 && !g->drafter->offers_all) {
             int kd = g->drafter->max_drafts > 0 && g->maxk[d] > g->drafter->max_drafts ? g->drafter->max_drafts : g->maxk[d];
             int ko = g->maxk[d] < g->n_offer[d] ? g->maxk[d] : g->n_offer[d];
-            if (row_rate(&r->depth, kd, &g->cv, g->draft_s, g->drafter->step_extra) >
+            if (row_rate(&r->depth, kd, &g->cv, g->price.s, extra) >
                 row_rate(&r->depth_lk[0], ko, &g->cv, 0.0, 0)) {
                 g->free_row[d] = 0;
                 r->offered = 0;
@@ -553,14 +556,14 @@ int td_spec_step(td_spec *g, td_err *err) {
     }
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
-        else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->draft_s, g->drafter->step_extra,
+        else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->price.s, extra,
                                       g->free_row, g->probe_spent <= TD_PROBE_BUDGET * g->verify_spent, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
-                fprintf(stderr, "tandem: plan row %d: maxk %d%s -> depth %d (a1..4 %.2f %.2f %.2f %.2f, step %.3f ms, T1 %.3f ms)\n",
+                fprintf(stderr, "tandem: plan row %d: maxk %d%s -> depth %d (a1..4 %.2f %.2f %.2f %.2f, round %.3f + step %.3f ms, T1 %.3f ms)\n",
                         d, g->maxk[d], g->free_row[d] ? " offered" : "", g->depth[d], g->ctl[d]->a[0], g->ctl[d]->a[1],
-                        g->ctl[d]->a[2], g->ctl[d]->a[3], g->draft_s * 1e3, td_cost_at(&g->cv, 1) * 1e3);
+                        g->ctl[d]->a[2], g->ctl[d]->a[3], g->price.f * 1e3, g->price.s * 1e3, td_cost_at(&g->cv, 1) * 1e3);
     }
     int any = 0; /* rows the drafter drafts for (not from an offer) */
     for (int d = 0; d < n_dr; d++) {
@@ -588,30 +591,26 @@ int td_spec_step(td_spec *g, td_err *err) {
             nd += g->n_drafts[d];
         }
         g->have_q = q.has_probs; /* else accept treats each proposal as a one-hot q */
-        /* The draft cost per token is learnt only in steady rounds: a row that
-         * did not draft last round first catches its drafter up on the tokens
-         * it missed, a one-off cost that is not the price of a draft token. */
+        /* The price is learnt from steady rounds: a row that did not draft
+         * last round first catches its drafter up on the tokens it missed, a
+         * one-off cost that is not a round's price; such a round only lowers
+         * the price where it was cheaper than the prediction (else a planner
+         * kept at depth 0 by a burst of load would see only catch-up rounds and
+         * never correct it). Until a round is measured, any round sets it: a
+         * catch-up round overstates the price, the safe side, where the
+         * drafter's hint may understate it many times (a block drafter's hint
+         * is one row's; at batch 8 its first rounds, catch-ups while the rows
+         * take turns at depth 0, cost 6x that and kept drafting at a loss).
+         * td_draft_price_update bounds what a slow round moves. */
         int steady = 1;
         for (int d = 0; d < n_dr; d++)
             if (g->ddepth[d] > 0 && !g->rows[g->dr_slot[d]].drafted_last) steady = 0;
         int steps = q.steps; /* the drafter's own count, else the deepest row's proposals */
         for (int d = 0; q.steps < 0 && d < n_dr; d++) if (g->n_drafts[d] > steps) steps = g->n_drafts[d];
-        /* td_step_cost_update: a slow round (a burst of load on a shared
-         * machine) moves the estimate by at most 10%; a catch-up round that
-         * was cheaper than the estimate shows it is too high, and lowers it
-         * (else a planner kept at depth 0 by a burst would see only catch-up
-         * rounds and never correct it). Until a round is measured, any round
-         * sets it: a catch-up round overstates the price, the safe side,
-         * where the drafter's prior may understate it many times (a block
-         * drafter's prior is one row's; at batch 8 its first rounds, catch-ups
-         * while the rows take turns at depth 0, cost 6x that and kept drafting
-         * at a loss). */
-        if (steps > 0) {
-            g->draft_s = td_step_cost_update(g->draft_s, dt / (double)steps, steady, g->measured);
-            g->measured = 1;
-        }
-        if (g->debug) fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; step %.3f ms\n", nd, steps, dt * 1e3,
-                              steady ? "" : " (catch-up)", g->draft_s * 1e3);
+        if (steps > 0) td_draft_price_update(&g->price, steps, dt, steady);
+        if (g->debug)
+            fprintf(stderr, "tandem: draft %ld tokens in %d steps, %.3f ms%s; round %.3f + step %.3f ms\n", nd, steps,
+                    dt * 1e3, steady ? "" : " (catch-up)", g->price.f * 1e3, g->price.s * 1e3);
     }
     for (int d = 0; d < n_dr; d++) {
         sp_row *r = &g->rows[g->dr_slot[d]];
