@@ -41,8 +41,16 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n) {
     }
 }
 
+void td_lsq_add(td_lsq *q, double decay, double x, double y) {
+    q->w = decay * q->w + 1;
+    q->sx = decay * q->sx + x;
+    q->sy = decay * q->sy + y;
+    q->sxx = decay * q->sxx + x * x;
+    q->sxy = decay * q->sxy + x * y;
+}
+
 void td_cost_model_init(td_cost_model *m) {
-    m->w = m->sx = m->sy = m->sxx = m->sxy = 0;
+    m->q = (td_lsq){0};
     m->pw = TD_COST_PRIOR;
     m->a = 0;
     m->b = 1;
@@ -54,18 +62,14 @@ void td_cost_model_update(td_cost_model *m, td_cost_curve *cv, const td_cost_cur
     double pred = td_cost_at(cv, T), x = td_cost_at(base, T);
     if (seen > 2 * pred) seen = 2 * pred;
     if (seen < 0.5 * pred) seen = 0.5 * pred;
-    m->w = TD_COST_DECAY * m->w + 1;
-    m->sx = TD_COST_DECAY * m->sx + x;
-    m->sy = TD_COST_DECAY * m->sy + seen;
-    m->sxx = TD_COST_DECAY * m->sxx + x * x;
-    m->sxy = TD_COST_DECAY * m->sxy + x * seen;
+    td_lsq_add(&m->q, TD_COST_DECAY, x, seen);
     m->pw *= TD_COST_DECAY;
     double half = 0.5 * base->s[0], lam = TD_COST_PRIOR * half * half;
-    double vxx = m->sxx - m->sx * m->sx / m->w, cxy = m->sxy - m->sx * m->sy / m->w;
+    double vxx = m->q.sxx - m->q.sx * m->q.sx / m->q.w, cxy = m->q.sxy - m->q.sx * m->q.sy / m->q.w;
     double b = vxx + lam > 0 ? (cxy + lam) / (vxx + lam) : 1.0;
     if (!(b >= 0.5)) b = 0.5; /* also a NaN */
     if (b > 4) b = 4;
-    double a = (m->sy - b * m->sx) / (m->w + m->pw);
+    double a = (m->q.sy - b * m->q.sx) / (m->q.w + m->pw);
     if (a + b * base->s[0] < floor_s) a = floor_s - b * base->s[0];
     m->a = a;
     m->b = b;
@@ -246,30 +250,25 @@ void td_draft_price_update(td_draft_price *p, int steps, double seconds, int ste
     double x = steps, y = seconds;
     if (!p->measured) { /* the first round sets it, as if seen in a steady state */
         double w = 1.0 / (1.0 - TD_PRICE_DECAY);
-        *p = (td_draft_price){.w = w, .sx = w * x, .sy = w * y, .sxx = w * x * x, .sxy = w * x * y,
-                              .f = 0, .s = y / x, .measured = 1};
+        *p = (td_draft_price){.q = {w, w * x, w * y, w * x * x, w * x * y}, .f = 0, .s = y / x, .measured = 1};
         return;
     }
     double pred = td_draft_price_at(p, x);
     if (!steady && !(y < pred)) return; /* a dearer catch-up: its steps' price is not in it */
     if (y > 1.5 * pred) y = 1.5 * pred;
     if (y < 0.5 * pred) y = 0.5 * pred;
-    p->w = TD_PRICE_DECAY * p->w + 1;
-    p->sx = TD_PRICE_DECAY * p->sx + x;
-    p->sy = TD_PRICE_DECAY * p->sy + y;
-    p->sxx = TD_PRICE_DECAY * p->sxx + x * x;
-    p->sxy = TD_PRICE_DECAY * p->sxy + x * y;
+    td_lsq_add(&p->q, TD_PRICE_DECAY, x, y);
     /* minimise the weighted squares + TD_PRICE_PRIOR f^2: with every round of
      * one size f = 0 and s = sy / sx; f < 0 is refitted through the origin, and
      * s stays at least a tenth of the mean price a step */
-    double wl = p->w + TD_PRICE_PRIOR, det = wl * p->sxx - p->sx * p->sx;
-    double f = det > 0 ? (p->sy * p->sxx - p->sx * p->sxy) / det : 0.0;
-    double s = det > 0 ? (wl * p->sxy - p->sx * p->sy) / det : p->sy / p->sx;
-    if (!(f >= 0)) { f = 0; s = p->sxy / p->sxx; }
-    double smin = 0.1 * p->sy / p->sx;
+    double wl = p->q.w + TD_PRICE_PRIOR, det = wl * p->q.sxx - p->q.sx * p->q.sx;
+    double f = det > 0 ? (p->q.sy * p->q.sxx - p->q.sx * p->q.sxy) / det : 0.0;
+    double s = det > 0 ? (wl * p->q.sxy - p->q.sx * p->q.sy) / det : p->q.sy / p->q.sx;
+    if (!(f >= 0)) { f = 0; s = p->q.sxy / p->q.sxx; }
+    double smin = 0.1 * p->q.sy / p->q.sx;
     if (!(s >= smin)) {
         s = smin;
-        f = (p->sy - s * p->sx) / wl;
+        f = (p->q.sy - s * p->q.sx) / wl;
         if (!(f >= 0)) f = 0;
     }
     p->f = f;

@@ -74,6 +74,13 @@ typedef struct td_cost_curve {
     double s[TD_COST_POINTS];
 } td_cost_curve;
 
+/* Decayed least-squares sums of (x, y) pairs: td_lsq_add decays the earlier
+ * pairs' weight by `decay`, then adds one pair of weight 1. */
+typedef struct td_lsq {
+    double w, sx, sy, sxx, sxy;
+} td_lsq;
+void td_lsq_add(td_lsq *q, double decay, double x, double y);
+
 /* The price of a drafting round: f + s * steps seconds (steps: the draft steps
  * it ran, td_draft_req.steps, the drafter's step_extra included), fitted by
  * least squares over the rounds (their weight decaying by TD_PRICE_DECAY),
@@ -100,7 +107,7 @@ typedef struct td_cost_curve {
 #define TD_PRICE_DECAY 0.8
 #define TD_PRICE_PRIOR 0.05
 typedef struct td_draft_price {
-    double w, sx, sy, sxx, sxy; /* the rounds' (x = steps, y = seconds) sums, decayed */
+    td_lsq q;                   /* the rounds' (x = steps, y = seconds) sums, decayed */
     double f, s;                /* the fit: seconds a drafting round, seconds a step */
     int measured;               /* a round has been entered (else s is a hint and f = 0) */
 } td_draft_price;
@@ -137,7 +144,7 @@ void td_cost_curve_fit(td_cost_curve *c, const int *T, const double *s, int n);
  * verify token 1.35x dear at batch 1 on the Zen 5 VM (bench/forward-notes.md,
  * "Stop 40", "Stop 41"). */
 typedef struct td_cost_model {
-    double w, sx, sy, sxx, sxy; /* the rounds' (x = base(T), y = seen) sums, seconds, decayed */
+    td_lsq q;                   /* the rounds' (x = base(T), y = seen) sums, seconds, decayed */
     double pw;                  /* the weight of the prior a = 0 (TD_COST_PRIOR, decayed) */
     double a, b;                /* the fit: a seconds, b a factor */
 } td_cost_model;
