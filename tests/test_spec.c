@@ -494,6 +494,8 @@ static void test_depth_plan(void) {
         td_draft_price pr;
         td_draft_price_init(&pr, 123.0);
         T_CHECK(pr.s == 123.0 && pr.f == 0 && td_draft_price_at(&pr, 0) == 0, "the hint, until a round is measured");
+        td_draft_price_update(&pr, 2, 0.0, 1);
+        T_CHECK(pr.s == 123.0 && !pr.measured, "a round of no time is ignored (a price of 0 would stay 0)");
         td_draft_price_update(&pr, 2, 2.0, 0);
         T_CHECK(pr.s == 1.0 && pr.f == 0, "the first measured round sets the price (%g + %g a step)", pr.f, pr.s);
         for (int r = 0; r < 20; r++) td_draft_price_update(&pr, 2, 20.0, 1);

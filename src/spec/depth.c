@@ -246,7 +246,7 @@ void td_draft_price_init(td_draft_price *p, double hint_s) {
 double td_draft_price_at(const td_draft_price *p, double steps) { return steps > 0 ? p->f + p->s * steps : 0.0; }
 
 void td_draft_price_update(td_draft_price *p, int steps, double seconds, int steady) {
-    if (steps <= 0 || !(seconds >= 0)) return;
+    if (steps <= 0 || !(seconds > 0)) return; /* a price of 0 would stay 0: each later round is clipped to 1.5x it */
     double x = steps, y = seconds;
     if (!p->measured) { /* the first round sets it, as if seen in a steady state */
         double w = 1.0 / (1.0 - TD_PRICE_DECAY);

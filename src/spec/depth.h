@@ -113,8 +113,9 @@ typedef struct td_draft_price {
 } td_draft_price;
 /* No rounds yet: f = 0, s = hint_s (the drafter's estimate). */
 void td_draft_price_init(td_draft_price *p, double hint_s);
-/* Enter a round of `steps` steps (> 0) that took `seconds`; steady: every
- * drafting row drafted the round before (else a catch-up round). */
+/* Enter a round of `steps` steps (> 0) that took `seconds` (> 0: other
+ * rounds are ignored); steady: every drafting row drafted the round before
+ * (else a catch-up round). */
 void td_draft_price_update(td_draft_price *p, int steps, double seconds, int steady);
 /* What a round of `steps` steps costs by the fit (f + s * steps; 0 steps cost 0). */
 double td_draft_price_at(const td_draft_price *p, double steps);
