@@ -444,7 +444,7 @@ int main(void) {
     char tmpl[] = "/tmp/td_fwd_XXXXXX";
     char *dir = mkdtemp(tmpl);
     if (!dir) return 1;
-    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512], d7[512], d8[512];
+    char d1[512], d2[512], d3[512], d4[512], d5[512], d6[512], d7[512], d8[512], d9[512];
     snprintf(d1, sizeof d1, "%s/qwen", dir);
     snprintf(d2, sizeof d2, "%s/llama", dir);
     snprintf(d3, sizeof d3, "%s/qwenf32", dir);
@@ -453,6 +453,7 @@ int main(void) {
     snprintf(d6, sizeof d6, "%s/qwenhd32", dir);
     snprintf(d7, sizeof d7, "%s/qwenkv4", dir);
     snprintf(d8, sizeof d8, "%s/qwena32", dir);
+    snprintf(d9, sizeof d9, "%s/qwenff128", dir);
     tm_shape q = {.llama = 0, .vocab = 301, .hidden = 72, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 18,
                   .ffn = 100, .ctx = 128, .tied = 1, .bf16 = 1, .seed = 1};
     tm_shape l = {.llama = 1, .vocab = 257, .hidden = 80, .layers = 3, .heads = 5, .kv_heads = 1, .head_dim = 16,
@@ -501,6 +502,13 @@ int main(void) {
     qb.heads = 6; qb.head_dim = 32; qb.seed = 8;
     test_invariance("batch_invariance_qwen3_bf16_a32", &qb, d8, TD_DTYPE_BF16);
     test_rollback(&qb, d8, TD_DTYPE_BF16);
+    /* an ffn of 128: the down projection's input converted by the gate/up job's
+     * chunks, each its own columns (2 threads: 64 each), or by the caller where
+     * the chunks' columns are not whole blocks of 32 (3 threads, 7 chunks a
+     * thread); every count gives the bits of one-thread T=1 steps */
+    tm_shape qd = qa;
+    qd.ffn = 128; qd.seed = 9;
+    test_invariance("batch_invariance_qwen3_bf16_ff128", &qd, d9, TD_DTYPE_BF16);
     tc_act = TD_DTYPE_F32;
     test_act_types(&q, d1, &qf, d3);
     /* act_type amx, where the tiles exist: the same invariances */
@@ -517,6 +525,7 @@ int main(void) {
         tm_shape qt = qa;
         qt.heads = 6; qt.head_dim = 32; qt.seed = 5;
         test_invariance("batch_invariance_qwen3_bf16w32_kvtile", &qt, d5, TD_DTYPE_BF16);
+        test_invariance("batch_invariance_qwen3_bf16w32_ff128", &qd, d9, TD_DTYPE_BF16);
         test_rollback(&qt, d5, TD_DTYPE_BF16);
         tc_act = TD_DTYPE_F32;
     }

@@ -15,7 +15,9 @@
 #include "nn/amx.h"
 #include "nn/i8t.h"
 #include "nn/kernels.h"
+#include "nn/mmx.h"
 #include "nn/pool.h"
+#include "nn/q8r.h"
 #include "tandem.h"
 #include "util/util.h"
 
@@ -798,6 +800,60 @@ static void test_matmul_bf16a(void) {
  * fewer than 16 rows, ranges not on a 16-row boundary), with add = 1 the bits
  * of base + the sum; and each element is within bf16
  * rounding of the exact product of the unrounded inputs. */
+/* td_mm_fill_cols: a product's input filled column range by column range (the
+ * gate/up job's chunks, each right after its swiglu) writes exactly the bytes a
+ * fill by rows writes, in every layout that allows it: the AMX pairs (xp), the
+ * R16 rows (xq), the bf16 rows (xa), and xq with xp together. Each range is
+ * filled from a copy of x whose other columns are poisoned, in ascending order,
+ * so a range that wrote outside its own columns would leave poison behind. */
+static void test_mm_fill_cols(void) {
+    tb("kernels_mm_fill_cols_equal_rows");
+    static const int MS[] = {1, 3, 8, 16, 19};
+    static const int KS[] = {32, 384, 1280};
+    for (int lay = 0; lay < 4; lay++)
+        for (int mi = 0; mi < 5; mi++)
+            for (int ki = 0; ki < 3; ki++) {
+                int M = MS[mi], K = KS[ki], ldx = K + 7;
+                float *x = rand_f((size_t)M * ldx), *xp = malloc(sizeof(float) * (size_t)M * ldx);
+                size_t na = td_mm_xa_elems(M, K), nq = (size_t)M * td_q8r_row_bytes(K);
+                uint16_t *a0 = aligned_alloc(64, (na * 2 + 63) / 64 * 64), *a1 = aligned_alloc(64, (na * 2 + 63) / 64 * 64);
+                uint8_t *q0 = aligned_alloc(64, nq), *q1 = aligned_alloc(64, nq);
+                memset(a0, 0xAB, na * 2); memset(a1, 0xCD, na * 2);
+                memset(q0, 0xAB, nq); memset(q1, 0xAB, nq); /* the same padding past each row's K + K/4 bytes */
+                td_mm_in r = {.x = x, .ldx = ldx, .M = M, .K = K, .xa_buf = a0, .xq_buf = q0};
+                if (lay == 0 || lay == 3) r.xp = (const uint32_t *)(const void *)a0;
+                if (lay == 1 || lay == 3) r.xq = q0;
+                if (lay == 2) r.xa = a0;
+                td_mm_fill(&r, 0, M);
+                td_mm_in c = r;
+                c.x = xp, c.xa_buf = a1, c.xq_buf = q1;
+                if (c.xp) c.xp = (const uint32_t *)(const void *)a1;
+                if (c.xq) c.xq = q1;
+                if (c.xa) c.xa = a1;
+                int rc = 0;
+                for (int k0 = 0; k0 < K && !rc;) { /* ranges of 1..3 blocks of 32, ascending */
+                    int k1 = k0 + 32 * (1 + (int)(rnd32() % 3));
+                    if (k1 > K) k1 = K;
+                    for (int m = 0; m < M; m++)
+                        for (int k = 0; k < ldx; k++) xp[(size_t)m * ldx + k] = k >= k0 && k < k1 ? x[(size_t)m * ldx + k] : 1e30f;
+                    rc = td_mm_fill_cols(&c, k0, k1);
+                    k0 = k1;
+                }
+                T_CHECK(rc == 0, "fill_cols rc %d (layout %d)", rc, lay);
+                T_CHECK(memcmp(a0, a1, na * 2) == 0 || !(r.xp || r.xa), "layout %d M %d K %d: the bf16 words differ", lay, M, K);
+                T_CHECK(memcmp(q0, q1, nq) == 0 || !r.xq, "layout %d M %d K %d: the R16 rows differ", lay, M, K);
+                free(x); free(xp); free(a0); free(a1); free(q0); free(q1);
+            }
+    { /* xi (one scale a row) refuses and writes nothing */
+        uint8_t buf[64 * 4 + 64];
+        memset(buf, 0x5A, sizeof buf);
+        float xr[64] = {1};
+        td_mm_in in = {.x = xr, .ldx = 64, .M = 1, .K = 64, .xi = (const uint32_t *)(const void *)buf, .xq_buf = buf};
+        T_CHECK(td_mm_fill_cols(&in, 0, 32) == -1 && buf[0] == 0x5A && buf[sizeof buf - 1] == 0x5A, "xi: fill_cols must refuse");
+    }
+    t_end();
+}
+
 static void test_amx(void) {
     tb("kernels_amx_invariant_and_accurate");
     if (!td_amx_available()) {
@@ -1904,6 +1960,7 @@ int main(void) {
     test_dp_lane();
     test_matmul_bf16a();
     test_matmul_bf16a_edges();
+    test_mm_fill_cols();
     test_amx();
     test_amx_attend();
     test_amx_attend_rows();

@@ -21,6 +21,7 @@
  * and output tiles, so its bits are its own. */
 #define _GNU_SOURCE
 #include "nn/amx.h"
+#include "nn/exp512.h"
 #include "nn/kernels.h"
 #include "util/util.h"
 
@@ -86,18 +87,20 @@ TA static void pack_step16(uint32_t *step, const float *x, int ldx) {
     }
 }
 
-void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
+void td_amx_pack_cols(uint32_t *xp, const float *x, int ldx, int M, int K, int k0, int k1) {
     for (int m0 = 0; m0 < M; m0 += 16) {
         int mc = M - m0 < 16 ? M - m0 : 16;
         uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
         if (mc == 16) {
-            for (int k = 0; k < K; k += 32) pack_step16(chunk + (size_t)(k / 32) * 256, x + (size_t)m0 * ldx + k, ldx);
+            for (int k = k0; k < k1; k += 32) pack_step16(chunk + (size_t)(k / 32) * 256, x + (size_t)m0 * ldx + k, ldx);
             continue;
         }
         for (int i = 0; i < mc; i++)
-            for (int k = 0; k < K; k += 32) pack_step(chunk + (size_t)(k / 32) * 16 * mc + i, x + (size_t)(m0 + i) * ldx + k, mc);
+            for (int k = k0; k < k1; k += 32) pack_step(chunk + (size_t)(k / 32) * 16 * mc + i, x + (size_t)(m0 + i) * ldx + k, mc);
     }
 }
+
+void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) { td_amx_pack_cols(xp, x, ldx, M, K, 0, K); }
 
 /* the shape this thread's tiles are configured for: tokens of the B and C
  * tiles of set 0 and of set 1, rows of the A and C tiles (cfg_mc 0: none yet) */
@@ -333,18 +336,29 @@ TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const u
         }
         _tile_stored(0, s + (size_t)b * 16, (size_t)np * 4);
     }
-    /* softmax by query: exp(s - max), probabilities rounded to bf16, zero past nk */
+    /* softmax by query: exp(s - max), probabilities rounded to bf16, zero past nk.
+     * Two passes over a query's scores: the maximum, then the exponentials
+     * (td_exp's bits: exp512.h) summed as they are stored (16-lane partial sums
+     * in key order, reduced, then the tail in order) — the arithmetic of a
+     * subtraction pass, td_exp and a sum pass, in a third of the passes */
     const int nk_all = nk;
     for (int i = 0; i < nq; i++) {
         float *e = s + (size_t)i * np;
-        int nk = nkq ? nkq[i] : nk_all;
-        float mx = e[td_argmax(e, nk)];
-        __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
-        int k = 0;
-        for (; k + 16 <= nk; k += 16) _mm512_storeu_ps(e + k, _mm512_sub_ps(_mm512_loadu_ps(e + k), vm));
-        for (; k < nk; k++) e[k] -= mx;
-        td_exp(e, e, nk);
-        for (k = 0; k + 16 <= nk; k += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(e + k));
+        int nk = nkq ? nkq[i] : nk_all, k = 0;
+        __m512 vm = _mm512_set1_ps(e[0]), acc = _mm512_setzero_ps();
+        for (; k + 16 <= nk; k += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(e + k));
+        float mx = _mm512_reduce_max_ps(vm);
+        for (; k < nk; k++) mx = e[k] > mx ? e[k] : mx;
+        vm = _mm512_set1_ps(mx);
+        for (k = 0; k + 16 <= nk; k += 16) {
+            __m512 x = td_exp512(_mm512_sub_ps(_mm512_loadu_ps(e + k), vm));
+            _mm512_storeu_ps(e + k, x);
+            acc = _mm512_add_ps(acc, x);
+        }
+        if (k < nk) {
+            __mmask16 m = (__mmask16)((1u << (nk - k)) - 1u);
+            _mm512_mask_storeu_ps(e + k, m, td_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, e + k), vm)));
+        }
         float sum = _mm512_reduce_add_ps(acc);
         for (; k < nk; k++) sum += e[k];
         probs_bf16(p + (size_t)i * np, e, 1.0f / sum, nk, np);
@@ -417,13 +431,13 @@ int td_amx_available(void) {
 
 #else /* no AMX in this build: the layout in C (nothing calls it without tiles) */
 
-void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
+void td_amx_pack_cols(uint32_t *xp, const float *x, int ldx, int M, int K, int k0, int k1) {
     for (int m0 = 0; m0 < M; m0 += 16) {
         int mc = M - m0 < 16 ? M - m0 : 16;
         uint32_t *chunk = xp + (size_t)m0 * (size_t)K / 2;
         for (int i = 0; i < mc; i++) {
             const float *xr = x + (size_t)(m0 + i) * ldx;
-            for (int k = 0; k < K; k += 32) {
+            for (int k = k0; k < k1; k += 32) {
                 uint32_t *step = chunk + (size_t)(k / 32) * 16 * mc + i;
                 for (int r = 0; r < 16; r++)
                     step[r * mc] = td_f32_to_bf16(xr[k + 2 * r]) | (uint32_t)td_f32_to_bf16(xr[k + 2 * r + 1]) << 16;
@@ -431,6 +445,8 @@ void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) {
         }
     }
 }
+
+void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) { td_amx_pack_cols(xp, x, ldx, M, K, 0, K); }
 
 int td_amx_available(void) { return 0; }
 void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {

@@ -53,6 +53,10 @@ static inline size_t td_amx_pack_words(int M, int K) { return (size_t)M * (size_
  * c*8*K; inside it, step s = k / 32, pair r = (k % 32) / 2 and token m % 16 is
  * word s*16*Mc + r*Mc + m % 16, holding bf16(x[k]) | bf16(x[k+1]) << 16. */
 void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K);
+/* The same for input columns [k0, k1) only (multiples of 32): the words
+ * td_amx_pack writes for those columns, so ranges covering [0, K) once, in any
+ * order or on any threads, write what it writes. */
+void td_amx_pack_cols(uint32_t *xp, const float *x, int ldx, int M, int K, int k0, int k1);
 /* y[m*ldy + n] (+)= the AMX dot of packed row m with W[n*K .. +K), for n in
  * [n0, n1), m in [0, M); add = 1 accumulates (the residual). Requires
  * td_amx_available() and td_amx_fits(K). Loads this thread's tile configuration

@@ -96,6 +96,9 @@ struct td_ctx {
     float *xo;              /* [max_logits][n_embd] final-normed wanted positions */
     uint16_t *xa;           /* act_type bf16: [max_tokens][wbuf_stride] a product's input rounded to bf16;
                                amx: the same bytes as uint32 words, packed by td_amx_pack */
+    uint16_t *xa2;          /* the same as xa, for the input the gate/up job converts for the down
+                               product while its own input in xa is still being read */
+    uint8_t *xq2;           /* the same as xq, likewise */
     uint8_t *xq;            /* act_type amx over Q8_0 weights: [max(max_tokens, max_logits)] rows of
                                td_q8r_row_bytes(wbuf_stride), a product's input quantized for
                                td_q8r_matmul; else NULL */
@@ -204,7 +207,7 @@ void td_ctx_free(td_ctx *c) {
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v); free(c->att);
     free(c->hg); free(c->hu); free(c->xo); free(c->tok_row); free(c->tok_pos);
     free(c->out_tok); free(c->wbuf); free(c->scores); free(c->probs); free(c->qt); free(c->qg); free(c->og); free(c->nkg);
-    free(c->brow_t0); free(c->brow_n); free(c->xa); free(c->xq);
+    free(c->brow_t0); free(c->brow_n); free(c->xa); free(c->xq); free(c->xa2); free(c->xq2);
     free(c);
 }
 
@@ -322,8 +325,14 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     if (c->q_dim > wmax) wmax = c->q_dim;
     c->wbuf_stride = wmax;
     c->wbuf = alloc_f((size_t)p.n_threads, (size_t)wmax, &fail);
-    if (p.act_type != TD_DTYPE_F32) c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
-    if (q8r) c->xq = alloc_e(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, td_q8r_row_bytes(wmax), 1, &fail);
+    if (p.act_type != TD_DTYPE_F32) {
+        c->xa = alloc_e(T, (size_t)wmax, sizeof(uint16_t), &fail);
+        c->xa2 = alloc_e(T, (size_t)cfg->n_ff, sizeof(uint16_t), &fail);
+    }
+    if (q8r) {
+        c->xq = alloc_e(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, td_q8r_row_bytes(wmax), 1, &fail);
+        c->xq2 = alloc_e(T, td_q8r_row_bytes(cfg->n_ff), 1, &fail);
+    }
     c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, &fail);
     if (c->kv_tile || c->kv_a32) {
         c->probs = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, sizeof(uint16_t), &fail);
@@ -416,6 +425,10 @@ typedef struct {
     const float *x; int M; int K; int add; int swiglu;
     int n_out; mm_out o[3];
     td_mm_in in;        /* x prepared for the act type's kernels (mm_pool_run) */
+    int prefilled;      /* in is planned and filled already (a swiglu job's next): no plan, no fill */
+    td_mm_in *next;     /* swiglu jobs: the next product's input, planned over o[0].y, or NULL; each
+                           chunk converts its own columns of it after its swiglu (mm_pool_run clears
+                           it where the chunks' columns are not whole blocks of 32) */
 } mm_job;
 
 static void mm_run(void *arg, int ith, int nth) {
@@ -434,6 +447,7 @@ static void mm_run(void *arg, int ith, int nth) {
             float *g = j->o[0].y + (size_t)m * j->o[0].ldy + n0;
             td_swiglu(g, g, j->o[1].y + (size_t)m * j->o[1].ldy + n0, n1 - n0);
         }
+        if (j->next) td_mm_fill_cols(j->next, n0, n1); /* this chunk's columns, still in cache */
     }
 }
 
@@ -456,15 +470,19 @@ static void fill_run(void *arg, int ith, int nth) {
  * chunks to the other), but no chunk under mm_chunk_min weight bytes nor under
  * one block. Every output element is computed the same way whatever chunk it
  * falls in: the chunk count never changes a bit. */
-static void mm_pool_run(td_ctx *c, mm_job *j) {
+/* Runs the job; returns 1 when its chunks also filled j->next (see mm_job). */
+static int mm_pool_run(td_ctx *c, mm_job *j) {
     /* the input converted once for the act type's kernels: on the caller, or
        shared out by rows when there are many */
     const td_tensor *ws[3];
     for (int i = 0; i < j->n_out; i++) ws[i] = j->o[i].w;
-    td_mm_plan(&j->in, c->p.act_type, ws, j->n_out, j->x, j->K, j->M, j->K, c->xa, c->xq);
-    if (c->serial || j->M < FILL_PAR_MIN) td_mm_fill(&j->in, 0, j->M);
-    else if (td_mm_converts(&j->in)) td_pool_run_n(c->pool, fill_run, &j->in, (j->M + 15) / 16);
-    if (c->serial) { mm_run(j, 0, 1); return; }
+    if (!j->prefilled) {
+        td_mm_plan(&j->in, c->p.act_type, ws, j->n_out, j->x, j->K, j->M, j->K, c->xa, c->xq);
+        if (c->serial || j->M < FILL_PAR_MIN) td_mm_fill(&j->in, 0, j->M);
+        else if (td_mm_converts(&j->in)) td_pool_run_n(c->pool, fill_run, &j->in, (j->M + 15) / 16);
+    }
+    if (j->next && (!j->swiglu || !td_mm_converts(j->next) || !td_mm_fills_cols(j->next) || j->o[0].N % 32)) j->next = NULL;
+    if (c->serial) { mm_run(j, 0, 1); return j->next != NULL; }
     int nth = td_pool_size(c->pool);
     size_t bytes = 0;
     int blocks = 1, blk = td_mm_block(&j->in);
@@ -476,7 +494,13 @@ static void mm_pool_run(td_ctx *c, mm_job *j) {
     if (n > bytes / c->mm_chunk_min) n = bytes / c->mm_chunk_min;
     if (n > (size_t)blocks) n = (size_t)blocks;
     if (n < (size_t)nth) n = (size_t)nth;
+    for (size_t i = 1; j->next && i < n; i++) { /* each chunk's first column on a block of 32 */
+        int n0, n1;
+        td_mm_range(j->o[0].N, blk, (int)i, (int)n, &n0, &n1);
+        if (n0 % 32) j->next = NULL;
+    }
     td_pool_run_n(c->pool, mm_run, j, (int)n);
+    return j->next != NULL;
 }
 
 /* y[M][N] = x[M][K] W^T   (add: y += x W^T) */
@@ -785,11 +809,18 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         }
         rmsnorm_rows(c, c->xb, c->x, T, &L->ffn_norm, D);
         {
-            mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .swiglu = 1, .n_out = 2,
+            /* the down product's input is converted by the gate/up job's chunks,
+               each its own columns right after its swiglu (no pass on the caller) */
+            td_mm_in next;
+            const td_tensor *wd = &L->w_down;
+            td_mm_plan(&next, c->p.act_type, &wd, 1, c->hg, F, T, F, c->xa2, c->xq2);
+            mm_job j = {.c = c, .x = c->xb, .M = T, .K = D, .swiglu = 1, .n_out = 2, .next = &next,
                         .o = {{c->hg, F, &L->w_gate, F}, {c->hu, F, &L->w_up, F}}};
-            mm_pool_run(c, &j);
+            int filled = mm_pool_run(c, &j);
+            mm_job jd = {.c = c, .x = c->hg, .M = T, .K = F, .add = 1, .n_out = 1, .o = {{c->x, D, &L->w_down, D}},
+                         .in = next, .prefilled = filled};
+            mm_pool_run(c, &jd); /* x += h Wdown^T */
         }
-        matmul_add(c, c->x, D, c->hg, T, &L->w_down, F, D, 1); /* x += h Wdown^T */
         for (int ti = 0; ti < b->n_taps; ti++)
             if (b->taps[ti] == l + 1)
                 for (int o = 0; o < n_out; o++)

@@ -30,6 +30,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define TD_HAVE_AVX512 1
+#include "nn/exp512.h"
 #endif
 
 #define AI static inline __attribute__((always_inline))
@@ -695,23 +696,7 @@ static void matmul_bv(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
     matmul_t(y, ldy, (const char *)x, 2, ldx, M, (const char *)W, (size_t)K * 2, &TILES_BA, 32, K, n0, n1, add);
 }
 
-AI __m512 exp_v(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_C1), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_C2), r);
-    __m512 p = _mm512_set1_ps(EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-    __m512 z = _mm512_mul_ps(r, r);
-    p = _mm512_fmadd_ps(p, z, r);
-    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+AI __m512 exp_v(__m512 x) { return td_exp512(x); }
 
 #ifndef ATT_PF
 #define ATT_PF 8 /* att_values_part: V rows prefetched this many keys ahead */

@@ -47,6 +47,19 @@ void td_mm_fill(const td_mm_in *in, int m0, int m1) {
             td_from_f32(in->xa_buf + (size_t)(m0 + m) * K, x + (size_t)m * in->ldx, TD_DTYPE_BF16, (size_t)K);
 }
 
+int td_mm_fill_cols(const td_mm_in *in, int k0, int k1) {
+    int K = in->K;
+    if (!td_mm_fills_cols(in)) return -1;
+    if (k1 <= k0) return 0;
+    TD_ASSERT(k0 % 32 == 0 && k1 % 32 == 0 && k1 <= K);
+    if (in->xq) td_q8r_act_cols(in->xq_buf, in->x, in->ldx, in->M, K, k0, k1);
+    if (in->xp) td_amx_pack_cols((uint32_t *)(void *)in->xa_buf, in->x, in->ldx, in->M, K, k0, k1);
+    else if (in->xa)
+        for (int m = 0; m < in->M; m++)
+            td_from_f32(in->xa_buf + (size_t)m * K + k0, in->x + (size_t)m * in->ldx + k0, TD_DTYPE_BF16, (size_t)(k1 - k0));
+    return 0;
+}
+
 void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
                    uint16_t *xa_buf, uint8_t *xq_buf) {
     td_mm_plan(in, act_type, w, n_w, x, ldx, M, K, xa_buf, xq_buf);

@@ -63,6 +63,15 @@ void td_mm_prepare(td_mm_in *in, int act_type, const td_tensor *const *w, int n_
 void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
                 uint16_t *xa_buf, uint8_t *xq_buf);
 void td_mm_fill(const td_mm_in *in, int m0, int m1);
+/* td_mm_fill by input columns instead of rows: columns [k0, k1) of every row,
+ * k0 and k1 multiples of 32. Ranges covering [0, K) once, in any order or on
+ * any threads, write the bytes td_mm_fill(in, 0, M) writes, so the job that
+ * computes x can convert its own columns of it for the next product. Returns
+ * 0, or -1 (nothing written) where the plan's layout is not made column by
+ * column (the int8 rows of xi take one scale a row): fill by rows then. */
+int td_mm_fill_cols(const td_mm_in *in, int k0, int k1);
+/* 1 when td_mm_fill_cols can fill `in` (see there). */
+static inline int td_mm_fills_cols(const td_mm_in *in) { return !in->xi; }
 /* 1 when a plan converts the input at all (else td_mm_fill does nothing). */
 static inline int td_mm_converts(const td_mm_in *in) { return in->xa || in->xp || in->xq || in->xi; }
 /* y[m*ldy + n] (+)= the product of input row m with W's row n, n in [n0, n1),

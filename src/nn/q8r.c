@@ -111,7 +111,9 @@ void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, i
     }
 }
 
-void td_q8r_act(void *xq, const float *x, int ldx, int M, int K) {
+void td_q8r_act(void *xq, const float *x, int ldx, int M, int K) { td_q8r_act_cols(xq, x, ldx, M, K, 0, K); }
+
+void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, int k1) {
     size_t rb = td_q8r_row_bytes(K);
     int nb = K / 32;
     for (int m = 0; m < M; m++) {
@@ -119,8 +121,9 @@ void td_q8r_act(void *xq, const float *x, int ldx, int M, int K) {
         int8_t *q = (int8_t *)row;
         float *d = (float *)(void *)(row + K);
         int32_t *ns = (int32_t *)(void *)(row + K + 4 * nb);
-        td_quant_act_row(x + (size_t)m * ldx, K, q, d);
-        for (int b = 0; b < nb; b++) {
+        /* blocks of 32 quantize alone (td_quant_act_row) */
+        td_quant_act_row(x + (size_t)m * ldx + k0, k1 - k0, q + k0, d + k0 / 32);
+        for (int b = k0 / 32; b < k1 / 32; b++) {
             int32_t s = 0;
             for (int i = 0; i < 32; i++) s += q[32 * b + i];
             ns[b] = -128 * s;

@@ -61,6 +61,9 @@ void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, i
 static inline size_t td_q8r_row_bytes(int K) { return ((size_t)K + (size_t)K / 4 + 63) / 64 * 64; }
 /* Quantize rows x[m * ldx .. + K), m in [0, M), into xq (M * td_q8r_row_bytes(K)). */
 void td_q8r_act(void *xq, const float *x, int ldx, int M, int K);
+/* The same for input columns [k0, k1) only (multiples of 32): those blocks'
+ * bytes of every row, as td_q8r_act writes them. */
+void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, int k1);
 /* y[m * ldy + n] (+)= the R16 product of activation row m (xq) with row n of
  * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16. */
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add);
