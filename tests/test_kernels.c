@@ -1028,8 +1028,8 @@ static int att_same(const float *o, const float *want, int r0, int nq, int ldo, 
  *     of c0 = 0 (all in kt/vt). Every buffer is framed by NaN poison (the
  *     committed copy ends at c0, kp/vp of c0 = 0 are poison only), so a read
  *     of the wrong buffer or past its range breaks the bits.
- *  4. Query independence: each query's row alone (nq = 1) and among 3, 8 or
- *     16 is the same bits.
+ *  4. Query independence: each query's row alone (nq = 1) and among 3, 8,
+ *     16, 21 or 32 (one tile group of queries or two) is the same bits.
  *  5. Keys and values of positions [nk, np) of the last chunk (large but
  *     finite: +-1e30) do not change a bit against zeros there.
  *  6. The probabilities are rounded to nearest even: n equal keys, values 1.
@@ -1110,8 +1110,9 @@ static void test_amx_attend(void) {
     }
     /* 2 - 5 */
     {
-        static const int HDS[] = {32, 64, 96, 128, 256}, NKS[] = {1, 16, 17, 31, 32, 33, 100, 650}, NQS[] = {1, 3, 8};
-        enum { QN = 16 };
+        /* QN = 32: two tile groups of queries (rows 0-15 and 16-31) sharing each K/V load */
+        static const int HDS[] = {32, 64, 96, 128, 256}, NKS[] = {1, 16, 17, 31, 32, 33, 100, 650}, NQS[] = {1, 3, 8, 16, 21};
+        enum { QN = 32 };
         double worst = 0, worst_rel = 0;
         long calls = 0;
         for (int hi = 0; hi < (int)(sizeof HDS / sizeof HDS[0]); hi++)
@@ -1143,11 +1144,11 @@ static void test_amx_attend(void) {
                 /* queries ~N(0, 1) / sqrt(hd); 3, 7, 11: 12 / hd times a key (score ~12), 15: 120 / hd (~120) */
                 for (int i = 0; i < QN; i++)
                     for (int d = 0; d < hd; d++) {
-                        double x = i % 4 == 3 ? (i == 15 ? 120.0 : 12.0) / hd * td_bf16_to_f32(kb[(size_t)tg[i / 4] * hd + d])
+                        double x = i % 4 == 3 ? (i == 15 ? 120.0 : 12.0) / hd * td_bf16_to_f32(kb[(size_t)tg[i / 4 % 4] * hd + d])
                                               : att_gauss() / sqrt((double)hd);
                         q[(size_t)i * hd + d] = td_f32_to_bf16((float)x);
                     }
-                /* all 16 queries, everything in kt / vt (c0 = 0; kp / vp poison): the baseline */
+                /* all 32 queries, everything in kt / vt (c0 = 0; kp / vp poison): the baseline */
                 att_call(o16, ldo, q, QN, P, P, 0, K, V, hd, nk, s, p);
                 calls++;
                 int bad = 0;
@@ -1173,7 +1174,7 @@ static void test_amx_attend(void) {
                     }
                 }
                 T_CHECK(bad == 0, "hd=%d nk=%d: %d elements past the tolerance", hd, nk, bad);
-                /* 4. query independence: the first 1, 3, 8 queries, and each one alone */
+                /* 4. query independence: the first 1, 3, 8, 16, 21 queries, and each one alone */
                 for (int j = 0; j < (int)(sizeof NQS / sizeof NQS[0]); j++) {
                     att_call(o, ldo, q, NQS[j], P, P, 0, K, V, hd, nk, s, p);
                     calls++;
@@ -1184,7 +1185,7 @@ static void test_amx_attend(void) {
                     calls++;
                     if (!att_same(o, o16, i, 1, ldo, hd, "query alone", nk, 0)) break;
                 }
-                /* 3. split at every multiple of 32 below nk (the last one: cl), 16 queries and 3 */
+                /* 3. split at every multiple of 32 below nk (the last one: cl), 32 queries and 3 */
                 for (int pass = 0; pass < 2; pass++) {
                     /* 5. (pass 1) positions [nk, np): +-1e30 keys and values instead of zeros */
                     if (pass == 1) {
@@ -1250,8 +1251,8 @@ done:
 }
 
 /* td_amx_attend_rows: a target's causal attention over K/V in the pair
- * layouts, query i attending to keys [0, nk[i]). A verify block of 8 tokens of
- * a GQA-2 model (16 queries, nk = ctx + 1 + i / 2) over contexts across chunk
+ * layouts, query i attending to keys [0, nk[i]). A verify block of 12 tokens of
+ * a GQA-2 model (24 queries: two tile groups; nk = ctx + 1 + i / 2) over contexts across chunk
  * edges, positions from the last query's nk to the end of the buffer holding
  * +-1e30 (stale entries of rejected drafts: finite, never attended):
  *  1. each query's row equals, bit for bit, the query alone (nq = 1, its own
@@ -1270,7 +1271,7 @@ static void test_amx_attend_rows(void) {
         return;
     }
     static const int HDS[] = {32, 64, 128}, CTX[] = {0, 9, 24, 31, 57, 300};
-    enum { QN = 16 };
+    enum { QN = 24 }; /* a GQA-3 verify block of 8: two tile groups of queries */
     int bad_inv = 0, bad_acc = 0;
     double worst = 0;
     for (int hi = 0; hi < 3; hi++)

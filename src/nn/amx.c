@@ -243,16 +243,20 @@ void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t 
 }
 
 /* ---- attention of a few queries over one kv head (td_amx_attend) ----
- * Tiles: C = 0-3 (scores: tile 0 only), A = 4 (queries, then probabilities),
- * B = 5 (keys, then values); every tile has nq rows or 16 pair rows of 64
- * bytes. The configuration is marked mc = -2 - nq in the thread's cache. */
+ * Up to 16 queries (one group): C = 0-3 (scores: tile 0 only), A = 4 (queries,
+ * then probabilities), B = 5 (keys, then values); every tile has nq rows or 16
+ * pair rows of 64 bytes. 17 to 32 queries (two groups, rows 0-15 and 16..nq-1,
+ * sharing every K and V load): group 0 in C tiles 0 and 2 and A tile 4, group 1
+ * in C tiles 1 and 3 and A tile 6 (nq - 16 rows), B = 5. The configuration is
+ * marked mc = -2 - nq in the thread's cache. */
 TA static void configure_att(int nq) {
     if (cfg_mc == -2 - nq) return;
     td_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 6; t++) {
-        c.rows[t] = (uint8_t)(t == 5 ? 16 : nq);
+    int two = nq > 16, n0 = two ? 16 : nq, n1 = nq - 16;
+    for (int t = 0; t < (two ? 7 : 6); t++) {
+        c.rows[t] = (uint8_t)(t == 5 ? 16 : two && (t == 1 || t == 3 || t == 6) ? n1 : n0);
         c.colsb[t] = 64;
     }
     td_amx_load_cfg(&c);
@@ -329,12 +333,18 @@ TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const u
             prefetch_bytes(kp + (size_t)(b + ATT_PF_BLOCKS) * hd * 16, (size_t)hd * 32, _MM_HINT_T1);
         if (b * 16 < c0) prefetch_bytes(vp + (size_t)b * hd * 16, (size_t)hd * 32, _MM_HINT_T1);
         _tile_zero(0);
+        if (nq > 16) _tile_zero(1);
         for (int k = 0; k < hd; k += 32) {
             _tile_loadd(4, q + k, (size_t)hd * 2);
             _tile_loadd(5, kb + (size_t)k * 16, 64);
             _tile_dpbf16ps(0, 4, 5);
+            if (nq > 16) {
+                _tile_loadd(6, q + (size_t)16 * hd + k, (size_t)hd * 2);
+                _tile_dpbf16ps(1, 6, 5);
+            }
         }
         _tile_stored(0, s + (size_t)b * 16, (size_t)np * 4);
+        if (nq > 16) _tile_stored(1, s + (size_t)16 * np + (size_t)b * 16, (size_t)np * 4);
     }
     /* softmax by query: exp(s - max), probabilities rounded to bf16, zero past nk.
      * Two passes over a query's scores: the maximum, then the exponentials
@@ -362,6 +372,32 @@ TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const u
         float sum = _mm512_reduce_add_ps(acc);
         for (; k < nk; k++) sum += e[k];
         probs_bf16(p + (size_t)i * np, e, 1.0f / sum, nk, np);
+    }
+    if (nq > 16) { /* outputs of two groups: 32 dimensions a pass, each V tile serving both */
+        const uint16_t *p1 = p + (size_t)16 * np;
+        float *o1 = o + (size_t)16 * ldo;
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int k = 0; k < np; k += 32) {
+                const uint16_t *vc = (k < c0 ? vp + (size_t)k * hd : vt + (size_t)(k - c0) * hd) + (size_t)d0 * 2;
+                _tile_loadd(4, p + k, (size_t)np * 2);
+                _tile_loadd(6, p1 + k, (size_t)np * 2);
+                _tile_loadd(5, vc, (size_t)hd * 4);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_dpbf16ps(1, 6, 5);
+                _tile_loadd(5, vc + 32, (size_t)hd * 4);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_dpbf16ps(3, 6, 5);
+            }
+            _tile_stored(0, o + d0, (size_t)ldo * 4);
+            _tile_stored(2, o + d0 + 16, (size_t)ldo * 4);
+            _tile_stored(1, o1 + d0, (size_t)ldo * 4);
+            _tile_stored(3, o1 + d0 + 16, (size_t)ldo * 4);
+        }
+        return;
     }
     /* outputs: 16 dimensions a tile, 32 keys a step; four result tiles at a time */
     for (int d0 = 0; d0 < hd; d0 += 64) {

@@ -63,7 +63,9 @@ void td_amx_pack_cols(uint32_t *xp, const float *x, int ldx, int M, int K, int k
  * as needed (it is per thread; the pool's workers each keep their own). */
 void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add);
 
-/* Attention of nq (1..16) queries over the first nk keys of one kv head, on
+/* Queries one td_amx_attend call takes (two tile groups sharing each K and V load). */
+#define TD_AMX_ATTEND_QMAX 32
+/* Attention of nq (1..TD_AMX_ATTEND_QMAX) queries over the first nk keys of one kv head, on
  * the tiles: s = q k^T (q already scaled), softmax in f32 (td_exp), the
  * probabilities rounded to bf16, o = p v. Keys and values live in the tiles'
  * pair layouts (td_amx_kp_at, td_amx_vp_at) in whole 32-key chunks: positions

@@ -107,9 +107,11 @@ struct td_ctx {
     int *out_tok;           /* [max_logits] token index of each wanted position */
     float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
     int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
-    float *scores;          /* [n_threads][TD_ATTEND_QMAX * kv_cap] softmax scratch */
-    uint16_t *probs;        /* kv_tile, kv_a32: [n_threads][TD_ATTEND_QMAX * kv_cap] bf16 probabilities */
-    uint16_t *qt;           /* kv_tile, kv_a32: [n_threads][TD_ATTEND_QMAX * head_dim] scaled bf16 queries */
+    int att_qmax;           /* queries an attention call takes: TD_AMX_ATTEND_QMAX on the tiles
+                               (kv_tile), else TD_ATTEND_QMAX */
+    float *scores;          /* [n_threads][att_qmax * kv_cap] softmax scratch */
+    uint16_t *probs;        /* kv_tile, kv_a32: [n_threads][att_qmax * kv_cap] bf16 probabilities */
+    uint16_t *qt;           /* kv_tile, kv_a32: [n_threads][att_qmax * head_dim] scaled bf16 queries */
     float *qg;              /* [n_threads][ATT_TC * q_dim] gathered queries of one attention unit */
     float *og;              /* [n_threads][ATT_TC * q_dim] their outputs */
     int *nkg;               /* [n_threads][ATT_TC * n_head] their key counts */
@@ -333,10 +335,11 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         c->xq = alloc_e(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, td_q8r_row_bytes(wmax), 1, &fail);
         c->xq2 = alloc_e(T, td_q8r_row_bytes(cfg->n_ff), 1, &fail);
     }
-    c->scores = alloc_f((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, &fail);
+    c->att_qmax = c->kv_tile ? TD_AMX_ATTEND_QMAX : TD_ATTEND_QMAX;
+    c->scores = alloc_f((size_t)p.n_threads * c->att_qmax, (size_t)c->kv_cap, &fail);
     if (c->kv_tile || c->kv_a32) {
-        c->probs = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)c->kv_cap, sizeof(uint16_t), &fail);
-        c->qt = alloc_e((size_t)p.n_threads * TD_ATTEND_QMAX, (size_t)cfg->head_dim, sizeof(uint16_t), &fail);
+        c->probs = alloc_e((size_t)p.n_threads * c->att_qmax, (size_t)c->kv_cap, sizeof(uint16_t), &fail);
+        c->qt = alloc_e((size_t)p.n_threads * c->att_qmax, (size_t)cfg->head_dim, sizeof(uint16_t), &fail);
     }
     c->qg = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
     c->og = alloc_f((size_t)p.n_threads * ATT_TC, (size_t)c->q_dim, &fail);
@@ -597,15 +600,15 @@ static void attn_tokens(td_ctx *c, int layer, int ith, int kvh, int ta, int tb) 
     const td_config *cfg = &c->m->cfg;
     int hd = cfg->head_dim, group = cfg->n_head / cfg->n_kv_head;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = c->scores + (size_t)ith * TD_ATTEND_QMAX * c->kv_cap;
+    float *sc = c->scores + (size_t)ith * c->att_qmax * c->kv_cap;
     float *qg = c->qg + (size_t)ith * ATT_TC * c->q_dim, *og = c->og + (size_t)ith * ATT_TC * c->q_dim;
     int *nk = c->nkg + (size_t)ith * ATT_TC * cfg->n_head;
     int row = c->tok_row[ta];
     size_t lo = kv_head_off(c, row, layer, kvh);
     if (c->kv_tile || c->kv_a32) { /* the group's queries of the tokens, 16 (one tile of rows) at a time */
-        uint16_t *qt = c->qt + (size_t)ith * TD_ATTEND_QMAX * hd, *pr = c->probs + (size_t)ith * TD_ATTEND_QMAX * c->kv_cap;
+        uint16_t *qt = c->qt + (size_t)ith * c->att_qmax * hd, *pr = c->probs + (size_t)ith * c->att_qmax * c->kv_cap;
         const uint16_t *kp = (const uint16_t *)c->k_cache + lo, *vp = (const uint16_t *)c->v_cache + lo;
-        int nq = (tb - ta) * group, qmax = ATT_TC * cfg->n_head < TD_ATTEND_QMAX ? ATT_TC * cfg->n_head : TD_ATTEND_QMAX;
+        int nq = (tb - ta) * group, qmax = ATT_TC * cfg->n_head < c->att_qmax ? ATT_TC * cfg->n_head : c->att_qmax;
         for (int i0 = 0; i0 < nq; i0 += qmax) { /* qmax: what og and nk hold */
             int n = nq - i0 < qmax ? nq - i0 : qmax;
             for (int i = 0; i < n; i++) {

@@ -192,9 +192,9 @@ typedef struct {
                                  td_attend_b32, as the target's does); capb = cap rounded up to even */
     uint16_t *bscr;           /* A32 attention: [pool threads][TD_ATTEND_QMAX*(capb + hd)] a call's
                                  probabilities and scaled queries in bf16 */
-    float *ascr;              /* amx attention: [pool threads][nqm*hd + 16*capp] a kv head's outputs
+    float *ascr;              /* amx attention: [pool threads][nqm*hd + TD_AMX_ATTEND_QMAX*capp] a kv head's outputs
                                  and scores (nqm = (H/KVH)*G queries) */
-    uint16_t *apk;            /* amx attention: [pool threads][nqm*hd + 16*capp] its queries and
+    uint16_t *apk;            /* amx attention: [pool threads][nqm*hd + TD_AMX_ATTEND_QMAX*capp] its queries and
                                  probabilities in bf16 */
     int *brow;                /* [max_rows] rows drafting this round */
     int *bdepth;              /* [max_rows] this round's block depth per row (0 where a lookup served) */
@@ -549,7 +549,7 @@ static void att_run(void *arg, int ith, int nth) {
 }
 
 /* The same on the AMX tiles (g->amx_att, td_amx_attend): (row, kv head)
- * items, the H/KVH heads' queries of a kv head together, 16 a call, over the
+ * items, the H/KVH heads' queries of a kv head together, TD_AMX_ATTEND_QMAX (32) a call, over the
  * row's bf16 keys and values. The drafts move a little against att_run's
  * (the target's verification keeps the output exact). */
 static void att_amx_run(void *arg, int ith, int nth) {
@@ -557,9 +557,9 @@ static void att_amx_run(void *arg, int ith, int nth) {
     blk_group *g = j->g;
     const blk_provider *p = g->p;
     int KVH = p->KVH, hd = p->hd, QW = p->H * hd, grp = p->H / KVH;
-    size_t capp = (size_t)g->capp, per = (size_t)grp * p->G * hd + 16 * capp, tmax = (size_t)BLK_TAIL * hd;
+    size_t capp = (size_t)g->capp, per = (size_t)grp * p->G * hd + TD_AMX_ATTEND_QMAX * capp, tmax = (size_t)BLK_TAIL * hd;
     float *ob = g->ascr + (size_t)ith * per, *sc = ob + (size_t)grp * p->G * hd;
-    uint16_t *qb = g->apk + (size_t)ith * (per + 2 * tmax), *pb = qb + (size_t)grp * p->G * hd, *kt = pb + 16 * capp,
+    uint16_t *qb = g->apk + (size_t)ith * (per + 2 * tmax), *pb = qb + (size_t)grp * p->G * hd, *kt = pb + TD_AMX_ATTEND_QMAX * capp,
              *vt = kt + tmax;
     for (int it = ith; it < j->nb * KVH; it += nth) {
         int b = it / KVH, kh = it % KVH, G = g->bg[b], nq = grp * G;
@@ -583,8 +583,8 @@ static void att_amx_run(void *arg, int ith, int nth) {
         }
         for (int t = 0; t < G; t++)
             td_amx_kv_put(kt, vt, r->len + t - c0, r->K + kv_at(g, j->l, kh, r->len + t), r->V + kv_at(g, j->l, kh, r->len + t), hd);
-        for (int m0 = 0; m0 < nq; m0 += 16)
-            td_amx_attend(ob + (size_t)m0 * hd, hd, qb + (size_t)m0 * hd, nq - m0 < 16 ? nq - m0 : 16, r->Kp + lh, r->Vp + lh,
+        for (int m0 = 0; m0 < nq; m0 += TD_AMX_ATTEND_QMAX)
+            td_amx_attend(ob + (size_t)m0 * hd, hd, qb + (size_t)m0 * hd, nq - m0 < TD_AMX_ATTEND_QMAX ? nq - m0 : TD_AMX_ATTEND_QMAX, r->Kp + lh, r->Vp + lh,
                           c0, kt, vt, hd, nk, sc, pb);
         for (int hh = 0; hh < grp; hh++)
             for (int t = 0; t < G; t++)
@@ -1021,8 +1021,8 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         }
         if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
             (g->b32_att && !(g->bscr = malloc(sizeof(uint16_t) * nt * TD_ATTEND_QMAX * ((size_t)g->capb + p->hd)))) ||
-            (g->amx_att && (!(g->ascr = malloc(sizeof(float) * nt * (nqm * p->hd + 16 * (size_t)g->capp))) ||
-                            !(g->apk = calloc(nt * (nqm * p->hd + 16 * (size_t)g->capp + 2 * (size_t)BLK_TAIL * p->hd),
+            (g->amx_att && (!(g->ascr = malloc(sizeof(float) * nt * (nqm * p->hd + TD_AMX_ATTEND_QMAX * (size_t)g->capp))) ||
+                            !(g->apk = calloc(nt * (nqm * p->hd + TD_AMX_ATTEND_QMAX * (size_t)g->capp + 2 * (size_t)BLK_TAIL * p->hd),
                                               sizeof(uint16_t))))) ||
             (p->rarena && !(g->xq = aligned_alloc(64, td_q8r_row_bytes(kmax) * (size_t)g->max_tok)))) { /* 64-byte rows (nn/mmx.h) */
             blk_free_group(g);
