@@ -526,7 +526,11 @@ static void add_bias(float *y, int ld, int M, const td_tensor *b, int N) {
         }
 }
 
-typedef struct { td_ctx *c; int T; int layer; int n_rows; } tok_job;
+typedef struct {
+    td_ctx *c; int T; int layer; int n_rows;
+    td_mm_in *next;     /* fused schedule by contiguous kv heads: the o product's input, planned over
+                           att; each chunk converts its heads' columns of it (attention()), or NULL */
+} tok_job;
 
 /* Bytes before cache element el (an offset of kv_head_off's, plus whole rows of
  * head_dim: a multiple of 32, which q8_0's blocks of 32 need): the cache type's
@@ -681,8 +685,10 @@ static void fused_attn_run(void *arg, int ith, int nth) {
     td_ctx *c = j->c;
     int nkv = c->m->cfg.n_kv_head;
     if (nkv % nth == 0) {
-        for (int h = nkv * ith / nth; h < nkv * (ith + 1) / nth; h++)
+        int h0 = nkv * ith / nth, h1 = nkv * (ith + 1) / nth, qw = c->m->cfg.n_head / nkv * c->m->cfg.head_dim;
+        for (int h = h0; h < h1; h++)
             for (int i = 0; i < j->n_rows; i++) attn_unit(c, j->layer, ith, i, h);
+        if (j->next) td_mm_fill_cols(j->next, h0 * qw, h1 * qw); /* these heads' outputs, still in cache */
         return;
     }
     for (int u = ith; u < j->n_rows * nkv; u += nth) attn_unit(c, j->layer, ith, u / nkv, u % nkv);
@@ -691,16 +697,24 @@ static void fused_attn_run(void *arg, int ith, int nth) {
 /* Post-processing and attention of one layer. The fused schedule costs one pool
  * job instead of two, but has only (rows x kv heads) units: it is used when
  * those keep every thread equally busy. Both give the same bits. */
-static void attention(td_ctx *c, int T, int layer, int n_rows) {
-    tok_job tj = {c, T, layer, n_rows};
-    int nth = c->serial ? 1 : td_pool_size(c->pool), units = n_rows * c->m->cfg.n_kv_head;
+static int attention(td_ctx *c, int T, int layer, int n_rows, td_mm_in *next) {
+    tok_job tj = {c, T, layer, n_rows, NULL};
+    const td_config *cfg = &c->m->cfg;
+    int nth = c->serial ? 1 : td_pool_size(c->pool), units = n_rows * cfg->n_kv_head;
     if (units % nth == 0 || units >= 4 * nth) {
+        /* by contiguous kv heads, each chunk also converts its heads' columns of
+           the o product's input (whole blocks of 32 where a group's width is) */
+        if (next && cfg->n_kv_head % nth == 0 && cfg->n_head / cfg->n_kv_head * cfg->head_dim % 32 == 0 &&
+            td_mm_converts(next) && td_mm_fills_cols(next))
+            tj.next = next;
         run_job(c, fused_attn_run, &tj);
+        return tj.next != NULL;
     } else {
         run_job(c, qkv_post_run, &tj);
         /* new K/V are in the cache: row lengths as seen by attention include them */
         run_job(c, attn_run, &tj);
     }
+    return 0;
 }
 
 typedef struct { td_ctx *c; int T; const td_tensor *w; float *dst; const float *src; int n; } norm_job;
@@ -802,13 +816,22 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
             add_bias(c->k, c->kv_dim, T, &L->bk, c->kv_dim);
             add_bias(c->v, c->kv_dim, T, &L->bv, c->kv_dim);
         }
-        attention(c, T, l, b->n_rows);
-        if (cfg->attn_bias && L->bo.data) {
-            matmul(c, c->xb, D, c->att, T, &L->wo, c->q_dim, D);
-            add_bias(c->xb, D, T, &L->bo, D);
-            for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
-        } else {
-            matmul_add(c, c->x, D, c->att, T, &L->wo, c->q_dim, D, 1); /* x += att Wo^T: same bits */
+        {
+            /* the o product's input is converted by the attention job's chunks, each
+               its own heads' columns (no pass on the caller) where they split so */
+            td_mm_in next;
+            const td_tensor *wo = &L->wo;
+            td_mm_plan(&next, c->p.act_type, &wo, 1, c->att, c->q_dim, T, c->q_dim, c->xa, c->xq);
+            int filled = attention(c, T, l, b->n_rows, &next);
+            int bo = cfg->attn_bias && L->bo.data;
+            /* x += att Wo^T (the same bits as into xb and then added), or with o's bias */
+            mm_job jo = {.c = c, .x = c->att, .M = T, .K = c->q_dim, .add = !bo, .n_out = 1,
+                         .o = {{bo ? c->xb : c->x, D, &L->wo, D}}, .in = next, .prefilled = filled};
+            mm_pool_run(c, &jo);
+            if (bo) {
+                add_bias(c->xb, D, T, &L->bo, D);
+                for (size_t i = 0; i < (size_t)T * D; i++) c->x[i] += c->xb[i];
+            }
         }
         rmsnorm_rows(c, c->xb, c->x, T, &L->ffn_norm, D);
         {
