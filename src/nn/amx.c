@@ -311,6 +311,19 @@ TA void td_amx_kv_put(uint16_t *kp, uint16_t *vp, int pos, const float *k, const
         for (size_t l_ = 0; l_ < (n); l_ += 64) _mm_prefetch(pb_ + l_, hint);         \
     } while (0)
 
+/* the result tiles 0-3 zeroed */
+TA static inline void zero_c4(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+/* the values of the 32 keys from k, dimensions from d0 (pairs layout): in vp
+ * below c0, else in the tail copy vt laid out from c0 */
+static inline const uint16_t *v_step(const uint16_t *vp, const uint16_t *vt, int c0, int k, int hd, int d0) {
+    return (k < c0 ? vp + (size_t)k * hd : vt + (size_t)(k - c0) * hd) + (size_t)d0 * 2;
+}
+
 /* td_amx_attend and td_amx_attend_rows: query i attends to keys [0, nkq[i])
  * (nkq NULL: all to [0, nk)), nk the largest. A query's probabilities are
  * zero from its own nk on, so the chunks past its own (which the others
@@ -377,12 +390,9 @@ TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const u
         const uint16_t *p1 = p + (size_t)16 * np;
         float *o1 = o + (size_t)16 * ldo;
         for (int d0 = 0; d0 < hd; d0 += 32) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            zero_c4();
             for (int k = 0; k < np; k += 32) {
-                const uint16_t *vc = (k < c0 ? vp + (size_t)k * hd : vt + (size_t)(k - c0) * hd) + (size_t)d0 * 2;
+                const uint16_t *vc = v_step(vp, vt, c0, k, hd, d0);
                 _tile_loadd(4, p + k, (size_t)np * 2);
                 _tile_loadd(6, p1 + k, (size_t)np * 2);
                 _tile_loadd(5, vc, (size_t)hd * 4);
@@ -402,12 +412,9 @@ TA static void attend_core(float *o, int ldo, const uint16_t *q, int nq, const u
     /* outputs: 16 dimensions a tile, 32 keys a step; four result tiles at a time */
     for (int d0 = 0; d0 < hd; d0 += 64) {
         int nt = hd - d0 < 64 ? (hd - d0) / 16 : 4;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_c4();
         for (int k = 0; k < np; k += 32) {
-            const uint16_t *vc = (k < c0 ? vp + (size_t)k * hd : vt + (size_t)(k - c0) * hd) + (size_t)d0 * 2;
+            const uint16_t *vc = v_step(vp, vt, c0, k, hd, d0);
             _tile_loadd(4, p + k, (size_t)np * 2);
             _tile_loadd(5, vc, (size_t)hd * 4);
             _tile_dpbf16ps(0, 4, 5);
