@@ -31,7 +31,11 @@
  *
  * Pool jobs per layer (each costs a synchronisation of all threads): q/k/v;
  * attention; o_proj (+ residual); gate/up (+ SwiGLU); down_proj (+ residual).
- * Row norms of up to NORM_INLINE_T tokens run on the caller between jobs.
+ * Row norms of up to NORM_INLINE_T tokens run on the caller between jobs, with
+ * the conversion of the next product's input; the o and down products' inputs
+ * are instead converted by the jobs that compute them, each chunk its own
+ * columns (td_mm_fill_cols: the same bytes), where the chunks split on blocks
+ * of 32 columns — a verify's caller then has no pass there while the others wait.
  * Attention is one job of units (batch row, kv head) — q/k norm, RoPE and the
  * cache write of that head for the row's new tokens, then attention of the
  * group's queries of those tokens in one td_attend call (they share K/V loads) —
