@@ -14,6 +14,13 @@
  * the two: floor_fraction_paired is the median over repetitions of the decode
  * run's fraction of the floor at the higher of those two bandwidths, and
  * verify_ratio_8_1_paired the median over rounds of T=8 / T=1 timed back to back.
+ * floor_fraction_interleaved: the decode run again from its prompt (the row
+ * trimmed back) with a read of the bandwidth buffer before every token, each
+ * token paired with the bandwidth of the read just before it; the median of the
+ * per-token fractions. A drift between minutes then moves both sides of each
+ * pair, and (with a buffer larger than the caches) no token finds weights that
+ * the one before left in cache. The run
+ * must choose the first run's tokens (interleaved_tokens_equal; else an error).
  * Also reported: the model's load time, whether its weights were copied
  * (--no-mmap) and how much of the process is in 2 MiB pages after the run
  * (AnonHugePages, FilePmdMapped of /proc/self/smaps_rollup).
@@ -35,7 +42,9 @@
 static void bf_help(void) {
     printf("usage: tandem bench forward [-m DIR] [-t N] [--quant TYPE] [--kv-type T] [--act-type T] [--no-mmap] [--json]\n"
            "Measure read bandwidth, prefill and decode speed and the verify cost curve\n"
-           "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n\n"
+           "(forward of T = 1, 2, 4, 8, 16 new tokens at context 512) in one process.\n"
+           "The decode runs twice: once straight, once with a read of the bandwidth buffer\n"
+           "before every token (floor_fraction_interleaved pairs each token with that read).\n\n"
            "  -m, --model DIR        model directory (default: the bundled target)\n"
            "  -t, --threads N        threads (default: physical cores)\n"
            "      --bw-mib N         bandwidth buffer size in MiB (default 1024)\n"
@@ -247,7 +256,9 @@ int cmd_bench_forward(int argc, char **argv) {
     float *logits = NULL;
     int32_t *toks = NULL;
     uint64_t *bwbuf = NULL;
-    double *pair_ff = NULL, *pair_bw = NULL, *pair_vr = NULL;
+    double *pair_ff = NULL, *pair_bw = NULL, *pair_vr = NULL, *il_ff = NULL;
+    volatile uint64_t il_sink = 0;
+    int il_same = 1; /* the interleaved decode (the row trimmed back to its prompt) chose the same tokens */
     int rc = 1, row = -1;
     td_ctx_params cp = td_ctx_default_params();
     cp.max_rows = 1;
@@ -264,7 +275,8 @@ int cmd_bench_forward(int argc, char **argv) {
     pair_ff = malloc(sizeof(double) * (size_t)reps);
     pair_bw = malloc(sizeof(double) * (size_t)reps);
     pair_vr = malloc(sizeof(double) * (size_t)reps * VREPS);
-    if (!logits || !toks || !pair_ff || !pair_bw || !pair_vr) { fprintf(stderr, "tandem bench forward: out of memory\n"); goto out; }
+    il_ff = malloc(sizeof(double) * (size_t)reps * DEC_N);
+    if (!logits || !toks || !pair_ff || !pair_bw || !pair_vr || !il_ff) { fprintf(stderr, "tandem bench forward: out of memory\n"); goto out; }
     uint64_t seed = 12345;
     for (int i = 0; i < PREFILL + DEC_N + MAXT; i++) toks[i] = (int32_t)(lcg(&seed) % (uint64_t)info.n_vocab);
 
@@ -319,8 +331,9 @@ int cmd_bench_forward(int argc, char **argv) {
          * uses the higher of the two, the less favourable to the fraction) */
         td_ctx_row_trim(c, row, 0);
         if (fwd(c, row, toks, DEC_PROMPT, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
-        int32_t t = argmax(logits, info.n_vocab);
+        int32_t t = argmax(logits, info.n_vocab), t_first = t;
         double per[DEC_N];
+        int32_t dec_toks[DEC_N];
         double bw_before = measure_bandwidth(bwbuf, bw_bytes, (int)threads, 3);
         double t0 = cli_now();
         for (int i = 0; i < DEC_N; i++) {
@@ -328,13 +341,36 @@ int cmd_bench_forward(int argc, char **argv) {
             if (fwd(c, row, &t, 1, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
             per[i] = cli_now() - t1;
             if (per[i] * 1e3 < decode_min_ms) decode_min_ms = per[i] * 1e3;
-            t = argmax(logits, info.n_vocab);
+            t = dec_toks[i] = argmax(logits, info.n_vocab);
         }
         double decode_s1 = cli_now() - t0;
         double bw_after = measure_bandwidth(bwbuf, bw_bytes, (int)threads, 3);
         pair_bw[rep] = bw_before > bw_after ? bw_before : bw_after;
         pair_ff[rep] = pair_bw[rep] > 0 ? (double)info.weight_bytes / (pair_bw[rep] * 1e9) / (decode_s1 / DEC_N) : 0;
         double decode_med_ms1 = median(per, DEC_N) * 1e3;
+
+        /* 5. the same decode with a read of the whole bandwidth buffer before
+         * every token: each token's time against the floor at the bandwidth
+         * measured moments before it, so a drift of the machine's bandwidth
+         * between minutes moves both sides of each pair; the median of the DEC_N
+         * fractions. The read (1 GiB by default) also evicts the caches, so no
+         * token finds weights left by the one before. */
+        size_t il_bytes = bw_bytes;
+        td_ctx_row_trim(c, row, DEC_PROMPT);
+        t = t_first;
+        for (int i = 0; i < DEC_N; i++) {
+            uint64_t s;
+            double t1 = cli_now();
+            if (bw_pass(bwbuf, il_bytes / 8, (int)threads, 0, &s) != 0) { fprintf(stderr, "tandem bench forward: read failed\n"); goto out; }
+            double tr = cli_now() - t1;
+            il_sink += s;
+            t1 = cli_now();
+            if (fwd(c, row, &t, 1, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+            double td = cli_now() - t1;
+            t = argmax(logits, info.n_vocab);
+            if (t != dec_toks[i]) il_same = 0;
+            il_ff[rep * DEC_N + i] = ((double)info.weight_bytes / ((double)il_bytes / tr)) / td;
+        }
         if (prefill_s1 < prefill_s) prefill_s = prefill_s1;
         if (decode_s1 < decode_s) decode_s = decode_s1;
         if (decode_med_ms1 < decode_med_ms) decode_med_ms = decode_med_ms1;
@@ -351,6 +387,12 @@ int cmd_bench_forward(int argc, char **argv) {
     memcpy(ff_reps, pair_ff, sizeof(double) * (size_t)reps);
     memcpy(bw_reps, pair_bw, sizeof(double) * (size_t)reps);
     double ff_paired = median(pair_ff, (int)reps), vr_paired = median(pair_vr, (int)reps * VREPS);
+    double ff_il = median(il_ff, (int)reps * DEC_N);
+    (void)il_sink;
+    if (!il_same) {
+        fprintf(stderr, "tandem bench forward: the decode repeated from the same prompt chose other tokens (a trimmed row must decode as before)\n");
+        goto out;
+    }
     if (json) {
         printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"kv_type\": \"%s\", \"act_type\": \"%s\", \"threads\": %ld, \"reps\": %ld, \"weight_bytes\": %zu, \"n_params\": %zu, "
                "\"bandwidth_gbs\": %.3f, \"floor_ms\": %.4f, \"prefill_tokens\": %d, \"prefill_tps\": %.2f, "
@@ -370,7 +412,7 @@ int cmd_bench_forward(int argc, char **argv) {
         for (long i = 0; i < reps; i++) printf("%s%.3f", i ? ", " : "", bw_reps[i]);
         printf("], \"paired_floor_fraction\": [");
         for (long i = 0; i < reps; i++) printf("%s%.4f", i ? ", " : "", ff_reps[i]);
-        printf("]}\n");
+        printf("], \"floor_fraction_interleaved\": %.4f, \"interleaved_tokens_equal\": %s}\n", ff_il, il_same ? "true" : "false");
     } else {
         printf("model %s: %.1f M params, %.1f MB of weights, %ld threads, KV cache %s, activations %s\n", model_dir,
                info.n_params / 1e6, info.weight_bytes / 1e6, threads, td_kv_type_name(kv_type), td_act_type_name(act_type));
@@ -387,6 +429,8 @@ int cmd_bench_forward(int argc, char **argv) {
         printf(" ms\n");
         printf("paired with the bandwidth measured around each decode run: %.1f%% of the floor (median of %ld);"
                " T=8 / T=1 timed back to back: %.2fx (median of %ld pairs)\n", 100 * ff_paired, reps, vr_paired, reps * VREPS);
+        printf("interleaved with a read of the bandwidth buffer before every token: %.1f%% of the floor (median of %ld tokens;"
+               " %s tokens as the first decode)\n", 100 * ff_il, reps * DEC_N, il_same ? "the same" : "NOT the same");
         printf("model loaded in %.3f s (%s); in 2 MiB pages: %.1f MiB anonymous, %.1f MiB of mapped files\n", load_s,
                info.copied ? "weights copied" : "weights mapped", anon_huge, file_pmd);
         printf("load average %.2f before, %.2f after (other processes on these cores make the numbers noisy)\n", load0, load);
@@ -397,6 +441,7 @@ out:
     free(pair_ff);
     free(pair_bw);
     free(pair_vr);
+    free(il_ff);
     free(logits);
     free(toks);
     td_ctx_free(c);
