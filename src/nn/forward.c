@@ -65,6 +65,8 @@
 #define NORM_INLINE_T 32 /* row norms of up to this many tokens run on the caller */
 #define MM_CHUNKS 1      /* matrix-product chunks per thread (more: finer balance; measured, see forward-notes) */
 #define MM_CHUNK_MIN ((size_t)64 << 10) /* but at least this many weight bytes per chunk */
+#define MM_CHUNKS_1 8    /* chunks per thread of a one-token product (decode) ... */
+#define MM_TAPER_MIN ((size_t)2 << 20) /* ... of at least this many weight bytes (forward-notes, "Stop 44") */
 
 struct td_ctx {
     const td_model *m;      /* borrowed */
@@ -124,6 +126,8 @@ struct td_ctx {
     int serial;             /* this forward runs on the caller alone (p.serial_tokens) */
     int mm_chunks;          /* matrix-product chunks per thread (MM_CHUNKS, TD_MM_CHUNKS) */
     size_t mm_chunk_min;    /* bytes of weights a chunk gets at least (MM_CHUNK_MIN) */
+    int mm_chunks_1;        /* chunks per thread of a one-token product (MM_CHUNKS_1, TD_MM_CHUNKS_1) ... */
+    size_t mm_taper_min;    /* ... of at least this many bytes of weights (MM_TAPER_MIN) */
 };
 
 /* Run a job on the pool, or on the caller alone (chunk 0 of 1) in a serial
@@ -366,15 +370,19 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     }
     c->mm_chunks = MM_CHUNKS;
     c->mm_chunk_min = MM_CHUNK_MIN;
-    const char *mc = getenv("TD_MM_CHUNKS"); /* a tuning knob for A/B runs */
-    if (mc && *mc) {
+    c->mm_chunks_1 = MM_CHUNKS_1;
+    c->mm_taper_min = MM_TAPER_MIN;
+    static const char *const knob[2] = {"TD_MM_CHUNKS", "TD_MM_CHUNKS_1"}; /* tuning knobs for A/B runs */
+    for (int i = 0; i < 2; i++) {
+        const char *mc = getenv(knob[i]);
+        if (!mc || !*mc) continue;
         char *end;
         long v = strtol(mc, &end, 10);
         if (*end || v < 1 || v > 64) {
             td_ctx_free(c);
-            return td_seterr(err, TD_EINVAL, "TD_MM_CHUNKS='%.32s' is not an integer in [1, 64]", mc);
+            return td_seterr(err, TD_EINVAL, "%s='%.32s' is not an integer in [1, 64]", knob[i], mc);
         }
-        c->mm_chunks = (int)v;
+        *(i ? &c->mm_chunks_1 : &c->mm_chunks) = (int)v;
     }
     rope_table(c);
     *out = c;
@@ -384,6 +392,11 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
 void td_ctx_set_mm_chunks(td_ctx *c, int per_thread, size_t min_bytes) {
     c->mm_chunks = per_thread < 1 ? 1 : per_thread;
     c->mm_chunk_min = min_bytes < 1 ? 1 : min_bytes;
+}
+
+void td_ctx_set_mm_chunks_1(td_ctx *c, int per_thread, size_t min_job_bytes) {
+    c->mm_chunks_1 = per_thread < 1 ? 1 : per_thread;
+    c->mm_taper_min = min_job_bytes;
 }
 
 td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
@@ -433,10 +446,57 @@ typedef struct {
     int n_out; mm_out o[3];
     td_mm_in in;        /* x prepared for the act type's kernels (mm_pool_run) */
     int prefilled;      /* in is planned and filled already (a swiglu job's next): no plan, no fill */
+    int nthreads;       /* the pool's threads (mm_pool_run; 1 when serial) */
     td_mm_in *next;     /* swiglu jobs: the next product's input, planned over o[0].y, or NULL; each
                            chunk converts its own columns of it after its swiglu (mm_pool_run clears
                            it where the chunks' columns are not whole blocks of 32) */
 } mm_job;
+
+/* Units [*u0, *u1) of U for chunk ith of nth in a pool of T threads. One
+ * chunk a thread (nth = T): even shares. More: thread t's share (the pool deals
+ * it chunks [nth t / T, nth (t + 1) / T)) is cut geometrically, the first chunk
+ * half of it, the next a quarter, ..., the last two equal. The owner claims
+ * front to back, so it streams its share in one pass as with one chunk, and a
+ * thread that runs out steals the smallest pieces from the back of another's:
+ * a job ends with at most a small piece in flight instead of a whole chunk. */
+static void chunk_units(int U, int ith, int nth, int T, int *u0, int *u1) {
+    if (nth <= T) { *u0 = (int)((long)U * ith / nth); *u1 = (int)((long)U * (ith + 1) / nth); return; }
+    int t = 0;
+    while (t + 1 < T && ith >= (int)((long)nth * (t + 1) / T)) t++;
+    int lo = (int)((long)nth * t / T), c = (int)((long)nth * (t + 1) / T) - lo, q = ith - lo;
+    int a = (int)((long)U * t / T), u = (int)((long)U * (t + 1) / T) - a;
+    *u0 = a + (q == 0 ? 0 : u - (u >> (q < 30 ? q : 30)));
+    *u1 = a + (q + 1 >= c ? u : u - (u >> (q + 1 < 30 ? q + 1 : 30)));
+}
+
+/* Outputs [*n0, *n1) of output i for chunk ith of nth. A swiglu job cuts each
+ * output alike (gate and up must match), in units of 32 outputs where blocks
+ * allow (so each chunk can convert its own columns for the next product), and
+ * so does a job of several tokens; a one-token job with several outputs (q, k,
+ * v) cuts them as one list of blocks laid end to end, so a thread streams whole
+ * matrices and does not hop between them chunk by chunk. Empty ranges are
+ * possible (n0 == n1). */
+static void mm_chunk_range(const mm_job *j, int i, int blk, int ith, int nth, int *n0, int *n1) {
+    int N = j->o[i].N, u0, u1;
+    if (j->swiglu || j->n_out == 1 || j->M > 1) {
+        int g = j->swiglu && blk < 32 && 32 % blk == 0 ? 32 / blk : 1, w = g * blk;
+        chunk_units((N + w - 1) / w, ith, nth, j->nthreads, &u0, &u1);
+        *n0 = (long)u0 * w < N ? u0 * w : N;
+        *n1 = (long)u1 * w < N ? u1 * w : N;
+        return;
+    }
+    int off = 0, total = 0;
+    for (int k = 0; k < j->n_out; k++) {
+        if (k == i) off = total;
+        total += (j->o[k].N + blk - 1) / blk;
+    }
+    chunk_units(total, ith, nth, j->nthreads, &u0, &u1);
+    u0 = u0 < off ? 0 : u0 - off;
+    u1 = u1 < off ? 0 : u1 - off;
+    *n0 = (long)u0 * blk < N ? u0 * blk : N;
+    *n1 = (long)u1 * blk < N ? u1 * blk : N;
+    if (*n1 < *n0) *n1 = *n0;
+}
 
 static void mm_run(void *arg, int ith, int nth) {
     mm_job *j = arg;
@@ -444,12 +504,13 @@ static void mm_run(void *arg, int ith, int nth) {
     for (int i = 0; i < j->n_out; i++) {
         const mm_out *o = &j->o[i];
         int n0, n1;
-        td_mm_range(o->N, blk, ith, nth, &n0, &n1);
-        td_mm_run(&j->in, o->y, o->ldy, j->M, o->w, j->K, n0, n1, j->add);
+        mm_chunk_range(j, i, blk, ith, nth, &n0, &n1);
+        if (n0 < n1) td_mm_run(&j->in, o->y, o->ldy, j->M, o->w, j->K, n0, n1, j->add);
     }
     if (j->swiglu) {
         int n0, n1;
-        td_mm_range(j->o[0].N, blk, ith, nth, &n0, &n1);
+        mm_chunk_range(j, 0, blk, ith, nth, &n0, &n1);
+        if (n0 >= n1) return;
         for (int m = 0; n0 < n1 && m < j->M; m++) {
             float *g = j->o[0].y + (size_t)m * j->o[0].ldy + n0;
             td_swiglu(g, g, j->o[1].y + (size_t)m * j->o[1].ldy + n0, n1 - n0);
@@ -474,9 +535,12 @@ static void fill_run(void *arg, int ith, int nth) {
 /* Run a product job as mm_chunks chunks per thread (each a whole number of
  * 8-output (AMX, R16: 16-output) blocks of every output, claimed dynamically, so a thread that falls
  * behind — descheduled, or sharing memory bandwidth unevenly — leaves its
- * chunks to the other), but no chunk under mm_chunk_min weight bytes nor under
- * one block. Every output element is computed the same way whatever chunk it
- * falls in: the chunk count never changes a bit. */
+ * chunks to the other; cut geometrically, see chunk_units), but no chunk under
+ * mm_chunk_min weight bytes nor under one block. A one-token product of at
+ * least mm_taper_min bytes (a decode step's, streamed from memory, where each
+ * thread's stream has its own share of the bandwidth and a thread left waiting
+ * wastes it) takes mm_chunks_1 a thread. Every output element is computed the
+ * same way whatever chunk it falls in: the chunk count never changes a bit. */
 /* Runs the job; returns 1 when its chunks also filled j->next (see mm_job). */
 static int mm_pool_run(td_ctx *c, mm_job *j) {
     /* the input converted once for the act type's kernels: on the caller, or
@@ -489,21 +553,25 @@ static int mm_pool_run(td_ctx *c, mm_job *j) {
         else if (td_mm_converts(&j->in)) td_pool_run_n(c->pool, fill_run, &j->in, (j->M + 15) / 16);
     }
     if (j->next && (!j->swiglu || !td_mm_converts(j->next) || !td_mm_fills_cols(j->next) || j->o[0].N % 32)) j->next = NULL;
+    j->nthreads = 1;
     if (c->serial) { mm_run(j, 0, 1); return j->next != NULL; }
-    int nth = td_pool_size(c->pool);
+    int nth = j->nthreads = td_pool_size(c->pool);
     size_t bytes = 0;
     int blocks = 1, blk = td_mm_block(&j->in);
     for (int i = 0; i < j->n_out; i++) {
         bytes += td_dtype_row_bytes(j->o[i].w->dtype, j->K) * (size_t)j->o[i].N;
         if ((j->o[i].N + blk - 1) / blk > blocks) blocks = (j->o[i].N + blk - 1) / blk;
     }
-    size_t n = (size_t)nth * (size_t)c->mm_chunks;
+    int per = c->mm_chunks;
+    if (j->M == 1 && bytes >= c->mm_taper_min && c->mm_chunks_1 > per) per = c->mm_chunks_1;
+    size_t n = (size_t)nth * (size_t)per;
     if (n > bytes / c->mm_chunk_min) n = bytes / c->mm_chunk_min;
     if (n > (size_t)blocks) n = (size_t)blocks;
     if (n < (size_t)nth) n = (size_t)nth;
     for (size_t i = 1; j->next && i < n; i++) { /* each chunk's first column on a block of 32 */
         int n0, n1;
-        td_mm_range(j->o[0].N, blk, (int)i, (int)n, &n0, &n1);
+        mm_chunk_range(j, 0, blk, (int)i, (int)n, &n0, &n1);
+        if (n0 >= n1) continue;
         if (n0 % 32) j->next = NULL;
     }
     td_pool_run_n(c->pool, mm_run, j, (int)n);

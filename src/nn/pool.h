@@ -33,6 +33,11 @@ td_pool *td_ctx_pool(const struct td_ctx *c);
  * of at least min_bytes of weights each (default 64 KiB). For tests and A/B
  * runs: no count changes a bit. */
 void td_ctx_set_mm_chunks(struct td_ctx *c, int per_thread, size_t min_bytes);
+/* One-token products (a decode step's) of at least min_job_bytes of weights
+ * run as per_thread chunks per thread where that is more than the above
+ * (default MM_CHUNKS_1 = 8 from 2 MiB, or the environment's TD_MM_CHUNKS_1).
+ * For tests and A/B runs: no count changes a bit. */
+void td_ctx_set_mm_chunks_1(struct td_ctx *c, int per_thread, size_t min_job_bytes);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);
