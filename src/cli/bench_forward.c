@@ -19,8 +19,8 @@
  * token paired with the bandwidth of the read just before it; the median of the
  * per-token fractions. A drift between minutes then moves both sides of each
  * pair, and (with a buffer larger than the caches) no token finds weights that
- * the one before left in cache. The run
- * must choose the first run's tokens (interleaved_tokens_equal; else an error).
+ * the one before left in cache. The run must choose the first run's tokens
+ * (interleaved_tokens_equal; else an error).
  * Also reported: the model's load time, whether its weights were copied
  * (--no-mmap) and how much of the process is in 2 MiB pages after the run
  * (AnonHugePages, FilePmdMapped of /proc/self/smaps_rollup).
@@ -355,13 +355,12 @@ int cmd_bench_forward(int argc, char **argv) {
          * between minutes moves both sides of each pair; the median of the DEC_N
          * fractions. The read (1 GiB by default) also evicts the caches, so no
          * token finds weights left by the one before. */
-        size_t il_bytes = bw_bytes;
         td_ctx_row_trim(c, row, DEC_PROMPT);
         t = t_first;
         for (int i = 0; i < DEC_N; i++) {
             uint64_t s;
             double t1 = cli_now();
-            if (bw_pass(bwbuf, il_bytes / 8, (int)threads, 0, &s) != 0) { fprintf(stderr, "tandem bench forward: read failed\n"); goto out; }
+            if (bw_pass(bwbuf, bw_bytes / 8, (int)threads, 0, &s) != 0) { fprintf(stderr, "tandem bench forward: read failed\n"); goto out; }
             double tr = cli_now() - t1;
             il_sink += s;
             t1 = cli_now();
@@ -369,7 +368,7 @@ int cmd_bench_forward(int argc, char **argv) {
             double td = cli_now() - t1;
             t = argmax(logits, info.n_vocab);
             if (t != dec_toks[i]) il_same = 0;
-            il_ff[rep * DEC_N + i] = ((double)info.weight_bytes / ((double)il_bytes / tr)) / td;
+            il_ff[rep * DEC_N + i] = ((double)info.weight_bytes / ((double)bw_bytes / tr)) / td;
         }
         if (prefill_s1 < prefill_s) prefill_s = prefill_s1;
         if (decode_s1 < decode_s) decode_s = decode_s1;
