@@ -16,7 +16,11 @@
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
- * a forward). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
+ * a forward). A decode's single token takes the same path (one tile of 1 token x
+ * 3 groups, the next 3 groups prefetched while it computes): it had run 8 groups
+ * side by side with no prefetch, and the product alone now takes 0.88-0.91 of
+ * that time, the 0.6B Q8_0 decode 0.91 (Xeon, 2026-12-06; bench/forward-notes.md,
+ * "Stop 45"). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
  * registers), except for a verify's M <= 16 tokens: one tile of M tokens, or two
  * of about M / 2 (up to 8 x 3, the f32 chains then partly in L1), so each chunk
  * is read in one or two passes that compute while the next chunk streams in,
@@ -363,26 +367,15 @@ TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uin
     int nb = K / 32;
     size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
     for (int n = n0; n < n1;) {
-        int left = (n1 - n + 15) / 16, G = M == 1 ? (left < 8 ? left : 8) : (left < 3 ? left : 3);
-        int nv[8];
+        int left = (n1 - n + 15) / 16, G = left < 3 ? left : 3;
+        int nv[3];
         for (int g = 0; g < G; g++) nv[g] = n1 - (n + 16 * g) < 16 ? n1 - (n + 16 * g) : 16;
         const uint8_t *wg = W + (size_t)(n / 16) * gs;
         float *yg = ys + n;
         /* the next chunk's groups (in this range), prefetched during the last token tile */
-        int nxt = (n1 - (n + 16 * G) + 15) / 16, pfg = M > 1 ? (nxt < 3 ? nxt : 3) : 0;
+        int nxt = (n1 - (n + 16 * G) + 15) / 16, pfg = nxt < 3 ? nxt : 3;
         const uint8_t *pf = pfg > 0 ? wg + (size_t)G * gs : NULL;
-        if (M == 1) {
-            switch (G) {
-            case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0); break;
-            case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0); break;
-            case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0); break;
-            case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0); break;
-            case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0); break;
-            case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0); break;
-            case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0); break;
-            default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0); break;
-            }
-        } else if (G == 3) TOK_TILES(3);
+        if (G == 3) TOK_TILES(3);
         else if (G == 2) TOK_TILES(2);
         else TOK_TILES(1);
         n += 16 * G;
