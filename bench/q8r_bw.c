@@ -38,7 +38,7 @@ typedef struct {
 static void q_run(void *arg, int i, int n) {
     job *j = arg;
     int g = (j->N + 15) / 16, g0 = g * i / n, g1 = g * (i + 1) / n;
-    td_q8r_matmul(j->y, j->N, j->xq, j->M, j->R, K, g0 * 16, g1 * 16 < j->N ? g1 * 16 : j->N, 0);
+    td_q8r_matmul(j->y, j->N, j->xq, j->M, j->R, K, g0 * 16, g1 * 16 < j->N ? g1 * 16 : j->N, 0, j->N); /* streamed */
 }
 
 int main(int argc, char **argv) {

@@ -76,10 +76,11 @@ static void test_invariance(const char *name, const tm_shape *s, const char *dir
             T_REQUIRE(c3 != NULL, "context");
             td_ctx_set_mm_chunks(c3, per, 1);
             td_ctx_set_mm_chunks_1(c3, per + 1, 0); /* the T = 1 steps: 3 or 8 a thread */
+            td_ctx_set_stream(c3, per == 7);         /* and with the streamed weights' far prefetch */
             td_ctx_row_add(c3, &r);
             T_REQUIRE(tc_feed(c3, r, seq, 5, dd) == 0, "prefill chunks");
             for (int i = 5; i < 12; i++) T_REQUIRE(tc_feed(c3, r, seq + i, 1, dd + (size_t)(i - 5) * V) == 0, "T=1 chunks");
-            T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=1 with %d threads x %d chunks differs", nth, per);
+            T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=1 with %d threads x %d chunks (stream %d) differs", nth, per, per == 7);
             td_ctx_row_trim(c3, r, 5);
             T_REQUIRE(tc_feed(c3, r, seq + 5, 7, dd) == 0, "block chunks");
             T_CHECK(memcmp(a, dd, sizeof(float) * 7 * V) == 0, "T=7 with %d threads x %d chunks differs", nth, per);

@@ -909,14 +909,15 @@ static void test_amx(void) {
             y1 = malloc(sizeof(float) * N);
             T_REQUIRE(xf && W && base && xp && x1 && y && y1, "memory");
             td_amx_pack(xp, xf, K, MMAX, K);
-            td_amx_matmul(y, N, xp, MMAX, W, K, 0, N, 0);
+            td_amx_matmul(y, N, xp, MMAX, W, K, 0, N, 0, 0);
             for (int m = 0; m < MMAX && ok; m++) {
-                int sp = (m * 7) % (N + 1); /* two ranges split at any row */
+                int sp = (m * 7) % (N + 1), pfe = m % 2 ? N : 0; /* two ranges split at any row; odd
+                                                                     tokens prefetch as over streamed weights */
                 td_amx_pack(x1, xf + (size_t)m * K, K, 1, K);
-                td_amx_matmul(y1, N, x1, 1, W, K, 0, sp, 0);
-                td_amx_matmul(y1, N, x1, 1, W, K, sp, N, 0);
+                td_amx_matmul(y1, N, x1, 1, W, K, 0, sp, 0, pfe);
+                td_amx_matmul(y1, N, x1, 1, W, K, sp, N, 0, pfe);
                 if (memcmp(y1, y + (size_t)m * N, sizeof(float) * N) != 0) {
-                    T_CHECK(0, "K=%d N=%d: token %d alone (split at %d) differs from among %d", K, N, m, sp, MMAX);
+                    T_CHECK(0, "K=%d N=%d: token %d alone (split at %d, pf_end %d) differs from among %d", K, N, m, sp, pfe, MMAX);
                     ok = 0;
                 }
             }
@@ -929,7 +930,7 @@ static void test_amx(void) {
                 memcpy(ya, base, sizeof(float) * MMAX * N);
                 int n0 = N > 3 ? 3 : 0;
                 td_amx_pack(xp, xf, K, M, K); /* the layout depends on M: packed for M */
-                td_amx_matmul(ya, N, xp, M, W, K, n0, N, 1);
+                td_amx_matmul(ya, N, xp, M, W, K, n0, N, 1, M == 20 ? N : 0);
                 for (int i = 0; i < M * N && ok; i++) {
                     float e = i % N < n0 ? base[i] : base[i] + y[i];
                     if (memcmp(&e, ya + i, 4) != 0) {
@@ -1638,7 +1639,7 @@ static void *ia_amx_alone(void *arg) {
     for (int i = 0; i < IA_N; i++)
         for (int v = 0; v < 2; v++) {
             ia_amx *a = &j->a[i];
-            td_amx_matmul(a->want[v], a->N, a->xp[v], a->M, a->W, a->K, 0, a->N, 0);
+            td_amx_matmul(a->want[v], a->N, a->xp[v], a->M, a->W, a->K, 0, a->N, 0, 0);
         }
     return NULL;
 }
@@ -1653,7 +1654,7 @@ static void ia_run_i8t(ia_job *j, ia_i8t *q, int v) {
 }
 static void ia_run_amx(ia_job *j, ia_amx *a, int v) {
     memset(a->y, 0, sizeof(float) * a->M * a->N);
-    td_amx_matmul(a->y, a->N, a->xp[v], a->M, a->W, a->K, 0, a->N, 0);
+    td_amx_matmul(a->y, a->N, a->xp[v], a->M, a->W, a->K, 0, a->N, 0, a->M % 2 ? a->N : 0);
     if (memcmp(a->y, a->want[v], sizeof(float) * a->M * a->N) != 0 && j->bad++ < 4) {
         T_CHECK(0, "amx M=%d N=%d K=%d after %s: differs from its bits alone", a->M, a->N, a->K, j->last);
         fflush(stdout); /* before a SIGILL, if a later 2x2 product meets an i8t configuration */

@@ -570,22 +570,24 @@ static void test_q8r(void) {
             if (!rec_ok && fails++ < 5) T_CHECK(0, "K %d: the activation record is not q, d, -128 sum q", K);
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                 int M = Ms[mi];
-                for (int add = 0; add < 2; add++) {
-                    init_got(got, MMAX * ldy);
-                    /* one call, or two ranges split on a 16-output group, the later first */
-                    if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add);
-                    else {
-                        td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add);
-                        td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add);
+                for (int add = 0; add < 2; add++)
+                    for (int pfe = 0; pfe <= N; pfe += N) { /* weights in cache, then streamed */
+                        init_got(got, MMAX * ldy);
+                        /* one call, or two ranges split on a 16-output group, the later first */
+                        if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe);
+                        else {
+                            td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add, pfe);
+                            td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add, pfe);
+                        }
+                        checked++;
+                        if (!same_as_ref(got, ref, M, N, ldy, MMAX, add) && fails++ < 5)
+                            T_CHECK(0, "M %d N %d K %d add %d pf_end %d: not the R16 order's bits", M, N, K, add, pfe);
                     }
-                    checked++;
-                    if (!same_as_ref(got, ref, M, N, ldy, MMAX, add) && fails++ < 5) T_CHECK(0, "M %d N %d K %d add %d: not the R16 order's bits", M, N, K, add);
-                }
             }
             if (K == 96 && N == 45) { /* a NaN in row 2's second block: that row NaN, the others unchanged */
                 x[2 * K + 40] = NAN;
                 td_q8r_act(xq, x, K, 5, K);
-                td_q8r_matmul(got, ldy, xq, 5, R, K, 0, N, 0);
+                td_q8r_matmul(got, ldy, xq, 5, R, K, 0, N, 0, 0);
                 int ok = 1;
                 for (int m = 0; m < 5; m++)
                     for (int n = 0; n < N; n++)

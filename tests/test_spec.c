@@ -819,7 +819,7 @@ static void test_repack_i8t(void) {
     /* one token: R16, bit for bit td_q8r_matmul's */
     td_mm_parts(pool, TD_ACT_AMX, x, K, 1, K, &part, 1, 0, NULL, xq);
     td_q8r_act(xq, x, K, 1, K);
-    td_q8r_matmul(want, N, xq, 1, t.rp, K, 0, N, 0);
+    td_q8r_matmul(want, N, xq, 1, t.rp, K, 0, N, 0, 0);
     T_CHECK(!memcmp(y, want, sizeof(float) * N), "one token keeps R16");
     T_CHECK(TD_MM_I8T_MIN_M > 1 && TD_MM_I8T_MIN_M <= M, "the threshold lies between the two checks (%d)", TD_MM_I8T_MIN_M);
 done:

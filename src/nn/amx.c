@@ -6,7 +6,11 @@
  * (16 pairs x the tokens). Two sets of these three tiles (0-2, 3-5) serve
  * alternate blocks, so a block's first steps need not wait for the previous
  * block's result to leave its tile; while a range's block runs, the next
- * block's rows are prefetched. The result tile is stored and gathered back
+ * block's rows are prefetched toward L1 -- or, where the weights stream from
+ * memory (pf_end > 0), the next two blocks' toward L2, past the end of the range
+ * up to pf_end (0.6B shape, bf16 decode: 0.955 of the time, 200 alternated
+ * pairs; the product alone 0.86-0.92; but 1.15 for the tiny target's from L3,
+ * which the near prefetch suits; bench/forward-notes.md, "Stop 45"). The result tile is stored and gathered back
  * into y one token at a time. One block of 16 rows at a time: measured on a
  * Xeon with AMX (2026-12-04, bench/forward-notes.md "AMX tiles"), four blocks
  * in flight (64 rows, one B load each step) ran the same in L2 but streamed
@@ -131,14 +135,16 @@ TA static void configure(int mc0, int mc1, int rows) {
 }
 
 /* acc[r][i] = the AMX dot of W's row n + r with the chunk's token i, for the
- * configured rows and mc tokens; xc: the chunk's packed activations, w: row n,
- * pf: the next block's first row (prefetched along) or NULL. One copy per tile
- * set (C, A, B = 0, 1, 2 or 3, 4, 5). */
+ * configured rows and mc tokens; xc: the chunk's packed activations, w: row n;
+ * the npf rows from pf (row n + 16) prefetched along, toward L1 or (far) L2.
+ * One copy per tile set (C, A, B = 0, 1, 2 or 3, 4, 5). */
 #define AMX_BLOCK(NAME, TC, TA_, TB)                                                       \
-    TA static void NAME(float *acc, const uint32_t *xc, int mc, const uint16_t *w, int K, const uint16_t *pf) { \
+    TA static void NAME(float *acc, const uint32_t *xc, int mc, const uint16_t *w, int K, const uint16_t *pf, int npf, \
+                        int far) {                                                          \
         _tile_zero(TC);                                                                     \
         for (int k = 0; k < K; k += 32) {                                                   \
-            if (pf) for (int r = 0; r < 16; r++) _mm_prefetch((const char *)(pf + (size_t)r * K + k), _MM_HINT_T0); \
+            if (!far) for (int r = 0; r < npf; r++) _mm_prefetch((const char *)(pf + (size_t)r * K + k), _MM_HINT_T0); \
+            else for (int r = 0; r < npf; r++) _mm_prefetch((const char *)(pf + (size_t)r * K + k), _MM_HINT_T1); \
             _tile_loadd(TB, xc + (size_t)(k / 32) * 16 * mc, mc * 4);                        \
             _tile_loadd(TA_, w + k, (size_t)K * 2);                                         \
             _tile_dpbf16ps(TC, TA_, TB);                                                    \
@@ -167,7 +173,7 @@ TA static void scatter(float *y, int ldy, const float *a, int mc, int rows, int 
  * time: full chunks on tile set 0, a last shorter one on set 1 (when every
  * chunk has one width, the sets alternate by chunk). */
 static void blocks_1x1(float *y, int ldy, const uint32_t *xp, int m0, int M, const uint16_t *W, int K, int n0, int n1,
-                       int add) {
+                       int add, int pf_end) {
     if (m0 >= M) return;
     float acc[2][16 * 16]; /* per tile set: [16 outputs][16 tokens] */
     int mc0 = M - m0 < 16 ? M - m0 : 16, mc1 = M - m0 <= 16 || (M - m0) % 16 == 0 ? mc0 : (M - m0) % 16;
@@ -179,8 +185,12 @@ static void blocks_1x1(float *y, int ldy, const uint32_t *xp, int m0, int M, con
             int mc = M - m < 16 ? M - m : 16;
             int t = mc0 == mc1 ? (set ^= 1) : mc != 16; /* the tile set */
             float *a = acc[t];
-            const uint16_t *pf = m == m0 && n + 32 <= n1 ? W + (size_t)(n + 16) * K : NULL;
-            (t ? block1 : block0)(a, xp + (size_t)m * (size_t)K / 2, mc, W + (size_t)n * K, K, pf);
+            /* near: the next block's 16 rows when it is in the range; streamed: the next two
+               blocks' rows below pf_end */
+            int far = pf_end > 0, npf = m > m0 ? 0 : !far ? (n + 32 <= n1 ? 16 : 0) : pf_end - (n + 16);
+            npf = npf < 0 ? 0 : npf > 32 ? 32 : npf;
+            (t ? block1 : block0)(a, xp + (size_t)m * (size_t)K / 2, mc, W + (size_t)n * K, K, W + (size_t)(n + 16) * K,
+                                  npf, far);
             scatter(y + (size_t)m * ldy + n, ldy, a, mc, rows, add);
         }
     }
@@ -224,7 +234,8 @@ TA static void block_2x2(float *acc, const uint32_t *x0, const uint32_t *x1, con
     _tile_stored(3, acc + 768, 64);
 }
 
-void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
+void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add,
+                   int pf_end) {
     int m2 = M / 32 * 32, n2 = n0 + (n1 - n0) / 32 * 32; /* the part the 2x2 blocks cover */
     if (m2 && n2 > n0) { /* every 2x2 block, then the tokens past m2 (two configurations, not two a block) */
         float acc[4 * 256];
@@ -236,10 +247,10 @@ void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t 
                 for (int q = 0; q < 4; q++) /* tile q: rows n + 16 (q / 2), tokens m + 16 (q % 2) */
                     scatter(y + (size_t)(m + 16 * (q % 2)) * ldy + n + 16 * (q / 2), ldy, acc + 256 * q, 16, 16, add);
             }
-        blocks_1x1(y, ldy, xp, m2, M, W, K, n0, n2, add);
+        blocks_1x1(y, ldy, xp, m2, M, W, K, n0, n2, add, 0);
         n0 = n2;
     }
-    blocks_1x1(y, ldy, xp, 0, M, W, K, n0, n1, add);
+    blocks_1x1(y, ldy, xp, 0, M, W, K, n0, n1, add, m2 ? 0 : pf_end); /* far prefetch: verify and decode only */
 }
 
 /* ---- attention of a few queries over one kv head (td_amx_attend) ----
@@ -451,7 +462,7 @@ TA static int amx_works(void) {
     for (int m = 0; m < 3; m++)
         for (int k = 0; k < 32; k++) x[m * 32 + k] = (float)(k + 1 + m);
     td_amx_pack(xp, x, 32, 3, 32);
-    td_amx_matmul(y, 16, xp, 3, w, 32, 0, 16, 0);
+    td_amx_matmul(y, 16, xp, 3, w, 32, 0, 16, 0, 0);
     for (int m = 0; m < 3; m++)
         for (int n = 0; n < 16; n++)
             if (y[m * 16 + n] != (float)(528 + 32 * m)) return 0;
@@ -492,8 +503,9 @@ void td_amx_pack_cols(uint32_t *xp, const float *x, int ldx, int M, int K, int k
 void td_amx_pack(uint32_t *xp, const float *x, int ldx, int M, int K) { td_amx_pack_cols(xp, x, ldx, M, K, 0, K); }
 
 int td_amx_available(void) { return 0; }
-void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add) {
-    (void)y; (void)ldy; (void)xp; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add;
+void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add,
+                   int pf_end) {
+    (void)y; (void)ldy; (void)xp; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add; (void)pf_end;
     TD_ASSERT(!"td_amx_matmul without AMX");
 }
 

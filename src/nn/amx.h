@@ -60,8 +60,12 @@ void td_amx_pack_cols(uint32_t *xp, const float *x, int ldx, int M, int K, int k
 /* y[m*ldy + n] (+)= the AMX dot of packed row m with W[n*K .. +K), for n in
  * [n0, n1), m in [0, M); add = 1 accumulates (the residual). Requires
  * td_amx_available() and td_amx_fits(K). Loads this thread's tile configuration
- * as needed (it is per thread; the pool's workers each keep their own). */
-void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add);
+ * as needed (it is per thread; the pool's workers each keep their own).
+ * pf_end: 0 where W is expected in cache; where it streams from memory, W's row
+ * count (rows below it may be prefetched, past n1). A prefetch choice only: it
+ * never changes a bit. */
+void td_amx_matmul(float *y, int ldy, const uint32_t *xp, int M, const uint16_t *W, int K, int n0, int n1, int add,
+                   int pf_end);
 
 /* Queries one td_amx_attend call takes (two tile groups sharing each K and V load). */
 #define TD_AMX_ATTEND_QMAX 32

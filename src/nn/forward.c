@@ -128,6 +128,8 @@ struct td_ctx {
     size_t mm_chunk_min;    /* bytes of weights a chunk gets at least (MM_CHUNK_MIN) */
     int mm_chunks_1;        /* chunks per thread of a one-token product (MM_CHUNKS_1, TD_MM_CHUNKS_1) ... */
     size_t mm_taper_min;    /* ... of at least this many bytes of weights (MM_TAPER_MIN) */
+    int stream;             /* the weights stream from memory: the products prefetch further ahead
+                               (td_mm_in.stream; td_ctx_set_stream) */
 };
 
 /* Run a job on the pool, or on the caller alone (chunk 0 of 1) in a serial
@@ -372,6 +374,16 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->mm_chunk_min = MM_CHUNK_MIN;
     c->mm_chunks_1 = MM_CHUNKS_1;
     c->mm_taper_min = MM_TAPER_MIN;
+    /* a model larger than the last-level cache is read from memory every forward */
+    c->stream = c->m->weight_bytes > td_llc_bytes();
+    const char *st = getenv("TD_STREAM");
+    if (st && *st) {
+        if (strcmp(st, "0") && strcmp(st, "1")) {
+            td_ctx_free(c);
+            return td_seterr(err, TD_EINVAL, "TD_STREAM='%.32s' is not 0 or 1", st);
+        }
+        c->stream = *st == '1';
+    }
     static const char *const knob[2] = {"TD_MM_CHUNKS", "TD_MM_CHUNKS_1"}; /* tuning knobs for A/B runs */
     for (int i = 0; i < 2; i++) {
         const char *mc = getenv(knob[i]);
@@ -398,6 +410,8 @@ void td_ctx_set_mm_chunks_1(td_ctx *c, int per_thread, size_t min_job_bytes) {
     c->mm_chunks_1 = per_thread < 1 ? 1 : per_thread;
     c->mm_taper_min = min_job_bytes;
 }
+
+void td_ctx_set_stream(td_ctx *c, int stream) { c->stream = stream != 0; }
 
 td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
 td_pool *td_ctx_pool(const td_ctx *c) { return c->pool; }
@@ -552,6 +566,7 @@ static int mm_pool_run(td_ctx *c, mm_job *j) {
         if (c->serial || j->M < FILL_PAR_MIN) td_mm_fill(&j->in, 0, j->M);
         else if (td_mm_converts(&j->in)) td_pool_run_n(c->pool, fill_run, &j->in, (j->M + 15) / 16);
     }
+    j->in.stream = c->stream;
     if (j->next && (!j->swiglu || !td_mm_converts(j->next) || !td_mm_fills_cols(j->next) || j->o[0].N % 32)) j->next = NULL;
     j->nthreads = 1;
     if (c->serial) { mm_run(j, 0, 1); return j->next != NULL; }

@@ -38,6 +38,9 @@ typedef struct td_mm_in {
     int M, K;           /* the rows and width planned */
     uint16_t *xa_buf;   /* the caller's scratch behind xa / xp, writable (td_mm_fill) */
     uint8_t *xq_buf;    /* the caller's scratch behind xq / xi and xs, writable */
+    int stream;         /* 1: the weights stream from memory (the model outgrows the last-level cache),
+                           so the R16 and AMX products prefetch them further ahead; 0 (td_mm_plan's
+                           default): they are expected in cache. Never changes a bit */
 } td_mm_in;
 
 /* Tokens from which a product with an int8 copy (td_tensor.ip) takes it

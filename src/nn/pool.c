@@ -231,6 +231,11 @@ static int first_sibling_in(int cpu, const cpu_set_t *set) {
     return -1;
 }
 
+size_t td_llc_bytes(void) {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l3 > 0 ? (size_t)l3 : l2 > 0 ? (size_t)l2 : (size_t)32 << 20;
+}
+
 int td_pool_default_size(void) {
     cpu_set_t set;
     long onln = sysconf(_SC_NPROCESSORS_ONLN);

@@ -38,6 +38,11 @@ void td_ctx_set_mm_chunks(struct td_ctx *c, int per_thread, size_t min_bytes);
  * (default MM_CHUNKS_1 = 8 from 2 MiB, or the environment's TD_MM_CHUNKS_1).
  * For tests and A/B runs: no count changes a bit. */
 void td_ctx_set_mm_chunks_1(struct td_ctx *c, int per_thread, size_t min_job_bytes);
+/* Whether c's products treat the weights as streamed from memory (1: prefetch
+ * them further ahead, nn/mmx.h) or as cached (0). The default: 1 when the
+ * model's weight bytes exceed td_llc_bytes(), or the environment's TD_STREAM
+ * (0 or 1). For tests and A/B runs: neither changes a bit. */
+void td_ctx_set_stream(struct td_ctx *c, int stream);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);
@@ -52,5 +57,8 @@ void td_pool_run_n(td_pool *p, td_pool_fn fn, void *arg, int n_chunks);
  * cpuN/topology/thread_siblings_list, count once). Without that topology: the
  * number of CPUs it may run on (or online). At least 1. */
 int td_pool_default_size(void);
+/* Bytes of the last-level cache (sysconf's L3, else L2), or 32 MiB where the
+ * system does not say. Forward contexts compare a model's weights with it. */
+size_t td_llc_bytes(void);
 
 #endif

@@ -16,10 +16,13 @@
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms
- * a forward). A decode's single token takes the same path (one tile of 1 token x
- * 3 groups, the next 3 groups prefetched while it computes): it had run 8 groups
- * side by side with no prefetch, and the product alone now takes 0.88-0.91 of
- * that time, the 0.6B Q8_0 decode 0.91 (Xeon, 2026-12-06; bench/forward-notes.md,
+ * a forward). A decode's single token runs 8 groups side by side, unprefetched,
+ * where the weights come from cache; where they stream from memory (pf_end > 0:
+ * the model outgrows the last-level cache) it takes the verify path instead,
+ * one tile of 1 token x 3 groups while the next 3 groups are prefetched toward
+ * L2, past the end of the range up to pf_end (Xeon, 2026-12-06: the 0.6B shape's
+ * product alone 0.88-0.91 of the time, its Q8_0 decode 0.91; but the tiny
+ * target's decode from L3 1.06: hence the choice; bench/forward-notes.md,
  * "Stop 45"). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
  * registers), except for a verify's M <= 16 tokens: one tile of M tokens, or two
  * of about M / 2 (up to 8 x 3, the f32 chains then partly in L1), so each chunk
@@ -363,19 +366,33 @@ static int amx_on(void) { return 0; }
 #endif
 
 /* tokens [0, M) of a slab (M <= 128) on the VNNI register tiles */
-TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1, int add) {
-    int nb = K / 32;
+TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1, int add,
+                        int pf_end) {
+    int nb = K / 32, near1 = M == 1 && pf_end <= 0; /* a decode token over weights in cache */
     size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
     for (int n = n0; n < n1;) {
-        int left = (n1 - n + 15) / 16, G = left < 3 ? left : 3;
-        int nv[3];
+        int left = (n1 - n + 15) / 16, G = near1 ? (left < 8 ? left : 8) : (left < 3 ? left : 3);
+        int nv[8];
         for (int g = 0; g < G; g++) nv[g] = n1 - (n + 16 * g) < 16 ? n1 - (n + 16 * g) : 16;
         const uint8_t *wg = W + (size_t)(n / 16) * gs;
         float *yg = ys + n;
-        /* the next chunk's groups (in this range), prefetched during the last token tile */
-        int nxt = (n1 - (n + 16 * G) + 15) / 16, pfg = nxt < 3 ? nxt : 3;
+        /* the next chunk's groups, prefetched during the last token tile: in this range, or for
+           a streamed decode token up to pf_end (past a chunk's end, into the next chunk) */
+        int lim = M == 1 && pf_end > n1 ? pf_end : n1, nxt = (lim - (n + 16 * G) + 15) / 16;
+        int pfg = near1 ? 0 : nxt < 3 ? nxt : 3;
         const uint8_t *pf = pfg > 0 ? wg + (size_t)G * gs : NULL;
-        if (G == 3) TOK_TILES(3);
+        if (near1) {
+            switch (G) {
+            case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0); break;
+            case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0); break;
+            case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0); break;
+            case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0); break;
+            case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0); break;
+            case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0); break;
+            case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0); break;
+            default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0); break;
+            }
+        } else if (G == 3) TOK_TILES(3);
         else if (G == 2) TOK_TILES(2);
         else TOK_TILES(1);
         n += 16 * G;
@@ -387,7 +404,8 @@ TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uin
  * whole 16-token chunks take the tiles (measured: 48 beat 32, 64, 128 and 256
  * in a 512-token forward, bench/forward-notes.md) and whose remainder takes
  * VNNI. Either way each output's f32 chain is the same. */
-TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add) {
+TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add,
+                          int pf_end) {
     size_t rb = td_q8r_row_bytes(K);
     const uint8_t *W = Wr;
     int amx = Mall >= 16 && amx_on(), slab = amx ? 48 : 128;
@@ -396,7 +414,7 @@ TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const vo
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
         if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add);
-        if (M > Mt) slab_vnni(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add);
+        if (M > Mt) slab_vnni(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end);
     }
 }
 
@@ -432,16 +450,17 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
     }
 }
 
-void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add) {
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end) {
     TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */
+    (void)pf_end; /* read only by the VNNI tiles */
 #ifdef HAVE_VNNI_TILES
     static _Atomic int vnni = -1;
     int v = atomic_load_explicit(&vnni, memory_order_relaxed);
     if (v < 0) atomic_store_explicit(&vnni, v = vnni_ok(), memory_order_relaxed);
-    if (path == TD_KPATH_AVX512 && v) { matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add); return; }
+    if (path == TD_KPATH_AVX512 && v) { matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end); return; }
 #endif
 #ifdef TD_HAVE_QUANT_AVX2
     if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { td_avx2_q8r_matmul(y, ldy, xq, M, Wr, K, n0, n1, add); return; }

@@ -65,7 +65,10 @@ void td_q8r_act(void *xq, const float *x, int ldx, int M, int K);
  * bytes of every row, as td_q8r_act writes them. */
 void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, int k1);
 /* y[m * ldy + n] (+)= the R16 product of activation row m (xq) with row n of
- * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16. */
-void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add);
+ * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16.
+ * pf_end: 0 where Wr is expected in cache; where it streams from memory, the
+ * repack's row count (rows below it may be prefetched, past n1). A prefetch
+ * choice only: it never changes a bit. */
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end);
 
 #endif
