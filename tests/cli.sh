@@ -105,6 +105,10 @@ assert abs(d["floor_fraction_paired"] - sorted(ff)[0] / 2 - sorted(ff)[1] / 2) <
 assert d["decode_ms"] > 0 and d["verify_ratio_8_1_paired"] > 0, d
 # the interleaved decode repeats the first one token for token (else the command fails)
 assert d["interleaved_tokens_equal"] is True and d["floor_fraction_interleaved"] > 0, d
+# the floor takes the faster of the plain and the prefetching read, and says which
+pl, pf = d["bandwidth_plain_gbs"], d["bandwidth_prefetch_gbs"]
+assert min(pl, pf) > 0 and abs(d["bandwidth_gbs"] - max(pl, pf)) < 1e-3 * max(pl, pf), d
+assert d["bandwidth_read"] == ("prefetch" if pf > pl else "plain"), d
 # a repetition at the run-level bandwidth and best decode would give floor_fraction
 assert abs(d["floor_ms"] - d["weight_bytes"] / d["bandwidth_gbs"] / 1e6) < 1e-3 * d["floor_ms"], d'; then ok cli_bench_forward_paired; else bad cli_bench_forward_paired "rc=$rc: $out"; fi
   out=$($T run -m $M -p 'def f(x):' -n 64 --stop 'return' 2>/dev/null); rc=$?
