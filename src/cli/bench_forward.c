@@ -93,14 +93,9 @@ static void *bw_thread(void *arg) {
     uint64_t s = 0;
 #if defined(__AVX512F__)
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (; j->pf && i + 32 + BW_PF / 8 <= n; i += 32) {
-        for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(p + i + BW_PF / 8 + 8 * l), _MM_HINT_T1);
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 8)));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 16)));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 24)));
-    }
     for (; i + 32 <= n; i += 32) {
+        if (j->pf && i + 32 + BW_PF / 8 <= n)
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(p + i + BW_PF / 8 + 8 * l), _MM_HINT_T1);
         a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
         a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 8)));
         a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 16)));
@@ -109,14 +104,9 @@ static void *bw_thread(void *arg) {
     s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
 #elif defined(__AVX2__)
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (; j->pf && i + 16 + BW_PF / 8 <= n; i += 16) {
-        for (int l = 0; l < 2; l++) _mm_prefetch((const char *)(p + i + BW_PF / 8 + 8 * l), _MM_HINT_T1);
-        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 4)));
-        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 8)));
-        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 12)));
-    }
     for (; i + 16 <= n; i += 16) {
+        if (j->pf && i + 16 + BW_PF / 8 <= n)
+            for (int l = 0; l < 2; l++) _mm_prefetch((const char *)(p + i + BW_PF / 8 + 8 * l), _MM_HINT_T1);
         a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
         a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 4)));
         a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 8)));
