@@ -6,12 +6,12 @@
  * (16 pairs x the tokens). Two sets of these three tiles (0-2, 3-5) serve
  * alternate blocks, so a block's first steps need not wait for the previous
  * block's result to leave its tile; while a range's block runs, the next
- * block's rows are prefetched toward L1 -- or, where the weights stream from
- * memory (pf_end > 0), the next two blocks' toward L2, past the end of the range
- * up to pf_end (0.6B shape, bf16 decode: 0.955 of the time, 200 alternated
- * pairs; the product alone 0.86-0.92; but 1.15 for the tiny target's from L3,
- * which the near prefetch suits; bench/forward-notes.md, "Stop 45"). The result tile is stored and gathered back
- * into y one token at a time. One block of 16 rows at a time: measured on a
+ * block's rows are prefetched toward L1, or, where the weights stream from
+ * memory (pf_end > 0), the next two blocks' toward L2, past the end of the
+ * range up to pf_end (0.6B shape, bf16 decode: 0.955-0.992 of the time, 150-300
+ * alternated pairs; the product alone 0.86-0.92; but 1.15 for the tiny target's
+ * from L3, which the near prefetch suits; bench/forward-notes.md, "Stop 45").
+ * The result tile is stored and gathered back into y one token at a time. One block of 16 rows at a time: measured on a
  * Xeon with AMX (2026-12-04, bench/forward-notes.md "AMX tiles"), four blocks
  * in flight (64 rows, one B load each step) ran the same in L2 but streamed
  * weights from L3 and DRAM 15-20% slower. The last rows of a range (< 16) run
@@ -189,8 +189,8 @@ static void blocks_1x1(float *y, int ldy, const uint32_t *xp, int m0, int M, con
                blocks' rows below pf_end */
             int far = pf_end > 0, npf = m > m0 ? 0 : !far ? (n + 32 <= n1 ? 16 : 0) : pf_end - (n + 16);
             npf = npf < 0 ? 0 : npf > 32 ? 32 : npf;
-            (t ? block1 : block0)(a, xp + (size_t)m * (size_t)K / 2, mc, W + (size_t)n * K, K, W + (size_t)(n + 16) * K,
-                                  npf, far);
+            const uint16_t *pf = npf > 0 ? W + (size_t)(n + 16) * K : NULL; /* rows of W only */
+            (t ? block1 : block0)(a, xp + (size_t)m * (size_t)K / 2, mc, W + (size_t)n * K, K, pf, npf, far);
             scatter(y + (size_t)m * ldy + n, ldy, a, mc, rows, add);
         }
     }

@@ -21,7 +21,7 @@
  * the model outgrows the last-level cache) it takes the verify path instead,
  * one tile of 1 token x 3 groups while the next 3 groups are prefetched toward
  * L2, past the end of the range up to pf_end (Xeon, 2026-12-06: the 0.6B shape's
- * product alone 0.88-0.91 of the time, its Q8_0 decode 0.91; but the tiny
+ * product alone 0.86-0.89 of the time, its Q8_0 decode 0.91-0.94; but the tiny
  * target's decode from L3 1.06: hence the choice; bench/forward-notes.md,
  * "Stop 45"). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
  * registers), except for a verify's M <= 16 tokens: one tile of M tokens, or two
