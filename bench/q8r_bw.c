@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "nn/pool.h"
 #include "nn/q8r.h"
+#include "tandem.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,7 @@ typedef struct {
 static void q_run(void *arg, int i, int n) {
     job *j = arg;
     int g = (j->N + 15) / 16, g0 = g * i / n, g1 = g * (i + 1) / n;
-    td_q8r_matmul(j->y, j->N, j->xq, j->M, j->R, K, g0 * 16, g1 * 16 < j->N ? g1 * 16 : j->N, 0, j->N); /* streamed */
+    td_q8r_matmul(j->y, j->N, j->xq, j->M, j->R, K, g0 * 16, g1 * 16 < j->N ? g1 * 16 : j->N, 0, j->N, TD_Q8R_BYTES); /* streamed */
 }
 
 int main(int argc, char **argv) {
@@ -47,7 +48,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "q8r_bw: N >= 16, 1 <= THREADS <= 64, 1 <= ROUNDS <= 1000\n");
         return 2;
     }
-    size_t rowb = (size_t)K / 32 * 34, rbytes = td_q8r_bytes(N, K);
+    size_t rowb = (size_t)K / 32 * 34, rbytes = td_q8r_bytes(N, K, TD_Q8R_BYTES);
     uint8_t *W = malloc(rowb * (size_t)N), *Rp = bw_big(rbytes), *xq = aligned_alloc(64, td_q8r_row_bytes(K) * MMAX);
     uint64_t *buf = bw_big(rbytes);
     float *x = malloc(sizeof(float) * K * MMAX), *y = malloc(sizeof(float) * (size_t)N * MMAX);
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
     }
     for (int n = 0; n < N; n++)
         for (int b = 0; b < K / 32; b++) memcpy(W + (size_t)n * rowb + (size_t)b * 34, &(uint16_t){0x0400}, 2);
-    td_q8r_repack(Rp, W, N, K, 0, N); /* every page written: no faults in the rounds */
+    td_q8r_repack(Rp, W, TD_DTYPE_Q8_0, N, K, 0, N); /* every page written: no faults in the rounds */
     free(W);
     for (size_t i = 0; i < rbytes / 8; i++) buf[i] = i;
     for (int k = 0; k < K * MMAX; k++) x[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;

@@ -526,7 +526,7 @@ static void test_q8r(void) {
             size_t rb = td_dtype_row_bytes(TD_DTYPE_Q8_0, K), xb = td_q8r_row_bytes(K);
             float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * MMAX * K);
             unsigned char *Wq = malloc(rb * N), *xq = malloc(xb * MMAX);
-            void *R = aligned_alloc(64, td_q8r_bytes(N, K));
+            void *R = aligned_alloc(64, td_q8r_bytes(N, K, TD_Q8R_BYTES));
             float *ref = malloc(sizeof(float) * MMAX * ldy), *got = malloc(sizeof(float) * MMAX * ldy), *dq = malloc(sizeof(float) * K);
             int8_t *q = malloc(K);
             float *d = malloc(sizeof(float) * K / 32);
@@ -535,7 +535,7 @@ static void test_q8r(void) {
             if (K >= 96) memset(x + K + 32, 0, sizeof(float) * 32); /* a zero block */
             for (int n = 0; n < N; n++) td_quantize_row(TD_DTYPE_Q8_0, W + (size_t)n * K, Wq + n * rb, K);
             for (int n = 0; n < N; n += 2) Wq[n * rb + 2 + (n * 7) % 32] = 0x80; /* weight bytes of -128 */
-            td_q8r_repack(R, Wq, N, K, 0, N);
+            td_q8r_repack(R, Wq, TD_DTYPE_Q8_0, N, K, 0, N);
             td_q8r_act(xq, x, K, MMAX, K);
             int rec_ok = 1;
             for (int m = 0; m < MMAX; m++) {
@@ -574,10 +574,10 @@ static void test_q8r(void) {
                     for (int pfe = 0; pfe <= N; pfe += N) { /* weights in cache, then streamed */
                         init_got(got, MMAX * ldy);
                         /* one call, or two ranges split on a 16-output group, the later first */
-                        if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe);
+                        if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, TD_Q8R_BYTES);
                         else {
-                            td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add, pfe);
-                            td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add, pfe);
+                            td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add, pfe, TD_Q8R_BYTES);
+                            td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add, pfe, TD_Q8R_BYTES);
                         }
                         checked++;
                         if (!same_as_ref(got, ref, M, N, ldy, MMAX, add) && fails++ < 5)
@@ -587,7 +587,7 @@ static void test_q8r(void) {
             if (K == 96 && N == 45) { /* a NaN in row 2's second block: that row NaN, the others unchanged */
                 x[2 * K + 40] = NAN;
                 td_q8r_act(xq, x, K, 5, K);
-                td_q8r_matmul(got, ldy, xq, 5, R, K, 0, N, 0, 0);
+                td_q8r_matmul(got, ldy, xq, 5, R, K, 0, N, 0, 0, TD_Q8R_BYTES);
                 int ok = 1;
                 for (int m = 0; m < 5; m++)
                     for (int n = 0; n < N; n++)
@@ -598,6 +598,80 @@ static void test_q8r(void) {
         }
     printf("  %d products compared with the scalar R16 order (memcmp); error vs dequantized weights, worst fraction "
            "of the stated bound: %.2f\n", checked, worst);
+    t_end();
+}
+
+/* Q4_0, Q5_0 and IQ4_NL blocks in the R16 order: on every kernel path and for
+ * every M (AMX tiles from 16 tokens), each output is bit for bit the one of the
+ * Q8_0 matrix holding the same int8 values and f16 scales (test_q8r checks
+ * that matrix's bits against the scalar order); Q5_0 in the byte records,
+ * Q4_0 and IQ4_NL in nibble records of the file's bytes, whose tables are the
+ * formats' values + 128. Ragged row counts (a padded last group), K of 1, 3
+ * and 32 blocks, odd output ranges split on a group. */
+static void test_q8r_4bit(void) {
+    t_begin("matmul_r16_4bit_blocks_as_q8_0");
+    static const int dts[] = {TD_DTYPE_Q4_0, TD_DTYPE_Q5_0, TD_DTYPE_IQ4_NL};
+    static const int Ns[] = {1, 17, 45}, Ks[] = {32, 96, 1024}, Ms[] = {1, 2, 5, 8, 16, 35};
+    enum { MMAX = 35 };
+    int checked = 0, fails = 0;
+    T_CHECK(td_q8r_format(TD_DTYPE_Q8_0) == TD_Q8R_BYTES && td_q8r_format(TD_DTYPE_Q5_0) == TD_Q8R_BYTES &&
+                td_q8r_format(TD_DTYPE_Q4_0) == TD_Q8R_NIB_Q4_0 && td_q8r_format(TD_DTYPE_IQ4_NL) == TD_Q8R_NIB_IQ4_NL &&
+                !td_q8r_dtype_ok(TD_DTYPE_Q4_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q4_K) &&
+                !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
+            "R16 holds Q8_0 and Q5_0 as bytes, Q4_0 and IQ4_NL as nibbles, nothing else");
+    for (int k = 0; k < 16; k++)
+        T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128,
+                "nibble tables at %d", k);
+    int deflt = td_kernels_path();
+    for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                int dt = dts[di], K = Ks[ki], N = Ns[ni], nb = K / 32, fmt = td_q8r_format(dt), ldy = N + 1;
+                size_t rb = td_dtype_row_bytes(dt, K), r8 = td_dtype_row_bytes(TD_DTYPE_Q8_0, K);
+                float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * MMAX * K);
+                float *want = malloc(sizeof(float) * MMAX * ldy), *got = malloc(sizeof(float) * MMAX * ldy);
+                unsigned char *Wq = malloc(rb * N), *W8 = malloc(r8 * N), *xq = malloc(td_q8r_row_bytes(K) * MMAX);
+                void *R = aligned_alloc(64, td_q8r_bytes(N, K, fmt)), *R8 = aligned_alloc(64, td_q8r_bytes(N, K, TD_Q8R_BYTES));
+                T_REQUIRE(W && x && want && got && Wq && W8 && xq && R && R8, "memory");
+                for (int i = 0; i < N * K; i++) W[i] = frand() * (i % 11 == 0 ? 4.0f : 1.0f);
+                for (int i = 0; i < MMAX * K; i++) x[i] = frand();
+                for (int n = 0; n < N; n++) td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
+                for (int n = 0; n < N; n++) /* the same values and scales as Q8_0 blocks */
+                    for (int b = 0; b < nb; b++) {
+                        const unsigned char *blk = Wq + n * rb + (size_t)b * (rb / nb);
+                        unsigned char *o = W8 + n * r8 + 34 * (size_t)b;
+                        memcpy(o, blk, 2);
+                        td_block_i8(blk, dt, (int8_t *)(o + 2));
+                    }
+                td_q8r_repack(R, Wq, dt, N, K, 0, N);
+                td_q8r_repack(R8, W8, TD_DTYPE_Q8_0, N, K, 0, N);
+                td_q8r_act(xq, x, K, MMAX, K);
+                td_kernels_set_path(TD_KPATH_PORTABLE);
+                td_q8r_matmul(want, ldy, xq, MMAX, R8, K, 0, N, 0, 0, TD_Q8R_BYTES);
+                for (int path = 0; path < TD_KPATH_COUNT; path++) {
+                    if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
+                    td_kernels_set_path(path);
+                    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+                        for (int pfe = 0; pfe <= N; pfe += N) {
+                            int M = Ms[mi];
+                            init_got(got, MMAX * ldy);
+                            if (N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, 0, pfe, fmt);
+                            else {
+                                td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, 0, pfe, fmt);
+                                td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, 0, pfe, fmt);
+                            }
+                            checked++;
+                            if (!same_as_ref(got, want, M, N, ldy, MMAX, 0) && fails++ < 5)
+                                T_CHECK(0, "%s path %d M %d N %d K %d pf_end %d: not the Q8_0 matrix's bits", td_dtype_name(dt),
+                                        path, M, N, K, pfe);
+                        }
+                }
+                free(W), free(x), free(want), free(got), free(Wq), free(W8), free(xq), free(R), free(R8);
+            }
+    td_kernels_set_path(deflt);
+    printf("  %d products of Q4_0, Q5_0 and IQ4_NL matrices: the bits of their Q8_0 transcriptions\n", checked);
+done:
+    td_kernels_set_path(deflt);
     t_end();
 }
 
@@ -1228,8 +1302,10 @@ static void test_invariance(int dt, int tied) {
     /* T=1 steps (one thread) == one T=7 block == inside a ragged B=5 batch (two threads) */
     const char *bad = tc_invariance(m, V, seq, a, TD_DTYPE_F32);
     T_CHECK(bad == NULL, "%s", bad ? bad : "");
-    if (tc_act != TD_DTYPE_F32 && dt == TD_DTYPE_Q8_0) /* the contexts multiplied the R16 repacks */
-        T_CHECK(m->w.layers[0].wq.rp && m->w.lm_head.rp && !m->w.layers[0].attn_norm.rp, "Q8_0 matrices repacked");
+    if (tc_act != TD_DTYPE_F32) /* the contexts multiplied the R16 repacks of the formats they hold */
+        T_CHECK(!m->w.layers[0].wq.rp == !td_q8r_dtype_ok(dt) && !m->w.layers[0].attn_norm.rp &&
+                    !m->w.lm_head.rp == !td_q8r_dtype_ok(m->w.lm_head.dtype),
+                "%s matrices repacked exactly when R16 holds them", td_dtype_name(dt));
     int finite = 1;
     for (int i = 0; i < 7 * V; i++) finite &= isfinite(a[i]);
     T_CHECK(finite, "non-finite logits");
@@ -1414,8 +1490,9 @@ int main(void) {
         if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
         td_kernels_set_path(path);
         test_q8r();
-        tc_act = TD_DTYPE_BF16; /* Q8_0 in the R16 order */
+        tc_act = TD_DTYPE_BF16; /* Q8_0, Q4_0, Q5_0, IQ4_NL in the R16 order */
         test_invariance(TD_DTYPE_Q8_0, 1);
+        test_invariance(TD_DTYPE_Q4_0, 0);
         tc_act = TD_DTYPE_F32;
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q4_0, 0);
@@ -1431,6 +1508,7 @@ int main(void) {
         test_invariance(TD_DTYPE_Q5_1, 1);
     }
     td_kernels_set_path(deflt);
+    test_q8r_4bit();
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
@@ -1442,15 +1520,22 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    /* act_type bf16, and amx where the tiles are: Q8_0 in the R16 order */
+    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, Q5_0, IQ4_NL in the R16 order */
     tc_act = TD_DTYPE_BF16;
     test_invariance(TD_DTYPE_Q8_0, 0);
+    test_invariance(TD_DTYPE_Q5_0, 1);
+    test_invariance(TD_DTYPE_IQ4_NL, 0);
+    test_invariance(TD_DTYPE_Q4_1, 0); /* no repack: Q16 */
     test_spec(TD_DTYPE_Q8_0);
+    test_spec(TD_DTYPE_Q4_0);
     if (td_amx_available()) {
         tc_act = TD_ACT_AMX;
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q8_0, 0);
+        test_invariance(TD_DTYPE_Q4_0, 1);
+        test_invariance(TD_DTYPE_IQ4_NL, 0);
         test_spec(TD_DTYPE_Q8_0);
+        test_spec(TD_DTYPE_Q4_0);
     }
     tc_act = TD_DTYPE_F32;
     test_tiny_target();

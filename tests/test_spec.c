@@ -732,7 +732,7 @@ static void *repack_thread(void *v) {
 static void test_repack_once(void) {
     t_begin("draft_repack_once");
     enum { N = 48, K = 64, NT = 8 };
-    uint8_t *q = malloc((size_t)N * K / 32 * 34), *want = aligned_alloc(64, td_q8r_bytes(N, K)); /* R16 stores whole aligned lines */
+    uint8_t *q = malloc((size_t)N * K / 32 * 34), *want = aligned_alloc(64, td_q8r_bytes(N, K, TD_Q8R_BYTES)); /* R16 stores whole aligned lines */
     void *arena = NULL;
     T_REQUIRE(q && want, "out of memory");
     for (size_t i = 0; i < (size_t)N * K / 32 * 34; i++) q[i] = (uint8_t)(i * 37 + 11);
@@ -755,8 +755,8 @@ static void test_repack_once(void) {
     pthread_barrier_destroy(&bar);
     T_CHECK(ok && made == 1 && arena && t.rp == arena, "eight threads at once: one repack, seen by all (made %d, rp %s)", made,
             t.rp == arena ? "in the arena" : "elsewhere");
-    td_q8r_repack(want, q, N, K, 0, N);
-    T_CHECK(arena && !memcmp(arena, want, td_q8r_bytes(N, K)), "the repack holds the R16 records");
+    td_q8r_repack(want, q, TD_DTYPE_Q8_0, N, K, 0, N);
+    T_CHECK(arena && !memcmp(arena, want, td_q8r_bytes(N, K, TD_Q8R_BYTES)), "the repack holds the R16 records");
     void *again = (void *)&made; /* a sentinel: a drafter already repacked leaves its arena alone */
     td_err err = {0};
     td_tensor *ts[1] = {&t};
@@ -819,7 +819,7 @@ static void test_repack_i8t(void) {
     /* one token: R16, bit for bit td_q8r_matmul's */
     td_mm_parts(pool, TD_ACT_AMX, x, K, 1, K, &part, 1, 0, NULL, xq);
     td_q8r_act(xq, x, K, 1, K);
-    td_q8r_matmul(want, N, xq, 1, t.rp, K, 0, N, 0, 0);
+    td_q8r_matmul(want, N, xq, 1, t.rp, K, 0, N, 0, 0, TD_Q8R_BYTES);
     T_CHECK(!memcmp(y, want, sizeof(float) * N), "one token keeps R16");
     T_CHECK(TD_MM_I8T_MIN_M > 1 && TD_MM_I8T_MIN_M <= M, "the threshold lies between the two checks (%d)", TD_MM_I8T_MIN_M);
 done:

@@ -19,7 +19,8 @@ typedef struct td_tensor {
     int dtype;          /* TD_DTYPE_* */
     int n_dims;
     int64_t shape[4];   /* row-major, as stored (PyTorch [out, in] for linear) */
-    const void *rp;     /* Q8_0 matrices under act_type amx: the R16 repack (nn/q8r.h), owned by whoever
+    const void *rp;     /* Q8_0 (and Q4_0, Q5_0, IQ4_NL: td_q8r_dtype_ok) matrices under act_type amx
+                           or bf16: the R16 repack (nn/q8r.h), owned by whoever
                            made it (the model's q8r_arena, a drafter's arena); else NULL. Written
                            once, before any amx context reads it; other modes never read it */
     const void *ip;     /* a drafter's Q8_0 matrices under act_type amx, width a multiple of 64: the
@@ -101,12 +102,12 @@ struct td_model {
     size_t q8r_bytes;
 };
 
-/* Give every Q8_0 matrix the forward multiplies (layers' projections, lm_head)
- * its R16 repack (nn/q8r.h) in one arena, m->q8r_arena; the first call
+/* Give every Q8_0, Q4_0, Q5_0 or IQ4_NL matrix the forward multiplies (layers'
+ * projections, lm_head) its R16 repack (nn/q8r.h) in one arena, m->q8r_arena; the first call
  * does it, later ones return at once (a process-wide lock orders concurrent
  * callers, so contexts on one model may open from several threads). Called by
- * td_ctx_open for act_type amx: the model is otherwise read-only once open, and
- * a context in another mode never reads rp. The mmapped Q8_0 views stay (the
+ * td_ctx_open for act_type amx and bf16: the model is otherwise read-only once open, and
+ * a context in another mode never reads rp. The mmapped views stay (the
  * embedding lookup reads them). */
 int td_model_repack_q8r(td_model *m, td_err *err);
 /* The seven matrices of a layer (q, k, v, o, gate, up, down) into out[TD_LAYER_MATRICES]. */

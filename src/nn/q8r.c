@@ -48,44 +48,69 @@
 #include <stdint.h>
 #include <string.h>
 
-size_t td_q8r_group_bytes(int64_t K) { return (size_t)((K / 32 + 1) / 2) * TD_Q8R_PAIR; }
-size_t td_q8r_bytes(int64_t N, int64_t K) { return (size_t)((N + 15) / 16) * td_q8r_group_bytes(K); }
+size_t td_q8r_group_bytes(int64_t K, int fmt) { return (size_t)((K / 32 + 1) / 2) * td_q8r_pair(fmt); }
+size_t td_q8r_bytes(int64_t N, int64_t K, int fmt) { return (size_t)((N + 15) / 16) * td_q8r_group_bytes(K, fmt); }
+
+int td_q8r_format(int dtype) {
+    switch (dtype) {
+    case TD_DTYPE_Q8_0:
+    case TD_DTYPE_Q5_0: return TD_Q8R_BYTES;
+    case TD_DTYPE_Q4_0: return TD_Q8R_NIB_Q4_0;
+    case TD_DTYPE_IQ4_NL: return TD_Q8R_NIB_IQ4_NL;
+    default: return -1;
+    }
+}
+
+/* value + 128 of each index: Q4_0's nibble - 8, IQ4_NL's table (td_iq4_values) */
+static const uint8_t TAB[2][16] __attribute__((aligned(16))) = {
+    {120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135},
+    {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241}};
+const uint8_t *td_q8r_table(int fmt) { return fmt == TD_Q8R_NIB_Q4_0 ? TAB[0] : fmt == TD_Q8R_NIB_IQ4_NL ? TAB[1] : NULL; }
 
 #define rec_scales td_q8r_rec_scales
 #define rec_values td_q8r_rec_values
 
-/* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights) of block b,
- * its scales at sc and its values at v */
-static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int64_t N, int64_t nb, int64_t row0, int64_t b) {
+/* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights, or for a
+ * nibble format any: their outputs are never stored) of block b, its scales at sc and
+ * its values at v; src: [N] rows of rowb bytes of dtype's blocks (each opens with its
+ * f16 scale; a nibble format's 16 qs bytes follow it) */
+static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int dtype, size_t rowb, int64_t N, int64_t row0,
+                       int64_t b) {
+    size_t bs = td_dtype_row_bytes(dtype, 32);
+    int nib = td_q8r_format(dtype) != TD_Q8R_BYTES;
     for (int n = 0; n < 16; n++) {
         int64_t row = row0 + n;
         if (row >= N) {
             memset(sc + 2 * n, 0, 2);
-            for (int j = 0; j < 8; j++) memset(v + 64 * j + 4 * n, 128, 4);
+            for (int j = 0; j < (nib ? 4 : 8); j++) memset(v + 64 * j + 4 * n, nib ? 0x88 : 128, 4);
             continue;
         }
-        const uint8_t *blk = src + (size_t)(row * nb + b) * 34;
+        const uint8_t *blk = src + (size_t)row * rowb + (size_t)b * bs;
         memcpy(sc + 2 * n, blk, 2); /* the f16 scale, as the file has it */
-        for (int j = 0; j < 8; j++) {
-            uint32_t w;
-            memcpy(&w, blk + 2 + 4 * j, 4);
-            w ^= 0x80808080u; /* each byte: int8 value + 128 as uint8 */
-            memcpy(v + 64 * j + 4 * n, &w, 4);
+        if (nib) { /* dword j of the qs bytes (values 4j.. low, 16 + 4j.. high) */
+            for (int j = 0; j < 4; j++) memcpy(v + 64 * j + 4 * n, blk + 2 + 4 * j, 4);
+            continue;
         }
+        int8_t w[32];
+        td_block_i8(blk, dtype, w);
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) v[64 * j + 4 * n + i] = (uint8_t)(w[4 * j + i] + 128); /* int8 value + 128 */
     }
 }
 
 #if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
 #include <immintrin.h>
-/* a full record (16 rows in range) by 8 dword gathers: dword j of row n is
- * 4 bytes at blk(n) + 2 + 4j, blk(n) = the row's block b, nb * 34 bytes apart */
-__attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, int64_t nb) {
+/* a full record (16 rows in range) by dword gathers: dword j of row n is 4 bytes
+ * at blk(n) + 2 + 4j, blk(n) = the row's block b, rowb bytes apart; Q8_0: 8
+ * dwords, flipped to value + 128; a nibble format: its 4 qs dwords as they are */
+__attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0,
+                                                                      size_t rowb, int nib) {
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)(nb * 34)));
-    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+                                            _mm512_set1_epi32((int)rowb));
+    const __m512i flip = _mm512_set1_epi32(nib ? 0 : (int)0x80808080u);
     __m512i h = _mm512_i32gather_epi32(rows, (const void *)blk0, 1);
     _mm256_store_si256((void *)sc, _mm512_cvtepi32_epi16(h)); /* the low 16 bits: the f16 scales */
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < (nib ? 4 : 8); j++)
         _mm512_store_si512((void *)(v + 64 * j),
                            _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk0 + 2 + 4 * j), 1), flip));
 }
@@ -94,26 +119,31 @@ static int repack_fast(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 #else
-static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, int64_t nb) { (void)sc; (void)v; (void)blk0; (void)nb; }
+static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, size_t rowb, int nib) {
+    (void)sc; (void)v; (void)blk0; (void)rowb; (void)nib;
+}
 static int repack_fast(void) { return 0; }
 #endif
 
-void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, int64_t r1) {
+void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, int64_t r0, int64_t r1) {
+    int fmt = td_q8r_format(dtype);
+    TD_ASSERT(fmt >= 0 && K % 32 == 0 && r0 % 16 == 0);
     int64_t nb = K / 32;
     const uint8_t *src = W;
-    /* the gathers' offsets (15 rows of nb * 34 bytes) must fit an int32 */
-    int fast = repack_fast() && nb * 34 * 15 < INT32_MAX;
-    size_t gs = td_q8r_group_bytes(K);
+    size_t rowb = td_dtype_row_bytes(dtype, K), bs = td_dtype_row_bytes(dtype, 32);
+    /* Q8_0 and the nibble formats by gathers (their offsets, 15 rows, must fit an int32) */
+    int fast = dtype != TD_DTYPE_Q5_0 && repack_fast() && rowb * 15 < INT32_MAX;
+    size_t gs = td_q8r_group_bytes(K, fmt);
     for (int64_t g = r0 / 16; g * 16 < r1; g++) {
         uint8_t *grp = (uint8_t *)dst + (size_t)g * gs;
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *sc = grp + rec_scales(b), *v = grp + rec_values(b);
-            if (fast && g * 16 + 16 <= N) repack_rec16(sc, v, src + (size_t)(g * 16 * nb + b) * 34, nb);
-            else repack_rec(sc, v, src, N, nb, g * 16, b);
+            uint8_t *sc = grp + rec_scales(fmt, b), *v = grp + rec_values(fmt, b);
+            if (fast && g * 16 + 16 <= N) repack_rec16(sc, v, src + (size_t)g * 16 * rowb + (size_t)b * bs, rowb, fmt != 0);
+            else repack_rec(sc, v, src, dtype, rowb, N, g * 16, b);
         }
         if (nb & 1) { /* the last pair's missing block: zero bytes, never read */
-            memset(grp + rec_scales(nb), 0, 32);
-            memset(grp + rec_values(nb), 0, 512);
+            memset(grp + rec_scales(fmt, nb), 0, 32);
+            memset(grp + rec_values(fmt, nb), 0, td_q8r_vbytes(fmt));
         }
     }
 }
@@ -150,12 +180,23 @@ static int vnni_ok(void) {
 }
 #define HAVE_VNNI_TILES 1
 
+/* value line j (0..7) of a block's record at rec: the 64 bytes themselves, or
+ * (NIB) from nibble line j % 4, the low nibbles for j < 4, the high ones after,
+ * each index through tab (td_q8r_table in every 128-bit lane) */
+TV static inline __attribute__((always_inline)) __m512i vline(const uint8_t *rec, int j, int NIB, __m512i tab) {
+    if (!NIB) return _mm512_load_si512((const void *)(rec + 64 * j));
+    __m512i v = _mm512_load_si512((const void *)(rec + 64 * (j & 3)));
+    return _mm512_shuffle_epi8(tab, _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)));
+}
+
 /* T tokens (rows of xq, rb bytes apart) x G groups (records gs bytes apart,
- * from wr) over all nb blocks; writes y[t * ldy + 16 g + lane] for lanes below
- * nv[g]. T and G are constants at every call, so the arrays live in registers. */
+ * from wr; NIB: nibble records, tab their table) over all nb blocks; writes
+ * y[t * ldy + 16 g + lane] for lanes below nv[g]. T, G and NIB are constants
+ * at every call, so the arrays live in registers. */
 TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, const uint8_t *xq, size_t rb, int T,
                                                             const uint8_t *wr, size_t gs, int G, int nb, int K,
-                                                            const int *nv, int add, const uint8_t *pf, int pfg) {
+                                                            const int *nv, int add, const uint8_t *pf, int pfg, int NIB,
+                                                            __m512i tab) {
     __m512 f[8][8];
     __m512i a[8][8];
 #pragma GCC unroll 8
@@ -163,10 +204,11 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) f[t][g] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *rec = wr + rec_values(b), *sc = wr + rec_scales(b);
+        const uint8_t *rec = wr + rec_values(NIB, b), *sc = wr + rec_scales(NIB, b);
         for (int g = 0; g < pfg; g++) { /* the next groups' block b, toward L2, while these compute */
-            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf + g * gs + rec_values(b) + 64 * i), _MM_HINT_T1);
-            if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(b)), _MM_HINT_T1);
+            for (int i = 0; i < (NIB ? 4 : 8); i++)
+                _mm_prefetch((const char *)(pf + g * gs + rec_values(NIB, b) + 64 * i), _MM_HINT_T1);
+            if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(NIB, b)), _MM_HINT_T1);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -178,7 +220,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
         for (int j = 0; j < 8; j++) {
             __m512i w[8];
 #pragma GCC unroll 8
-            for (int g = 0; g < G; g++) w[g] = _mm512_load_si512((const void *)(rec + g * gs + 64 * j));
+            for (int g = 0; g < G; g++) w[g] = vline(rec + g * gs, j, NIB, tab);
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 __m512i xb = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + 32 * b + 4 * j));
@@ -210,8 +252,10 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 /* A verify's M <= 16 tokens against 3 groups: one tile of M tokens, or two of
  * about M / 2, so each record is read in one or two passes while the next
  * chunk (pf, pfg groups) streams in during the last; T = 1 .. 8 tokens a tile. */
-TV static void verify_tiles(float *yg, int ldy, const uint8_t *xs, size_t rb, int M, const uint8_t *wg, size_t gs,
-                            int nb, int K, const int *nv, int add, const uint8_t *pf, int pfg) {
+TV static inline __attribute__((always_inline)) void verify_tiles(float *yg, int ldy, const uint8_t *xs, size_t rb, int M,
+                                                                    const uint8_t *wg, size_t gs, int nb, int K,
+                                                                    const int *nv, int add, const uint8_t *pf, int pfg,
+                                                                    int NIB, __m512i tab) {
     int nt = (M + 7) / 8;
     for (int i = 0; i < nt; i++) {
         int m0 = M * i / nt, T = M * (i + 1) / nt - m0;
@@ -220,14 +264,14 @@ TV static void verify_tiles(float *yg, int ldy, const uint8_t *xs, size_t rb, in
         float *y = yg + (size_t)m0 * ldy;
         const uint8_t *x = xs + (size_t)m0 * rb;
         switch (T) {
-        case 1: tile(y, ldy, x, rb, 1, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        case 2: tile(y, ldy, x, rb, 2, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        case 3: tile(y, ldy, x, rb, 3, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        case 4: tile(y, ldy, x, rb, 4, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        case 5: tile(y, ldy, x, rb, 5, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        case 6: tile(y, ldy, x, rb, 6, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        case 7: tile(y, ldy, x, rb, 7, wg, gs, 3, nb, K, nv, add, p, pg); break;
-        default: tile(y, ldy, x, rb, 8, wg, gs, 3, nb, K, nv, add, p, pg); break;
+        case 1: tile(y, ldy, x, rb, 1, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        case 2: tile(y, ldy, x, rb, 2, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        case 3: tile(y, ldy, x, rb, 3, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        case 4: tile(y, ldy, x, rb, 4, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        case 5: tile(y, ldy, x, rb, 5, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        case 6: tile(y, ldy, x, rb, 6, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        case 7: tile(y, ldy, x, rb, 7, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
+        default: tile(y, ldy, x, rb, 8, wg, gs, 3, nb, K, nv, add, p, pg, NIB, tab); break;
         }
     }
 }
@@ -239,16 +283,16 @@ TV static void verify_tiles(float *yg, int ldy, const uint8_t *xs, size_t rb, in
     do {                                                                                                           \
         int m = 0;                                                                                                 \
         if (VERIFY_TILES(M, G)) {                                                                                  \
-            verify_tiles(yg, ldy, xs, rb, M, wg, gs, nb, K, nv, add, pf, pfg);                                     \
+            verify_tiles(yg, ldy, xs, rb, M, wg, gs, nb, K, nv, add, pf, pfg, NIB, tab);                           \
             m = M;                                                                                                 \
         }                                                                                                          \
         for (; m + 4 <= M; m += 4)                                                                                 \
             tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 4, wg, gs, G, nb, K, nv, add, m + 4 == M ? pf : NULL,   \
-                 m + 4 == M ? pfg : 0);                                                                            \
+                 m + 4 == M ? pfg : 0, NIB, tab);                                                                  \
         switch (M - m) {                                                                                           \
-        case 3: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 3, wg, gs, G, nb, K, nv, add, pf, pfg); break;   \
-        case 2: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 2, wg, gs, G, nb, K, nv, add, pf, pfg); break;   \
-        case 1: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 1, wg, gs, G, nb, K, nv, add, pf, pfg); break;   \
+        case 3: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 3, wg, gs, G, nb, K, nv, add, pf, pfg, NIB, tab); break; \
+        case 2: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 2, wg, gs, G, nb, K, nv, add, pf, pfg, NIB, tab); break; \
+        case 1: tile(yg + (size_t)m * ldy, ldy, xs + m * rb, rb, 1, wg, gs, G, nb, K, nv, add, pf, pfg, NIB, tab); break; \
         }                                                                                                          \
     } while (0)
 
@@ -277,7 +321,7 @@ static void amx_cfg(td_amx_tilecfg *c) {
  * (tile()'s: P = sums - 128 * sum q, c = dw * d, f = fma(c, P, f)) */
 #define AMX_STEP(bb, cb)                                                                                             \
     do {                                                                                                             \
-        __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + rec_scales(bb))));                       \
+        __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + rec_scales(fmt, bb))));                  \
         _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                     \
             const uint8_t *xr = xs + (size_t)t * rb;                                                                 \
             __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb) + 16 * t)),                           \
@@ -294,10 +338,15 @@ static void amx_cfg(td_amx_tilecfg *c) {
  * zeroed C tile; C leaves through a store, and each token's 16 sums take
  * tile()'s f32 step. The two tile sets alternate by block, and a block's sums
  * are read back after the next block's product is issued, so the store has
- * landed meanwhile. The integer sums are exact, so the bits are tile()'s. */
-TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add) {
+ * landed meanwhile. The integer sums are exact, so the bits are tile()'s.
+ * Nibble records (fmt) are first spread into byte records in ub (nb * 512
+ * bytes), one group at a time, which then serve all its token chunks. */
+TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
+                          int fmt, uint8_t *ub) {
     int nb = K / 32;
-    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
+    const __m512i tab = fmt ? _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)td_q8r_table(fmt)))
+                            : _mm512_setzero_si512();
     _Alignas(64) int32_t buf[2][16 * 16];
     td_amx_tilecfg found, want;
     td_amx_store_cfg(&found);
@@ -307,6 +356,10 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
         int nv = n1 - n < 16 ? n1 - n : 16;
         __mmask16 km = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
         const uint8_t *grp = W + (size_t)(n / 16) * gs;
+        if (fmt)
+            for (int b = 0; b < nb; b++)
+                for (int j = 0; j < 8; j++)
+                    _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j), vline(grp + rec_values(fmt, b), j, 1, tab));
         for (int m0 = 0; m0 < M; m0 += 16) {
             const uint8_t *xs = xq + (size_t)m0 * rb;
             /* the next group's records toward L2 during the last chunk */
@@ -316,17 +369,19 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
             for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
             for (int b = 0; b < nb; b++) {
                 if (pf)
-                    for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf + rec_values(b) + 64 * i), _MM_HINT_T1);
+                    for (int i = 0; i < (fmt ? 4 : 8); i++)
+                        _mm_prefetch((const char *)(pf + rec_values(fmt, b) + 64 * i), _MM_HINT_T1);
+                const uint8_t *rec = fmt ? ub + 512 * (size_t)b : grp + rec_values(fmt, b);
                 if (b & 1) {
                     _tile_zero(3);
                     _tile_loadd(4, xs + 32 * b, (int)rb);
-                    _tile_loadd(5, grp + rec_values(b), 64);
+                    _tile_loadd(5, rec, 64);
                     _tile_dpbsud(3, 4, 5);
                     _tile_stored(3, buf[1], 64);
                 } else {
                     _tile_zero(0);
                     _tile_loadd(1, xs + 32 * b, (int)rb);
-                    _tile_loadd(2, grp + rec_values(b), 64);
+                    _tile_loadd(2, rec, 64);
                     _tile_dpbsud(0, 1, 2);
                     _tile_stored(0, buf[0], 64);
                 }
@@ -359,17 +414,20 @@ static int amx_on(void) {
     return r;
 }
 #else
-static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add) {
-    (void)y; (void)ldy; (void)xq; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add;
+static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
+                       int fmt, uint8_t *ub) {
+    (void)y; (void)ldy; (void)xq; (void)M; (void)W; (void)K; (void)n0; (void)n1; (void)add; (void)fmt; (void)ub;
 }
 static int amx_on(void) { return 0; }
 #endif
 
-/* tokens [0, M) of a slab (M <= 128) on the VNNI register tiles */
-TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1, int add,
-                        int pf_end) {
+/* tokens [0, M) of a slab (M <= 128) on the VNNI register tiles; NIB: nibble
+ * records of table tab (one copy of the code per NIB, below) */
+TV static inline __attribute__((always_inline)) void slab_vnni_f(float *ys, int ldy, const uint8_t *xs, int M,
+                                                                   const uint8_t *W, int K, int n0, int n1, int add,
+                                                                   int pf_end, int NIB, __m512i tab) {
     int nb = K / 32, near1 = M == 1 && pf_end <= 0; /* a decode token over weights in cache */
-    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, NIB);
     for (int n = n0; n < n1;) {
         int left = (n1 - n + 15) / 16, G = near1 ? (left < 8 ? left : 8) : (left < 3 ? left : 3);
         int nv[8];
@@ -383,20 +441,29 @@ TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uin
         const uint8_t *pf = pfg > 0 ? wg + (size_t)G * gs : NULL;
         if (near1) {
             switch (G) {
-            case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0); break;
-            case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0); break;
-            case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0); break;
-            case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0); break;
-            case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0); break;
-            case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0); break;
-            case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0); break;
-            default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0); break;
+            case 8: tile(yg, ldy, xs, rb, 1, wg, gs, 8, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            case 7: tile(yg, ldy, xs, rb, 1, wg, gs, 7, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            case 6: tile(yg, ldy, xs, rb, 1, wg, gs, 6, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            case 5: tile(yg, ldy, xs, rb, 1, wg, gs, 5, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            case 4: tile(yg, ldy, xs, rb, 1, wg, gs, 4, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            case 3: tile(yg, ldy, xs, rb, 1, wg, gs, 3, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            case 2: tile(yg, ldy, xs, rb, 1, wg, gs, 2, nb, K, nv, add, NULL, 0, NIB, tab); break;
+            default: tile(yg, ldy, xs, rb, 1, wg, gs, 1, nb, K, nv, add, NULL, 0, NIB, tab); break;
             }
         } else if (G == 3) TOK_TILES(3);
         else if (G == 2) TOK_TILES(2);
         else TOK_TILES(1);
         n += 16 * G;
     }
+}
+TV static void slab_vnni_b(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                           int add, int pf_end) {
+    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 0, _mm512_setzero_si512());
+}
+TV static void slab_vnni_n(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                           int add, int pf_end, const uint8_t *tab) {
+    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 1,
+                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
 }
 
 /* Slabs of tokens: 128 on the VNNI tiles (a slab's activations stay in L2
@@ -405,25 +472,31 @@ TV static void slab_vnni(float *ys, int ldy, const uint8_t *xs, int M, const uin
  * in a 512-token forward, bench/forward-notes.md) and whose remainder takes
  * VNNI. Either way each output's f32 chain is the same. */
 TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const void *Wr, int K, int n0, int n1, int add,
-                          int pf_end) {
+                          int pf_end, int fmt) {
     size_t rb = td_q8r_row_bytes(K);
     const uint8_t *W = Wr;
     int amx = Mall >= 16 && amx_on(), slab = amx ? 48 : 128;
+    uint8_t *ub = NULL; /* nibble records spread for the tiles (without it, VNNI serves: the same bits) */
+    if (amx && fmt && !(ub = td_thread_scratch((size_t)(K / 32) * 512))) amx = 0, slab = 128;
     for (int s0 = 0; s0 < Mall; s0 += slab) {
         int M = Mall - s0 < slab ? Mall - s0 : slab, Mt = amx ? M / 16 * 16 : 0;
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
-        if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add);
-        if (M > Mt) slab_vnni(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end);
+        if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add, fmt, ub);
+        if (M > Mt && fmt) slab_vnni_n(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end,
+                                       td_q8r_table(fmt));
+        else if (M > Mt) slab_vnni_b(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end);
     }
 }
 
 #endif
 
 /* The order in C: per token and output, each block's integer sum, then its f32 step. */
-static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add) {
+static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
+                     int fmt) {
     int nb = K / 32;
-    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
+    const uint8_t *tab = td_q8r_table(fmt);
     for (int m = 0; m < M; m++) {
         const uint8_t *xr = xq + (size_t)m * rb;
         const int8_t *q = (const int8_t *)xr;
@@ -432,15 +505,19 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
             int l = n % 16;
             float a = 0.0f;
             for (int b = 0; b < nb; b++) {
-                const uint8_t *v = grp + rec_values(b) + 4 * l;
+                const uint8_t *v = grp + rec_values(fmt, b) + 4 * l;
                 int32_t p, ns;
                 memcpy(&ns, xr + K + 4 * nb + 4 * b, 4);
                 p = ns; /* -128 * sum q: takes back the records' + 128 */
                 for (int j = 0; j < 8; j++)
-                    for (int i = 0; i < 4; i++) p += (int32_t)v[64 * j + i] * (int32_t)q[32 * b + 4 * j + i];
+                    for (int i = 0; i < 4; i++) {
+                        /* value + 128: a byte line's byte, or a nibble line's nibble through the table */
+                        int u = !tab ? v[64 * j + i] : tab[j < 4 ? v[64 * j + i] & 15 : v[64 * (j - 4) + i] >> 4];
+                        p += (int32_t)u * (int32_t)q[32 * b + 4 * j + i];
+                    }
                 uint16_t h;
                 float d;
-                memcpy(&h, grp + rec_scales(b) + 2 * l, 2);
+                memcpy(&h, grp + rec_scales(fmt, b) + 2 * l, 2);
                 memcpy(&d, xr + K + 4 * b, 4);
                 a = fmaf(td_f16_to_f32(h) * d, (float)p, a);
             }
@@ -450,8 +527,9 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
     }
 }
 
-void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0);
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
+                   int fmt) {
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_NIB_IQ4_NL);
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */
@@ -460,10 +538,13 @@ void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int
     static _Atomic int vnni = -1;
     int v = atomic_load_explicit(&vnni, memory_order_relaxed);
     if (v < 0) atomic_store_explicit(&vnni, v = vnni_ok(), memory_order_relaxed);
-    if (path == TD_KPATH_AVX512 && v) { matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end); return; }
+    if (path == TD_KPATH_AVX512 && v) { matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end, fmt); return; }
 #endif
 #ifdef TD_HAVE_QUANT_AVX2
-    if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) { td_avx2_q8r_matmul(y, ldy, xq, M, Wr, K, n0, n1, add); return; }
+    if (path == TD_KPATH_AVX2 || path == TD_KPATH_AVX512) {
+        td_avx2_q8r_matmul(y, ldy, xq, M, Wr, K, n0, n1, add, fmt);
+        return;
+    }
 #endif
-    matmul_p(y, ldy, xq, M, Wr, K, n0, n1, add);
+    matmul_p(y, ldy, xq, M, Wr, K, n0, n1, add, fmt);
 }

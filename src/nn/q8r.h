@@ -1,5 +1,11 @@
 /* q8r — products of Q8_0 weights under act_type bf16 and amx, over a repacked
- * copy of the weights (the "R16" order).
+ * copy of the weights (the "R16" order). Q4_0, Q5_0 and IQ4_NL weights take it
+ * too: a block of theirs is one f16 scale and 32 integer values that fit int8
+ * (nibble - 8, 5 bits - 16, the table's value), so its record is the Q8_0
+ * block's with those values, the products and their bits those of the Q8_0
+ * file holding the same values and scales. (Their Q16 kernels unpack nibbles
+ * per output row, so a verify of 8 tokens cost ~2x one token and a prefill ran
+ * at a third of Q8_0's; the records cost 34 bytes a block against 18 or 22.)
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
@@ -29,8 +35,8 @@
  * (j, n, i) = w[n][4j + i] + 128 (unsigned), so one aligned 64-byte vector holds
  * 4 consecutive values of each of the 16 rows — the unsigned operand of
  * VPDPBUSD. The +128 is taken back exactly through the activation record's
- * -128 * (sum of the block's q). The copy has the file's bytes (34 a block of
- * 32 weights), padding aside.
+ * -128 * (sum of the block's q). The copy of a Q8_0 file has the file's bytes
+ * (34 a block of 32 weights), padding aside.
  * Kernels (td_q8r_matmul picks by td_kernels_path(), the same bits on each):
  * AVX-512 VNNI, register tiles of up to 4 tokens x 3 groups (1 x 8 for a single
  * token), and with AMX-INT8, chunks of 16 tokens of a product of 16 or more on
@@ -43,19 +49,39 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { TD_Q8R_PAIR = 1088 }; /* bytes of two blocks of one group: 2 x 32 of f16 scales, 2 x 512 of values */
-
-/* Offsets, within a group, of block b's 16 f16 scales and of its 8 x 64 value bytes. */
-static inline size_t td_q8r_rec_scales(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + (size_t)(b & 1) * 32; }
-static inline size_t td_q8r_rec_values(int64_t b) { return (size_t)(b >> 1) * TD_Q8R_PAIR + 64 + (size_t)(b & 1) * 512; }
+/* Record formats (td_q8r_format): a block's values as 8 lines of bytes (Q8_0,
+ * Q5_0), or, for the formats of 4-bit indices, as 4 lines of the file's own
+ * nibble bytes (Q4_0, IQ4_NL: same bytes as the file). Nibble line i holds, at
+ * byte 4n + c, byte c of dword i of row n's 16 qs bytes: its low nibble stands
+ * for byte line i's byte, its high nibble for byte line i + 4's (values 4i + c
+ * and 16 + 4i + c), each through the format's table (td_q8r_table: value + 128
+ * of every index). */
+enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2 };
+/* The record format of dtype's R16 repack, or -1 where R16 does not hold it. */
+int td_q8r_format(int dtype);
+/* 1 for the dtypes whose blocks the R16 records hold exactly: Q8_0, and the
+ * 4- and 5-bit formats of one f16 scale a block of 32 and no minimum (Q4_0,
+ * Q5_0, IQ4_NL: their integer values fit int8). */
+static inline int td_q8r_dtype_ok(int dtype) { return td_q8r_format(dtype) >= 0; }
+/* The 16 bytes (value + 128 of each index) of a nibble format; NULL for bytes. */
+const uint8_t *td_q8r_table(int fmt);
+/* Value bytes of one block of a group (fmt's), and of two blocks with their scales. */
+static inline size_t td_q8r_vbytes(int fmt) { return fmt ? 256 : 512; }
+static inline size_t td_q8r_pair(int fmt) { return 64 + 2 * td_q8r_vbytes(fmt); }
+/* Offsets, within a group, of block b's 16 f16 scales and of its value lines. */
+static inline size_t td_q8r_rec_scales(int fmt, int64_t b) { return (size_t)(b >> 1) * td_q8r_pair(fmt) + (size_t)(b & 1) * 32; }
+static inline size_t td_q8r_rec_values(int fmt, int64_t b) {
+    return (size_t)(b >> 1) * td_q8r_pair(fmt) + 64 + (size_t)(b & 1) * td_q8r_vbytes(fmt);
+}
 
 /* Bytes of one 16-row group of an [N][K] repack, and of the whole repack
- * (K a multiple of 32): both multiples of 64. */
-size_t td_q8r_group_bytes(int64_t K);
-size_t td_q8r_bytes(int64_t N, int64_t K);
-/* Repack rows [r0, r1) of W ([N][K] GGUF Q8_0 blocks) into dst (td_q8r_bytes,
- * 64-byte aligned); r0 a multiple of 16; a range ending at N pads the group. */
-void td_q8r_repack(void *dst, const void *W, int64_t N, int64_t K, int64_t r0, int64_t r1);
+ * (K a multiple of 32), in format fmt: both multiples of 64. */
+size_t td_q8r_group_bytes(int64_t K, int fmt);
+size_t td_q8r_bytes(int64_t N, int64_t K, int fmt);
+/* Repack rows [r0, r1) of W ([N][K] GGUF blocks of dtype, td_q8r_dtype_ok)
+ * into dst (td_q8r_bytes in td_q8r_format(dtype), 64-byte aligned); r0 a
+ * multiple of 16; a range ending at N pads the group. */
+void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, int64_t r0, int64_t r1);
 /* Bytes of one quantized activation row of width K: K int8 q, then K/32 f32 d,
  * then K/32 int32 -128 * (sum of the block's q); rounded up to 64. */
 static inline size_t td_q8r_row_bytes(int K) { return ((size_t)K + (size_t)K / 4 + 63) / 64 * 64; }
@@ -65,10 +91,12 @@ void td_q8r_act(void *xq, const float *x, int ldx, int M, int K);
  * bytes of every row, as td_q8r_act writes them. */
 void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, int k1);
 /* y[m * ldy + n] (+)= the R16 product of activation row m (xq) with row n of
- * the repack Wr, for n in [n0, n1), m in [0, M); n0 a multiple of 16.
+ * the repack Wr (record format fmt), for n in [n0, n1), m in [0, M); n0 a
+ * multiple of 16.
  * pf_end: 0 where Wr is expected in cache; where it streams from memory, the
  * repack's row count (rows below it may be prefetched, past n1). A prefetch
  * choice only: it never changes a bit. */
-void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end);
+void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
+                   int fmt);
 
 #endif

@@ -277,6 +277,7 @@ static float blk_scale(const void *blk) {
 }
 
 static void wvals_p(const unsigned char *blk, int dt, int8_t *w);
+void td_block_i8(const void *blk, int dtype, int8_t w[32]) { wvals_p(blk, dtype, w); }
 
 /* The 32 values of block b of a row, exact. */
 static void deq_block_p(const char *row, int64_t b, int dt, float *out) {

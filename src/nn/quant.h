@@ -58,7 +58,9 @@
  * once per call so that one vector holds lane (h, l) of 8 outputs, tiles of 3
  * tokens x 8 outputs (quant.c); AVX2 (quant_avx2.c: vpmaddubsw of |w|
  * with sign(q, w), then vpmaddwd); portable C. CPUs with AVX-512 but without
- * VNNI run the AVX2 kernels for quantized weights (same bits).
+ * VNNI run the AVX2 kernels for quantized weights (same bits). Under act_type
+ * bf16 and amx, Q8_0, Q4_0, Q5_0 and IQ4_NL matrices multiply in q8r.h's R16
+ * order instead (over repacked copies), Q4_1 / Q5_1 in Q16.
  *
  * K-quants (GGUF's Q4_K, Q5_K, Q6_K; super-blocks of TD_QKK = 256 values, so K
  * must be a multiple of 256; values exactly as llama.cpp's dequantize_row_q*_K
@@ -199,6 +201,10 @@ typedef struct td_block_q3_k {
     uint16_t d;           /* f16 super-block scale */
 } td_block_q3_k;          /* 110 bytes */
 
+/* The 32 integer values of one block of dtype (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 or
+ * IQ4_NL; blk: its bytes): Q8_0 the int8 q, Q4_0 nibble - 8, Q5_0 the 5 bits - 16,
+ * Q4_1 / Q5_1 the unsigned q, IQ4_NL the table's value of the nibble. */
+void td_block_i8(const void *blk, int dtype, int8_t w[32]);
 /* 1 for TD_DTYPE_Q4_1 / Q5_1 (blocks of 32 with a minimum). */
 int td_dtype_has_min32(int dtype);
 /* 1 for TD_DTYPE_Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (super-blocks of 256). */

@@ -496,22 +496,35 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
  * w)) then vpmaddwd with ones adds 4 exact products into each row's int32 lane
  * (|w| <= 128, |q| <= 127: no saturation). The 8 lines of a block give P_b exact
  * (no -128 * sum q needed: the bytes are signed again); then c = dw * d and one
- * fma per output, as q8r.c's other kernels. */
+ * fma per output, as q8r.c's other kernels. Nibble records (tab: their table,
+ * q8r.h) give each line's halves from nibble line j % 4 through the table. */
 AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const uint8_t *grp, int nb, int K, int nv,
-                 int add) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+                 int add, const uint8_t *tab) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    const __m256i tb = tab ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
+    const int fmt = tab != NULL; /* offsets depend only on bytes or nibbles */
     __m256 f[2][2];
 #pragma GCC unroll 2
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *v = grp + td_q8r_rec_values(b);
+        const uint8_t *v = grp + td_q8r_rec_values(fmt, b);
         __m256i p[2][2];
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) p[t][0] = p[t][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
-            __m256i w0 = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(const void *)(v + 64 * j)), flip);
-            __m256i w1 = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(const void *)(v + 64 * j + 32)), flip);
+            __m256i u0, u1;
+            if (!tab) {
+                u0 = _mm256_load_si256((const __m256i *)(const void *)(v + 64 * j));
+                u1 = _mm256_load_si256((const __m256i *)(const void *)(v + 64 * j + 32));
+            } else {
+                __m256i n0 = _mm256_load_si256((const __m256i *)(const void *)(v + 64 * (j & 3)));
+                __m256i n1 = _mm256_load_si256((const __m256i *)(const void *)(v + 64 * (j & 3) + 32));
+                if (j >= 4) n0 = _mm256_srli_epi16(n0, 4), n1 = _mm256_srli_epi16(n1, 4);
+                u0 = _mm256_shuffle_epi8(tb, _mm256_and_si256(n0, m4));
+                u1 = _mm256_shuffle_epi8(tb, _mm256_and_si256(n1, m4));
+            }
+            __m256i w0 = _mm256_xor_si256(u0, flip), w1 = _mm256_xor_si256(u1, flip);
             __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
 #pragma GCC unroll 2
             for (int t = 0; t < T; t++) {
@@ -522,7 +535,7 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                 p[t][1] = _mm256_add_epi32(p[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
             }
         }
-        const uint8_t *sc = grp + td_q8r_rec_scales(b);
+        const uint8_t *sc = grp + td_q8r_rec_scales(fmt, b);
         __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)sc));
         __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(sc + 16)));
 #pragma GCC unroll 2
@@ -543,16 +556,18 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
     }
 }
 
-void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add) {
+void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
+                        int fmt) {
     int nb = K / 32;
-    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K);
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
+    const uint8_t *tab = td_q8r_table(fmt);
     const uint8_t *xs = xq;
     for (int n = n0; n < n1; n += 16) {
         int nv = n1 - n < 16 ? n1 - n : 16;
         const uint8_t *grp = (const uint8_t *)Wr + (size_t)(n / 16) * gs;
         int m = 0;
-        for (; m + 2 <= M; m += 2) r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add);
-        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add);
+        for (; m + 2 <= M; m += 2) r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab);
+        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab);
     }
 }
 

@@ -26,7 +26,8 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
                      int n1, int add);
 /* td_q8r_matmul's contract (q8r.h: the R16 order over a repack Wr, activation
  * rows of td_q8r_row_bytes(K) at xq), on 256-bit registers. */
-void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add);
+void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
+                        int fmt);
 #endif
 
 #endif

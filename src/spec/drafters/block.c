@@ -50,7 +50,7 @@
  * layers' and its chain's) in memory, and with vocab=N its copy of the N kept
  * LM-head rows; the target's LM head stays as it is. When the target's
  * context runs act_type amx, the products with bf16 weights run on the AMX
- * tiles too (nn/amx.h), Q8_0 ones on their R16 repacks, and where the CPU has
+ * tiles too (nn/amx.h), Q8_0 and Q4_0 ones on their R16 repacks, and where the CPU has
  * AMX-INT8 those of 3 or more entries on int8 copies (td_tensor.ip, nn/i8t.h);
  * the block's attention runs on the tiles as well (att_amx_run: each row then
  * keeps its context keys and values also in bf16, in the tiles' pair layouts,
@@ -174,7 +174,7 @@ typedef struct {
                                  else TD_DTYPE_F32 */
     uint16_t *xa;             /* act amx or bf16: [td_mm_xa_elems(max_tok, kmax)] a product's input
                                  packed for the AMX tiles or rounded to bf16, else NULL */
-    uint8_t *xq;              /* act amx or bf16, quant=q8_0: [max_tok] rows of td_q8r_row_bytes(kmax), a
+    uint8_t *xq;              /* act amx or bf16, quant=q8_0 or q4_0: [max_tok] rows of td_q8r_row_bytes(kmax), a
                                  product's input quantized for the R16 repacks, else NULL */
     blk_row **crow;           /* [max_rows] a commit's rows, */
     const float **ctap;       /* [max_rows] their taps */
@@ -212,7 +212,7 @@ typedef struct {
 /* ---- matrix products on the group's pool (nn/mmx.h: outputs split in chunks
  * of 8, 16 on AMX tiles and R16). Under the target's act_type amx or bf16 the
  * products with bf16 weights take their input packed once (on the caller) for
- * the tiles or rounded to bf16, and Q8_0 weights (quant=q8_0) their R16
+ * the tiles or rounded to bf16, and Q8_0 / Q4_0 weights (quant=) their R16
  * repacks, as the target's do; drafts then move a little, the output stays
  * exact. */
 /* y[M][N] (+)= x[M][K] W^T */
@@ -1014,7 +1014,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         g->capp = (g->cap + 31) / 32 * 32;
         size_t nt = (size_t)td_pool_size(g->pool), nqm = (size_t)(p->H / p->KVH) * p->G;
         int rc = 0;
-        { /* quant=q8_0: the R16 repacks, made once (under td_draft_repack_q8r's lock) */
+        { /* quant=q8_0 or q4_0: the R16 repacks, made once (under td_draft_repack_q8r's lock) */
             td_tensor *extra[5];
             int ne = own_matrices(p, extra);
             rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, &p->iarena, err);

@@ -412,7 +412,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     }
     g->pool = td_ctx_pool(g->ctx);
     g->act = td_ctx_get_params(g->ctx).act_type;
-    if (g->act != TD_DTYPE_F32 && p->fc.dtype == TD_DTYPE_Q8_0) { /* bf16, amx: fc in the R16 order too */
+    if (g->act != TD_DTYPE_F32 && td_q8r_dtype_ok(p->fc.dtype)) { /* bf16, amx: fc in the R16 order too */
         td_tensor *fc = &p->fc; /* fc's R16 repack, made once (the head's layer has its own, made by td_ctx_open) */
         if ((rc = td_draft_repack_q8r(&p->frepacked, NULL, 0, &fc, 1, &p->farena, NULL, err)) != 0) { mtp_free_group(g); return rc; }
     }
