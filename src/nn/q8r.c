@@ -11,8 +11,10 @@
  * block's 16 f16 scales widened exactly by VCVTPH2PS). Records go in pairs of
  * blocks, [32 + 32 bytes of scales][512 + 512 of values], so every value vector
  * is a whole aligned line and the copy has the Q8_0 file's bytes (34 a block
- * of 32 weights), not more. The weights of a group are read once per token
- * tile, from cache after the first;
+ * of 32 weights), not more. Nibble records (Q4_0, IQ4_NL) hold 4 lines a block,
+ * each spread into two value vectors by a shift, a mask and a VPSHUFB through
+ * the format's table (vline), so they stream the file's 18 bytes a block. The
+ * weights of a group are read once per token tile, from cache after the first;
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
  * computes from cache (0.6B shape, Q8_0, T = 8: 31.2-31.4 against 32.1-33.5 ms

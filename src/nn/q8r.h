@@ -1,11 +1,14 @@
 /* q8r — products of Q8_0 weights under act_type bf16 and amx, over a repacked
  * copy of the weights (the "R16" order). Q4_0, Q5_0 and IQ4_NL weights take it
  * too: a block of theirs is one f16 scale and 32 integer values that fit int8
- * (nibble - 8, 5 bits - 16, the table's value), so its record is the Q8_0
- * block's with those values, the products and their bits those of the Q8_0
- * file holding the same values and scales. (Their Q16 kernels unpack nibbles
- * per output row, so a verify of 8 tokens cost ~2x one token and a prefill ran
- * at a third of Q8_0's; the records cost 34 bytes a block against 18 or 22.)
+ * (nibble - 8, 5 bits - 16, the table's value), so the products and their bits
+ * are those of the Q8_0 matrix holding the same values and scales. Q5_0's
+ * records hold those values as bytes (34 bytes a block against the file's 22);
+ * Q4_0's and IQ4_NL's keep the file's nibbles (18 bytes a block), which the
+ * kernels spread into bytes through a 16-entry table in registers. Their Q16
+ * kernels (quant.h) unpack nibbles per output row, so that a verify of 8
+ * tokens cost ~1.9x one token and a prefill ran at a third of Q8_0's
+ * (0.6B shape, Xeon, 2026-12-06, bench/forward-notes.md "Stop 46").
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
@@ -27,20 +30,22 @@
  * for every M, output range and thread count (batch invariance).
  *
  * Repacked layout (td_q8r_repack): output group g (rows 16g .. 16g+15; a last
- * group of fewer rows is padded with zero weights) takes td_q8r_group_bytes(K)
- * bytes at g * td_q8r_group_bytes(K): its blocks in pairs (2p, 2p + 1) of
- * TD_Q8R_PAIR bytes each, [16 f16 scales dw[n] of block 2p][those of 2p + 1]
+ * group of fewer rows is padded with zero weights) takes td_q8r_group_bytes(K,
+ * fmt) bytes at g times that: its blocks in pairs (2p, 2p + 1) of td_q8r_pair(fmt)
+ * bytes each, [16 f16 scales dw[n] of block 2p][those of 2p + 1]
  * [block 2p's values][block 2p + 1's values] (an odd last block's partner is
- * zero bytes, never read). A block's values are 8 x 64 bytes where byte
- * (j, n, i) = w[n][4j + i] + 128 (unsigned), so one aligned 64-byte vector holds
- * 4 consecutive values of each of the 16 rows — the unsigned operand of
- * VPDPBUSD. The +128 is taken back exactly through the activation record's
- * -128 * (sum of the block's q). The copy of a Q8_0 file has the file's bytes
- * (34 a block of 32 weights), padding aside.
+ * zero bytes, never read). A block's values (byte records) are 8 x 64 bytes
+ * where byte (j, n, i) = w[n][4j + i] + 128 (unsigned), so one aligned 64-byte
+ * vector holds 4 consecutive values of each of the 16 rows — the unsigned
+ * operand of VPDPBUSD. The +128 is taken back exactly through the activation
+ * record's -128 * (sum of the block's q). Nibble records: 4 x 64 bytes, line i
+ * holding byte lines i and i + 4 as nibbles (TD_Q8R_NIB_*, below). The copy of
+ * a Q8_0, Q4_0 or IQ4_NL file has the file's bytes, padding aside.
  * Kernels (td_q8r_matmul picks by td_kernels_path(), the same bits on each):
  * AVX-512 VNNI, register tiles of up to 4 tokens x 3 groups (1 x 8 for a single
  * token), and with AMX-INT8, chunks of 16 tokens of a product of 16 or more on
- * the tiles (TDPBSUD per block, the record read as the B tile); AVX2
+ * the tiles (TDPBSUD per block, the record read as the B tile; nibble records
+ * spread into a byte copy per group first); AVX2
  * (quant_avx2.c: the signed bytes by vpmaddubsw and vpmaddwd, 2 tokens x 1
  * group), also for AVX-512 CPUs without VNNI; portable C elsewhere. */
 #ifndef TD_Q8R_H
