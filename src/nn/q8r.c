@@ -55,8 +55,7 @@ size_t td_q8r_bytes(int64_t N, int64_t K, int fmt) { return (size_t)((N + 15) / 
 
 int td_q8r_format(int dtype) {
     switch (dtype) {
-    case TD_DTYPE_Q8_0:
-    case TD_DTYPE_Q5_0: return TD_Q8R_BYTES;
+    case TD_DTYPE_Q8_0: return TD_Q8R_BYTES;
     case TD_DTYPE_Q4_0: return TD_Q8R_NIB_Q4_0;
     case TD_DTYPE_IQ4_NL: return TD_Q8R_NIB_IQ4_NL;
     default: return -1;
@@ -75,7 +74,7 @@ const uint8_t *td_q8r_table(int fmt) { return fmt == TD_Q8R_NIB_Q4_0 ? TAB[0] : 
 /* one record: rows row0 .. row0 + 15 (those < N; the rest zero weights, or for a
  * nibble format any: their outputs are never stored) of block b, its scales at sc and
  * its values at v; src: [N] rows of rowb bytes of dtype's blocks (each opens with its
- * f16 scale; a nibble format's 16 qs bytes follow it) */
+ * f16 scale, then Q8_0's 32 int8 values or a nibble format's 16 qs bytes) */
 static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int dtype, size_t rowb, int64_t N, int64_t row0,
                        int64_t b) {
     size_t bs = td_dtype_row_bytes(dtype, 32);
@@ -93,10 +92,8 @@ static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int dtype, s
             for (int j = 0; j < 4; j++) memcpy(v + 64 * j + 4 * n, blk + 2 + 4 * j, 4);
             continue;
         }
-        int8_t w[32];
-        td_block_i8(blk, dtype, w);
         for (int j = 0; j < 8; j++)
-            for (int i = 0; i < 4; i++) v[64 * j + 4 * n + i] = (uint8_t)(w[4 * j + i] + 128); /* int8 value + 128 */
+            for (int i = 0; i < 4; i++) v[64 * j + 4 * n + i] = blk[2 + 4 * j + i] ^ 0x80; /* int8 value + 128 */
     }
 }
 
@@ -133,8 +130,8 @@ void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, in
     int64_t nb = K / 32;
     const uint8_t *src = W;
     size_t rowb = td_dtype_row_bytes(dtype, K), bs = td_dtype_row_bytes(dtype, 32);
-    /* Q8_0 and the nibble formats by gathers (their offsets, 15 rows, must fit an int32) */
-    int fast = dtype != TD_DTYPE_Q5_0 && repack_fast() && rowb * 15 < INT32_MAX;
+    /* by gathers (their offsets, 15 rows, must fit an int32) */
+    int fast = repack_fast() && rowb * 15 < INT32_MAX;
     size_t gs = td_q8r_group_bytes(K, fmt);
     for (int64_t g = r0 / 16; g * 16 < r1; g++) {
         uint8_t *grp = (uint8_t *)dst + (size_t)g * gs;

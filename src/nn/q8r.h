@@ -1,14 +1,14 @@
 /* q8r — products of Q8_0 weights under act_type bf16 and amx, over a repacked
- * copy of the weights (the "R16" order). Q4_0, Q5_0 and IQ4_NL weights take it
- * too: a block of theirs is one f16 scale and 32 integer values that fit int8
- * (nibble - 8, 5 bits - 16, the table's value), so the products and their bits
- * are those of the Q8_0 matrix holding the same values and scales. Q5_0's
- * records hold those values as bytes (34 bytes a block against the file's 22);
- * Q4_0's and IQ4_NL's keep the file's nibbles (18 bytes a block), which the
- * kernels spread into bytes through a 16-entry table in registers. Their Q16
- * kernels (quant.h) unpack nibbles per output row, so that a verify of 8
- * tokens cost ~1.9x one token and a prefill ran at a third of Q8_0's
- * (0.6B shape, Xeon, 2026-12-06, bench/forward-notes.md "Stop 46").
+ * copy of the weights (the "R16" order). Q4_0 and IQ4_NL weights take it too:
+ * a block of theirs is one f16 scale and 32 indices of int8 values (nibble - 8,
+ * the table's value), so the products and their bits are those of the Q8_0
+ * matrix holding the same values and scales. Their records keep the file's
+ * nibbles (18 bytes a block), which the kernels spread into bytes through a
+ * 16-entry table in registers. Their Q16 kernels (quant.h) unpack nibbles per
+ * output row, so that a verify of 8 tokens cost ~1.9x one token and a prefill
+ * ran at a third of Q8_0's (0.6B shape, Xeon, 2026-12-06,
+ * bench/forward-notes.md "Stop 46"). Q5_0 stays in Q16: as bytes its records
+ * would stream 34 bytes a block against the file's 22 (decode ~0.9x there).
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
@@ -54,8 +54,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Record formats (td_q8r_format): a block's values as 8 lines of bytes (Q8_0,
- * Q5_0), or, for the formats of 4-bit indices, as 4 lines of the file's own
+/* Record formats (td_q8r_format): a block's values as 8 lines of bytes (Q8_0),
+ * or, for the formats of 4-bit indices, as 4 lines of the file's own
  * nibble bytes (Q4_0, IQ4_NL: same bytes as the file). Nibble line i holds, at
  * byte 4n + c, byte c of dword i of row n's 16 qs bytes: its low nibble stands
  * for byte line i's byte, its high nibble for byte line i + 4's (values 4i + c
@@ -65,8 +65,7 @@ enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2 };
 /* The record format of dtype's R16 repack, or -1 where R16 does not hold it. */
 int td_q8r_format(int dtype);
 /* 1 for the dtypes whose blocks the R16 records hold exactly: Q8_0, and the
- * 4- and 5-bit formats of one f16 scale a block of 32 and no minimum (Q4_0,
- * Q5_0, IQ4_NL: their integer values fit int8). */
+ * 4-bit formats of one f16 scale a block of 32 and no minimum (Q4_0, IQ4_NL). */
 static inline int td_q8r_dtype_ok(int dtype) { return td_q8r_format(dtype) >= 0; }
 /* The 16 bytes (value + 128 of each index) of a nibble format; NULL for bytes. */
 const uint8_t *td_q8r_table(int fmt);
