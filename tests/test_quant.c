@@ -601,26 +601,28 @@ static void test_q8r(void) {
     t_end();
 }
 
-/* Q4_0 and IQ4_NL blocks in the R16 order: on every kernel path and for
+/* Q4_0, IQ4_NL and Q5_0 blocks in the R16 order: on every kernel path and for
  * every M (AMX tiles from 16 tokens), each output is bit for bit the one of the
  * Q8_0 matrix holding the same int8 values and f16 scales (test_q8r checks
- * that matrix's bits against the scalar order), from nibble records of the
- * file's bytes whose tables are the formats' values + 128. Ragged row counts
+ * that matrix's bits against the scalar order), from records of the file's
+ * bytes (nibbles through tables of the formats' values + 128; Q5_0's fifth
+ * bits from its qh plane). Ragged row counts
  * (a padded last group), K of 1, 3
  * and 32 blocks, odd output ranges split on a group. */
 static void test_q8r_4bit(void) {
     t_begin("matmul_r16_4bit_blocks_as_q8_0");
-    static const int dts[] = {TD_DTYPE_Q4_0, TD_DTYPE_IQ4_NL};
+    static const int dts[] = {TD_DTYPE_Q4_0, TD_DTYPE_IQ4_NL, TD_DTYPE_Q5_0};
     static const int Ns[] = {1, 17, 45}, Ks[] = {32, 96, 1024}, Ms[] = {1, 2, 5, 8, 16, 35};
     enum { MMAX = 35 };
     int checked = 0, fails = 0;
-    T_CHECK(td_q8r_format(TD_DTYPE_Q8_0) == TD_Q8R_BYTES && !td_q8r_dtype_ok(TD_DTYPE_Q5_0) &&
+    T_CHECK(td_q8r_format(TD_DTYPE_Q8_0) == TD_Q8R_BYTES && td_q8r_format(TD_DTYPE_Q5_0) == TD_Q8R_Q5_0 &&
                 td_q8r_format(TD_DTYPE_Q4_0) == TD_Q8R_NIB_Q4_0 && td_q8r_format(TD_DTYPE_IQ4_NL) == TD_Q8R_NIB_IQ4_NL &&
                 !td_q8r_dtype_ok(TD_DTYPE_Q4_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q4_K) &&
                 !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
-            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, nothing else");
+            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, nothing else");
     for (int k = 0; k < 16; k++)
-        T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128,
+        T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128 &&
+                    td_q8r_table(TD_Q8R_Q5_0)[k] == k - 16 + 128,
                 "nibble tables at %d", k);
     int deflt = td_kernels_path();
     for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
@@ -669,7 +671,7 @@ static void test_q8r_4bit(void) {
                 free(W), free(x), free(want), free(got), free(Wq), free(W8), free(xq), free(R), free(R8);
             }
     td_kernels_set_path(deflt);
-    printf("  %d products of Q4_0 and IQ4_NL matrices: the bits of their Q8_0 transcriptions\n", checked);
+    printf("  %d products of Q4_0, IQ4_NL and Q5_0 matrices: the bits of their Q8_0 transcriptions\n", checked);
 done:
     td_kernels_set_path(deflt);
     t_end();
@@ -1490,9 +1492,10 @@ int main(void) {
         if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
         td_kernels_set_path(path);
         test_q8r();
-        tc_act = TD_DTYPE_BF16; /* Q8_0, Q4_0 in the R16 order */
+        tc_act = TD_DTYPE_BF16; /* Q8_0, Q4_0, Q5_0 in the R16 order */
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q4_0, 0);
+        test_invariance(TD_DTYPE_Q5_0, 1);
         tc_act = TD_DTYPE_F32;
         test_invariance(TD_DTYPE_Q8_0, 1);
         test_invariance(TD_DTYPE_Q4_0, 0);
@@ -1520,7 +1523,7 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL in the R16 order (Q5_0, Q4_1: Q16) */
+    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0 in the R16 order (Q4_1: Q16) */
     tc_act = TD_DTYPE_BF16;
     test_invariance(TD_DTYPE_Q8_0, 0);
     test_invariance(TD_DTYPE_Q5_0, 1);
@@ -1534,8 +1537,10 @@ int main(void) {
         test_invariance(TD_DTYPE_Q8_0, 0);
         test_invariance(TD_DTYPE_Q4_0, 1);
         test_invariance(TD_DTYPE_IQ4_NL, 0);
+        test_invariance(TD_DTYPE_Q5_0, 0);
         test_spec(TD_DTYPE_Q8_0);
         test_spec(TD_DTYPE_Q4_0);
+        test_spec(TD_DTYPE_Q5_0);
     }
     tc_act = TD_DTYPE_F32;
     test_tiny_target();

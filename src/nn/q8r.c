@@ -58,15 +58,18 @@ int td_q8r_format(int dtype) {
     case TD_DTYPE_Q8_0: return TD_Q8R_BYTES;
     case TD_DTYPE_Q4_0: return TD_Q8R_NIB_Q4_0;
     case TD_DTYPE_IQ4_NL: return TD_Q8R_NIB_IQ4_NL;
+    case TD_DTYPE_Q5_0: return TD_Q8R_Q5_0;
     default: return -1;
     }
 }
 
-/* value + 128 of each index: Q4_0's nibble - 8, IQ4_NL's table (td_iq4_values) */
-static const uint8_t TAB[2][16] __attribute__((aligned(16))) = {
+/* value + 128 of each index: Q4_0's nibble - 8, IQ4_NL's table (td_iq4_values),
+ * Q5_0's low 4 bits - 16 (its fifth bit adds 16) */
+static const uint8_t TAB[3][16] __attribute__((aligned(16))) = {
     {120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135},
-    {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241}};
-const uint8_t *td_q8r_table(int fmt) { return fmt == TD_Q8R_NIB_Q4_0 ? TAB[0] : fmt == TD_Q8R_NIB_IQ4_NL ? TAB[1] : NULL; }
+    {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241},
+    {112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127}};
+const uint8_t *td_q8r_table(int fmt) { return fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q5_0 ? TAB[fmt - 1] : NULL; }
 
 #define rec_scales td_q8r_rec_scales
 #define rec_values td_q8r_rec_values
@@ -78,18 +81,20 @@ const uint8_t *td_q8r_table(int fmt) { return fmt == TD_Q8R_NIB_Q4_0 ? TAB[0] : 
 static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int dtype, size_t rowb, int64_t N, int64_t row0,
                        int64_t b) {
     size_t bs = td_dtype_row_bytes(dtype, 32);
-    int nib = td_q8r_format(dtype) != TD_Q8R_BYTES;
+    int fmt = td_q8r_format(dtype), nib = fmt != TD_Q8R_BYTES, q5 = fmt == TD_Q8R_Q5_0, qs = q5 ? 6 : 2;
     for (int n = 0; n < 16; n++) {
         int64_t row = row0 + n;
         if (row >= N) {
             memset(sc + 2 * n, 0, 2);
             for (int j = 0; j < (nib ? 4 : 8); j++) memset(v + 64 * j + 4 * n, nib ? 0x88 : 128, 4);
+            if (q5) memset(v + 256 + 4 * n, 0, 4);
             continue;
         }
         const uint8_t *blk = src + (size_t)row * rowb + (size_t)b * bs;
         memcpy(sc + 2 * n, blk, 2); /* the f16 scale, as the file has it */
-        if (nib) { /* dword j of the qs bytes (values 4j.. low, 16 + 4j.. high) */
-            for (int j = 0; j < 4; j++) memcpy(v + 64 * j + 4 * n, blk + 2 + 4 * j, 4);
+        if (nib) { /* dword j of the qs bytes (values 4j.. low, 16 + 4j.. high); Q5_0's qh */
+            for (int j = 0; j < 4; j++) memcpy(v + 64 * j + 4 * n, blk + qs + 4 * j, 4);
+            if (q5) memcpy(v + 256 + 4 * n, blk + 2, 4);
             continue;
         }
         for (int j = 0; j < 8; j++)
@@ -101,9 +106,10 @@ static void repack_rec(uint8_t *sc, uint8_t *v, const uint8_t *src, int dtype, s
 #include <immintrin.h>
 /* a full record (16 rows in range) by dword gathers: dword j of row n is 4 bytes
  * at blk(n) + 2 + 4j, blk(n) = the row's block b, rowb bytes apart; Q8_0: 8
- * dwords, flipped to value + 128; a nibble format: its 4 qs dwords as they are */
+ * dwords, flipped to value + 128; a nibble format: its 4 qs dwords as they are
+ * (Q5_0: at + 6 + 4j, then its qh dword at + 2) */
 __attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0,
-                                                                      size_t rowb, int nib) {
+                                                                      size_t rowb, int nib, int q5) {
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32((int)rowb));
     const __m512i flip = _mm512_set1_epi32(nib ? 0 : (int)0x80808080u);
@@ -111,15 +117,16 @@ __attribute__((target("avx512f,avx512bw"))) static void repack_rec16(uint8_t *sc
     _mm256_store_si256((void *)sc, _mm512_cvtepi32_epi16(h)); /* the low 16 bits: the f16 scales */
     for (int j = 0; j < (nib ? 4 : 8); j++)
         _mm512_store_si512((void *)(v + 64 * j),
-                           _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk0 + 2 + 4 * j), 1), flip));
+                           _mm512_xor_si512(_mm512_i32gather_epi32(rows, (const void *)(blk0 + (q5 ? 6 : 2) + 4 * j), 1), flip));
+    if (q5) _mm512_store_si512((void *)(v + 256), _mm512_i32gather_epi32(rows, (const void *)(blk0 + 2), 1));
 }
 static int repack_fast(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 #else
-static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, size_t rowb, int nib) {
-    (void)sc; (void)v; (void)blk0; (void)rowb; (void)nib;
+static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, size_t rowb, int nib, int q5) {
+    (void)sc; (void)v; (void)blk0; (void)rowb; (void)nib; (void)q5;
 }
 static int repack_fast(void) { return 0; }
 #endif
@@ -137,7 +144,8 @@ void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, in
         uint8_t *grp = (uint8_t *)dst + (size_t)g * gs;
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *sc = grp + rec_scales(fmt, b), *v = grp + rec_values(fmt, b);
-            if (fast && g * 16 + 16 <= N) repack_rec16(sc, v, src + (size_t)g * 16 * rowb + (size_t)b * bs, rowb, fmt != 0);
+            if (fast && g * 16 + 16 <= N)
+                repack_rec16(sc, v, src + (size_t)g * 16 * rowb + (size_t)b * bs, rowb, fmt != 0, fmt == TD_Q8R_Q5_0);
             else repack_rec(sc, v, src, dtype, rowb, N, g * 16, b);
         }
         if (nb & 1) { /* the last pair's missing block: zero bytes, never read */
@@ -181,11 +189,20 @@ static int vnni_ok(void) {
 
 /* value line j (0..7) of a block's record at rec: the 64 bytes themselves, or
  * (NIB) from nibble line j % 4, the low nibbles for j < 4, the high ones after,
- * each index through tab (td_q8r_table in every 128-bit lane) */
+ * each index through tab (td_q8r_table in every 128-bit lane); NIB ==
+ * TD_Q8R_Q5_0: plus 16 where bit 4j + c of the row's qh (line 4) is set */
 TV static inline __attribute__((always_inline)) __m512i vline(const uint8_t *rec, int j, int NIB, __m512i tab) {
     if (!NIB) return _mm512_load_si512((const void *)(rec + 64 * j));
     __m512i v = _mm512_load_si512((const void *)(rec + 64 * (j & 3)));
-    return _mm512_shuffle_epi8(tab, _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)));
+    __m512i u = _mm512_shuffle_epi8(tab, _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)));
+    if (NIB != TD_Q8R_Q5_0) return u;
+    /* each row's bits 4j .. 4j + 3 into its 4 bytes: byte 0 of the shifted dword copied to all four, tested
+       against 1, 2, 4, 8 */
+    const __m512i rep = _mm512_set_epi64(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
+                                         0x0404040400000000LL, 0x0c0c0c0c08080808LL, 0x0404040400000000LL,
+                                         0x0c0c0c0c08080808LL, 0x0404040400000000LL);
+    __m512i h = _mm512_shuffle_epi8(_mm512_srli_epi32(_mm512_load_si512((const void *)(rec + 256)), 4 * j), rep);
+    return _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(h, _mm512_set1_epi32(0x08040201)), u, _mm512_set1_epi8(16));
 }
 
 /* T tokens (rows of xq, rb bytes apart) x G groups (records gs bytes apart,
@@ -205,7 +222,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
     for (int b = 0; b < nb; b++) {
         const uint8_t *rec = wr + rec_values(NIB, b), *sc = wr + rec_scales(NIB, b);
         for (int g = 0; g < pfg; g++) { /* the next groups' block b, toward L2, while these compute */
-            for (int i = 0; i < (NIB ? 4 : 8); i++)
+            for (int i = 0; i < (int)td_q8r_vbytes(NIB) / 64; i++)
                 _mm_prefetch((const char *)(pf + g * gs + rec_values(NIB, b) + 64 * i), _MM_HINT_T1);
             if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(NIB, b)), _MM_HINT_T1);
         }
@@ -358,7 +375,9 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
         if (fmt)
             for (int b = 0; b < nb; b++)
                 for (int j = 0; j < 8; j++)
-                    _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j), vline(grp + rec_values(fmt, b), j, 1, tab));
+                    _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j),
+                                        fmt == TD_Q8R_Q5_0 ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_0, tab)
+                                                           : vline(grp + rec_values(fmt, b), j, 1, tab));
         for (int m0 = 0; m0 < M; m0 += 16) {
             const uint8_t *xs = xq + (size_t)m0 * rb;
             /* the next group's records toward L2 during the last chunk */
@@ -368,7 +387,7 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
             for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
             for (int b = 0; b < nb; b++) {
                 if (pf)
-                    for (int i = 0; i < (fmt ? 4 : 8); i++)
+                    for (int i = 0; i < (int)td_q8r_vbytes(fmt) / 64; i++)
                         _mm_prefetch((const char *)(pf + rec_values(fmt, b) + 64 * i), _MM_HINT_T1);
                 const uint8_t *rec = fmt ? ub + 512 * (size_t)b : grp + rec_values(fmt, b);
                 if (b & 1) {
@@ -464,6 +483,11 @@ TV static void slab_vnni_n(float *ys, int ldy, const uint8_t *xs, int M, const u
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 1,
                 _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
 }
+TV static void slab_vnni_5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                           int add, int pf_end, const uint8_t *tab) {
+    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_0,
+                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
+}
 
 /* Slabs of tokens: 128 on the VNNI tiles (a slab's activations stay in L2
  * while the thread's outputs stream past); with AMX-INT8, slabs of 48 whose
@@ -482,7 +506,9 @@ TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const vo
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
         if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add, fmt, ub);
-        if (M > Mt && fmt) slab_vnni_n(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end,
+        if (M > Mt && fmt == TD_Q8R_Q5_0)
+            slab_vnni_5(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
+        else if (M > Mt && fmt) slab_vnni_n(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end,
                                        td_q8r_table(fmt));
         else if (M > Mt) slab_vnni_b(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end);
     }
@@ -510,8 +536,10 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
                 p = ns; /* -128 * sum q: takes back the records' + 128 */
                 for (int j = 0; j < 8; j++)
                     for (int i = 0; i < 4; i++) {
-                        /* value + 128: a byte line's byte, or a nibble line's nibble through the table */
+                        /* value + 128: a byte line's byte, or a nibble line's nibble through the table
+                           (Q5_0: + 16 where the row's qh has bit 4j + i) */
                         int u = !tab ? v[64 * j + i] : tab[j < 4 ? v[64 * j + i] & 15 : v[64 * (j - 4) + i] >> 4];
+                        if (fmt == TD_Q8R_Q5_0) u += 16 * (v[256 + (4 * j + i) / 8] >> ((4 * j + i) % 8) & 1);
                         p += (int32_t)u * (int32_t)q[32 * b + 4 * j + i];
                     }
                 uint16_t h;
@@ -528,7 +556,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
 
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_NIB_IQ4_NL);
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q5_0);
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */

@@ -1,14 +1,14 @@
 /* q8r — products of Q8_0 weights under act_type bf16 and amx, over a repacked
- * copy of the weights (the "R16" order). Q4_0 and IQ4_NL weights take it too:
- * a block of theirs is one f16 scale and 32 indices of int8 values (nibble - 8,
- * the table's value), so the products and their bits are those of the Q8_0
- * matrix holding the same values and scales. Their records keep the file's
- * nibbles (18 bytes a block), which the kernels spread into bytes through a
- * 16-entry table in registers. Their Q16 kernels (quant.h) unpack nibbles per
- * output row, so that a verify of 8 tokens cost ~1.9x one token and a prefill
- * ran at a third of Q8_0's (0.6B shape, Xeon, 2026-12-06,
- * bench/forward-notes.md "Stop 46"). Q5_0 stays in Q16: as bytes its records
- * would stream 34 bytes a block against the file's 22 (decode ~0.9x there).
+ * copy of the weights (the "R16" order). Q4_0, IQ4_NL and Q5_0 weights take it
+ * too: a block of theirs is one f16 scale and 32 int8 values (nibble - 8, the
+ * IQ4 table's value of the nibble, 5 bits - 16), so the products and their bits
+ * are those of the Q8_0 matrix holding the same values and scales. Their
+ * records keep the file's bytes (18 or 22 a block), which the kernels spread
+ * into value bytes in registers (a 16-entry table; Q5_0's fifth bits by a
+ * masked add). Their Q16 kernels (quant.h) unpack nibbles per output row, so
+ * that a verify of 8 tokens cost ~1.9x one token and a prefill ran at a third
+ * of Q8_0's (0.6B shape, Xeon, 2026-12-06, bench/forward-notes.md "Stop 46");
+ * as bytes (34 a block) the records would have slowed their decode.
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
@@ -40,7 +40,7 @@
  * operand of VPDPBUSD. The +128 is taken back exactly through the activation
  * record's -128 * (sum of the block's q). Nibble records: 4 x 64 bytes, line i
  * holding byte lines i and i + 4 as nibbles (TD_Q8R_NIB_*, below). The copy of
- * a Q8_0, Q4_0 or IQ4_NL file has the file's bytes, padding aside.
+ * a Q8_0, Q4_0, IQ4_NL or Q5_0 file has the file's bytes, padding aside.
  * Kernels (td_q8r_matmul picks by td_kernels_path(), the same bits on each):
  * AVX-512 VNNI, register tiles of up to 4 tokens x 3 groups (1 x 8 for a single
  * token), and with AMX-INT8, chunks of 16 tokens of a product of 16 or more on
@@ -60,17 +60,20 @@
  * byte 4n + c, byte c of dword i of row n's 16 qs bytes: its low nibble stands
  * for byte line i's byte, its high nibble for byte line i + 4's (values 4i + c
  * and 16 + 4i + c), each through the format's table (td_q8r_table: value + 128
- * of every index). */
-enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2 };
+ * of every index). Q5_0: the same 4 nibble lines (its values' low 4 bits), then
+ * a fifth line of each row's 32-bit qh at byte 4n (bit k: bit 4 of value k,
+ * worth 16 more), 22 bytes a block like the file. */
+enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3 };
 /* The record format of dtype's R16 repack, or -1 where R16 does not hold it. */
 int td_q8r_format(int dtype);
 /* 1 for the dtypes whose blocks the R16 records hold exactly: Q8_0, and the
- * 4-bit formats of one f16 scale a block of 32 and no minimum (Q4_0, IQ4_NL). */
+ * 4- and 5-bit formats of one f16 scale a block of 32 and no minimum (Q4_0,
+ * IQ4_NL, Q5_0). */
 static inline int td_q8r_dtype_ok(int dtype) { return td_q8r_format(dtype) >= 0; }
 /* The 16 bytes (value + 128 of each index) of a nibble format; NULL for bytes. */
 const uint8_t *td_q8r_table(int fmt);
 /* Value bytes of one block of a group (fmt's), and of two blocks with their scales. */
-static inline size_t td_q8r_vbytes(int fmt) { return fmt ? 256 : 512; }
+static inline size_t td_q8r_vbytes(int fmt) { return fmt == TD_Q8R_Q5_0 ? 320 : fmt ? 256 : 512; }
 static inline size_t td_q8r_pair(int fmt) { return 64 + 2 * td_q8r_vbytes(fmt); }
 /* Offsets, within a group, of block b's 16 f16 scales and of its value lines. */
 static inline size_t td_q8r_rec_scales(int fmt, int64_t b) { return (size_t)(b >> 1) * td_q8r_pair(fmt) + (size_t)(b & 1) * 32; }

@@ -497,12 +497,16 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
  * (|w| <= 128, |q| <= 127: no saturation). The 8 lines of a block give P_b exact
  * (no -128 * sum q needed: the bytes are signed again); then c = dw * d and one
  * fma per output, as q8r.c's other kernels. Nibble records (tab: their table,
- * q8r.h) give each line's halves from nibble line j % 4 through the table. */
+ * q8r.h) give each line's halves from nibble line j % 4 through the table, and
+ * Q5_0's (q5) add 16 where the row's qh (line 4) has bit 4j + c. */
 AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const uint8_t *grp, int nb, int K, int nv,
-                 int add, const uint8_t *tab) {
+                 int add, const uint8_t *tab, int q5) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i tb = tab ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
-    const int fmt = tab != NULL; /* offsets depend only on bytes or nibbles */
+    const int fmt = q5 ? TD_Q8R_Q5_0 : tab != NULL; /* offsets depend only on bytes, nibbles or Q5_0 */
+    const __m256i rep = _mm256_set_epi64x(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
+                                          0x0404040400000000LL),
+                  bit4 = _mm256_set1_epi32(0x08040201), sixteen = _mm256_set1_epi8(16);
     __m256 f[2][2];
 #pragma GCC unroll 2
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -523,6 +527,14 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                 if (j >= 4) n0 = _mm256_srli_epi16(n0, 4), n1 = _mm256_srli_epi16(n1, 4);
                 u0 = _mm256_shuffle_epi8(tb, _mm256_and_si256(n0, m4));
                 u1 = _mm256_shuffle_epi8(tb, _mm256_and_si256(n1, m4));
+                if (q5) { /* byte c of row n's dword: bit 4j + c of its qh */
+                    __m256i h0 = _mm256_load_si256((const __m256i *)(const void *)(v + 256));
+                    __m256i h1 = _mm256_load_si256((const __m256i *)(const void *)(v + 288));
+                    h0 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h0, 4 * j), rep), bit4);
+                    h1 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h1, 4 * j), rep), bit4);
+                    u0 = _mm256_add_epi8(u0, _mm256_andnot_si256(_mm256_cmpeq_epi8(h0, _mm256_setzero_si256()), sixteen));
+                    u1 = _mm256_add_epi8(u1, _mm256_andnot_si256(_mm256_cmpeq_epi8(h1, _mm256_setzero_si256()), sixteen));
+                }
             }
             __m256i w0 = _mm256_xor_si256(u0, flip), w1 = _mm256_xor_si256(u1, flip);
             __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
@@ -561,13 +573,15 @@ void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr
     int nb = K / 32;
     size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
     const uint8_t *tab = td_q8r_table(fmt);
+    int q5 = fmt == TD_Q8R_Q5_0;
     const uint8_t *xs = xq;
     for (int n = n0; n < n1; n += 16) {
         int nv = n1 - n < 16 ? n1 - n : 16;
         const uint8_t *grp = (const uint8_t *)Wr + (size_t)(n / 16) * gs;
         int m = 0;
-        for (; m + 2 <= M; m += 2) r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab);
-        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab);
+        for (; m + 2 <= M; m += 2)
+            r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab, q5);
+        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab, q5);
     }
 }
 
