@@ -19,7 +19,7 @@ typedef struct td_tensor {
     int dtype;          /* TD_DTYPE_* */
     int n_dims;
     int64_t shape[4];   /* row-major, as stored (PyTorch [out, in] for linear) */
-    const void *rp;     /* Q8_0 (and Q4_0, IQ4_NL: td_q8r_dtype_ok) matrices under act_type amx
+    const void *rp;     /* Q8_0 (and Q4_0, IQ4_NL, Q5_0: td_q8r_dtype_ok) matrices under act_type amx
                            or bf16: the R16 repack (nn/q8r.h), owned by whoever
                            made it (the model's q8r_arena, a drafter's arena); else NULL. Written
                            once, before any amx context reads it; other modes never read it */
@@ -102,7 +102,7 @@ struct td_model {
     size_t q8r_bytes;
 };
 
-/* Give every Q8_0, Q4_0 or IQ4_NL matrix the forward multiplies (layers'
+/* Give every Q8_0, Q4_0, IQ4_NL or Q5_0 matrix the forward multiplies (layers'
  * projections, lm_head) its R16 repack (nn/q8r.h) in one arena, m->q8r_arena; the first call
  * does it, later ones return at once (a process-wide lock orders concurrent
  * callers, so contexts on one model may open from several threads). Called by

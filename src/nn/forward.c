@@ -22,8 +22,8 @@
  * bf16, products with bf16 weights take their input rounded to bf16 once per
  * row, into xa, and run td_matmul_bf16a: again one order per K; act_type amx
  * packs that input for td_amx_matmul's tiles, whose order is again one per K;
- * both quantize it once, into xq, for the R16 products of Q8_0, Q4_0 and IQ4_NL
- * weights, nn/q8r.h);
+ * both quantize it once, into xq, for the R16 products of Q8_0, Q4_0, IQ4_NL
+ * and Q5_0 weights, nn/q8r.h);
  * attention for a query scores keys 0..pos in order, takes the max, sums
  * exponentials in order and accumulates values in key order — independent of
  * how many queries share the call; threads split outputs, tokens or heads,
@@ -283,7 +283,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
                          TD_DTYPE_BF16, TD_ACT_AMX);
     if (p.act_type == TD_ACT_AMX && !td_amx_available())
         return td_seterr(err, TD_EUNSUPPORTED, "act_type amx: this CPU or kernel offers no AMX-BF16 tiles");
-    /* act_type bf16 and amx multiply Q8_0, Q4_0 and IQ4_NL matrices in the R16 order, over the
+    /* act_type bf16 and amx multiply Q8_0, Q4_0, IQ4_NL and Q5_0 matrices in the R16 order, over the
        model's repacks */
     int q8r = 0;
     if (p.act_type == TD_ACT_AMX || p.act_type == TD_DTYPE_BF16) {

@@ -4,7 +4,7 @@
  * A product y = x W^T under act_type (td_ctx_params) runs:
  *   a drafter's Q8_0 weights with an int8 copy (act amx, M >= TD_MM_I8T_MIN_M)
  *                                                   td_i8t_matmul (nn/i8t.h)
- *   Q8_0 (Q4_0, IQ4_NL) weights with an R16 repack (act bf16, amx)
+ *   Q8_0 (Q4_0, IQ4_NL, Q5_0) weights with an R16 repack (act bf16, amx)
  *                                                   td_q8r_matmul (nn/q8r.h)
  *   bf16 weights, act amx, K a multiple of 32       td_amx_matmul (nn/amx.h)
  *   bf16 weights, act bf16 (or amx, other K)        td_matmul_bf16a (B32)

@@ -13,7 +13,9 @@
  * is a whole aligned line and the copy has the Q8_0 file's bytes (34 a block
  * of 32 weights), not more. Nibble records (Q4_0, IQ4_NL) hold 4 lines a block,
  * each spread into two value vectors by a shift, a mask and a VPSHUFB through
- * the format's table (vline), so they stream the file's 18 bytes a block. The
+ * the format's table (vline), so they stream the file's 18 bytes a block;
+ * Q5_0's add a line of fifth bits (22 bytes a block), which a shift, a VPSHUFB
+ * and a VPTESTMB turn into a masked add of 16. The
  * weights of a group are read once per token tile, from cache after the first;
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile

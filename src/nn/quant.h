@@ -59,8 +59,8 @@
  * tokens x 8 outputs (quant.c); AVX2 (quant_avx2.c: vpmaddubsw of |w|
  * with sign(q, w), then vpmaddwd); portable C. CPUs with AVX-512 but without
  * VNNI run the AVX2 kernels for quantized weights (same bits). Under act_type
- * bf16 and amx, Q8_0, Q4_0 and IQ4_NL matrices multiply in q8r.h's R16 order
- * instead (over repacked copies), Q5_0, Q4_1 and Q5_1 in Q16.
+ * bf16 and amx, Q8_0, Q4_0, IQ4_NL and Q5_0 matrices multiply in q8r.h's R16
+ * order instead (over repacked copies), Q4_1 and Q5_1 in Q16.
  *
  * K-quants (GGUF's Q4_K, Q5_K, Q6_K; super-blocks of TD_QKK = 256 values, so K
  * must be a multiple of 256; values exactly as llama.cpp's dequantize_row_q*_K
