@@ -358,12 +358,15 @@ static void amx_cfg(td_amx_tilecfg *c) {
  * are read back after the next block's product is issued, so the store has
  * landed meanwhile. The integer sums are exact, so the bits are tile()'s.
  * Nibble records (fmt) are first spread into byte records in ub (nb * 512
- * bytes), one group at a time, which then serve all its token chunks. */
-TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
-                          int fmt, uint8_t *ub) {
+ * bytes), one group at a time, which then serve all its token chunks. fmt is a
+ * constant at each call (TD_Q8R_NIB_Q4_0 stands for both nibble formats: the
+ * offsets are alike, tabp the format's own table). */
+TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int ldy, const uint8_t *xq, int M,
+                                                                    const uint8_t *W, int K, int n0, int n1, int add,
+                                                                    int fmt, const uint8_t *tabp, uint8_t *ub) {
     int nb = K / 32;
     size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
-    const __m512i tab = fmt ? _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)td_q8r_table(fmt)))
+    const __m512i tab = fmt ? _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tabp))
                             : _mm512_setzero_si512();
     _Alignas(64) int32_t buf[2][16 * 16];
     td_amx_tilecfg found, want;
@@ -419,6 +422,12 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
     }
     /* put back what this thread had (amx.c and i8t.c rely on their cached shapes) */
     if (found.palette != 0 && memcmp(&found, &want, sizeof want) != 0) td_amx_load_cfg(&found);
+}
+TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
+                          int fmt, uint8_t *ub) {
+    if (fmt == TD_Q8R_BYTES) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_BYTES, NULL, NULL);
+    else if (fmt == TD_Q8R_Q5_0) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt), ub);
+    else matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt), ub);
 }
 
 /* 1 when products of 16 tokens or more take the tiles: the CPU has AMX-INT8
