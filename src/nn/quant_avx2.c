@@ -496,14 +496,15 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
  * w)) then vpmaddwd with ones adds 4 exact products into each row's int32 lane
  * (|w| <= 128, |q| <= 127: no saturation). The 8 lines of a block give P_b exact
  * (no -128 * sum q needed: the bytes are signed again); then c = dw * d and one
- * fma per output, as q8r.c's other kernels. Nibble records (tab: their table,
- * q8r.h) give each line's halves from nibble line j % 4 through the table, and
- * Q5_0's (q5) add 16 where the row's qh (line 4) has bit 4j + c. */
+ * fma per output, as q8r.c's other kernels. Nibble records (NIB, a constant at
+ * every call: TD_Q8R_NIB_Q4_0 for both nibble formats, TD_Q8R_Q5_0; tab: the
+ * format's table, q8r.h) give each line's halves from nibble line j % 4 through
+ * the table, and Q5_0's add 16 where the row's qh (line 4) has bit 4j + c. */
 AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const uint8_t *grp, int nb, int K, int nv,
-                 int add, const uint8_t *tab, int q5) {
+                 int add, int NIB, const uint8_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    const __m256i tb = tab ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
-    const int fmt = q5 ? TD_Q8R_Q5_0 : tab != NULL; /* offsets depend only on bytes, nibbles or Q5_0 */
+    const __m256i tb = NIB ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
+    const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0; /* the offsets depend only on bytes, nibbles or Q5_0 */
     const __m256i rep = _mm256_set_epi64x(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
                                           0x0404040400000000LL),
                   bit4 = _mm256_set1_epi32(0x08040201), sixteen = _mm256_set1_epi8(16);
@@ -518,7 +519,7 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             __m256i u0, u1;
-            if (!tab) {
+            if (!NIB) {
                 u0 = _mm256_load_si256((const __m256i *)(const void *)(v + 64 * j));
                 u1 = _mm256_load_si256((const __m256i *)(const void *)(v + 64 * j + 32));
             } else {
@@ -568,21 +569,26 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
     }
 }
 
-void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
-                        int fmt) {
+/* every 16-row group of [n0, n1), 2 tokens a tile; NIB a constant at every call */
+AI void r16_run(float *y, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1, int add, int NIB,
+                const uint8_t *tab) {
     int nb = K / 32;
-    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
-    const uint8_t *tab = td_q8r_table(fmt);
-    int q5 = fmt == TD_Q8R_Q5_0;
-    const uint8_t *xs = xq;
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, NIB);
     for (int n = n0; n < n1; n += 16) {
         int nv = n1 - n < 16 ? n1 - n : 16;
-        const uint8_t *grp = (const uint8_t *)Wr + (size_t)(n / 16) * gs;
+        const uint8_t *grp = W + (size_t)(n / 16) * gs;
         int m = 0;
         for (; m + 2 <= M; m += 2)
-            r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab, q5);
-        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, tab, q5);
+            r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, NIB, tab);
+        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, NIB, tab);
     }
+}
+
+void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
+                        int fmt) {
+    if (fmt == TD_Q8R_BYTES) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_BYTES, NULL);
+    else if (fmt == TD_Q8R_Q5_0) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt));
+    else r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt));
 }
 
 #else
