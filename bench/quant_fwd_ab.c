@@ -8,7 +8,8 @@
  *   for each .c under src except src/cli and src/server: cc -std=c11 -O2 -march=native -fPIC -Iinclude -Isrc -c
  *     (the *_avx2.c files with -mavx2 -mfma -mf16c -mno-avx512f); cc -shared -o A.so *.o -l...
  *   cc -std=c11 -O2 -Iinclude bench/quant_fwd_ab.c -o /tmp/quant_fwd_ab -ldl -lm
- *   /tmp/quant_fwd_ab A.so B.so MODEL_DIR q8_0|q4_0 THREADS ROUNDS [PREFILL(1|0)]
+ *   /tmp/quant_fwd_ab A.so B.so MODEL q8_0|q4_0|none THREADS ROUNDS [PREFILL(1|0)] [ACT]
+ * (none: the model's weights as loaded, e.g. a GGUF file's; ACT: the activation type, default the context's)
  * With PREFILL 0 the prefill runs in the first round only (verify figures only). */
 #define _GNU_SOURCE
 #include "tandem.h"
@@ -24,6 +25,7 @@ static int cmp(const void *a, const void *b) { double x = *(const double *)a, y 
 static double med(double *v, int n) { double c[256]; memcpy(c, v, sizeof(double) * n); qsort(c, n, sizeof(double), cmp); return c[n / 2]; }
 static double mn(double *v, int n) { double m = 1e30; for (int i = 0; i < n; i++) m = v[i] < m ? v[i] : m; return m; }
 
+static const char *g_act; /* the contexts' act_type by name, or NULL: the default */
 typedef struct {
     void *h;
     int (*model_open)(td_model **, const char *, td_err *);
@@ -45,8 +47,9 @@ static void lib_open(lib *L, const char *path, const char *dir, int dt, int thre
     SYM(defaults, "td_ctx_default_params"); SYM(ctx_open, "td_ctx_open"); SYM(row_add, "td_ctx_row_add");
     SYM(row_trim, "td_ctx_row_trim"); SYM(forward, "td_ctx_forward");
     td_err err = {0};
-    if (L->model_open(&L->m, dir, &err) || L->quantize(L->m, dt, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
+    if (L->model_open(&L->m, dir, &err) || (dt >= 0 && L->quantize(L->m, dt, &err))) { fprintf(stderr, "%s\n", err.msg); exit(1); }
     td_ctx_params p = L->defaults();
+    if (g_act) p.act_type = !strcmp(g_act, "amx") ? TD_ACT_AMX : !strcmp(g_act, "bf16") ? TD_DTYPE_BF16 : TD_DTYPE_F32;
     p.max_rows = 1; p.max_ctx = 600; p.max_tokens = 512; p.max_logits = 16; p.n_threads = threads;
     if (L->ctx_open(&L->c, L->m, &p, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
     L->row_add(L->c, &L->row);
@@ -56,8 +59,9 @@ enum { NT = 5, CTX = 512 };
 static const int TS[NT] = {1, 2, 4, 8, 16};
 
 int main(int argc, char **argv) {
-    if (argc < 7) { fprintf(stderr, "usage: quant_fwd_ab A.so B.so MODEL_DIR q8_0|q4_0 THREADS ROUNDS\n"); return 2; }
-    int dt = strcmp(argv[4], "q4_0") ? TD_DTYPE_Q8_0 : TD_DTYPE_Q4_0, threads = atoi(argv[5]), R = atoi(argv[6]);
+    if (argc < 7) { fprintf(stderr, "usage: quant_fwd_ab A.so B.so MODEL q8_0|q4_0|none THREADS ROUNDS [PREFILL] [ACT]\n"); return 2; }
+    int dt = !strcmp(argv[4], "none") ? -1 : strcmp(argv[4], "q4_0") ? TD_DTYPE_Q8_0 : TD_DTYPE_Q4_0, threads = atoi(argv[5]), R = atoi(argv[6]);
+    g_act = argc > 8 ? argv[8] : NULL;
     int every = argc > 7 ? atoi(argv[7]) : 1, np = 0;
     if (R < 1 || R > 200) return 2;
     lib L[2] = {{0}};

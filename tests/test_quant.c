@@ -617,9 +617,10 @@ static void test_q8r_4bit(void) {
     int checked = 0, fails = 0;
     T_CHECK(td_q8r_format(TD_DTYPE_Q8_0) == TD_Q8R_BYTES && td_q8r_format(TD_DTYPE_Q5_0) == TD_Q8R_Q5_0 &&
                 td_q8r_format(TD_DTYPE_Q4_0) == TD_Q8R_NIB_Q4_0 && td_q8r_format(TD_DTYPE_IQ4_NL) == TD_Q8R_NIB_IQ4_NL &&
-                !td_q8r_dtype_ok(TD_DTYPE_Q4_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q4_K) &&
+                td_q8r_format(TD_DTYPE_Q4_K) == TD_Q8R_Q4_K && !td_q8r_dtype_ok(TD_DTYPE_Q4_1) &&
+                !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_K) && !td_q8r_dtype_ok(TD_DTYPE_Q6_K) &&
                 !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
-            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, nothing else");
+            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, nothing else");
     for (int k = 0; k < 16; k++)
         T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128 &&
                     td_q8r_table(TD_Q8R_Q5_0)[k] == k - 16 + 128,
@@ -672,6 +673,123 @@ static void test_q8r_4bit(void) {
             }
     td_kernels_set_path(deflt);
     printf("  %d products of Q4_0, IQ4_NL and Q5_0 matrices: the bits of their Q8_0 transcriptions\n", checked);
+done:
+    td_kernels_set_path(deflt);
+    t_end();
+}
+
+/* One Q4_K super-block decoded as GGUF defines it (get_scale_min_k4 and the
+ * nibble order of dequantize_row_q4_K), written out here, apart from the library. */
+static void k4_decode(const unsigned char *blk, float *d, float *dmin, int sc[8], int mn[8], int q[256]) {
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    *d = td_f16_to_f32(h);
+    memcpy(&h, blk + 2, 2);
+    *dmin = td_f16_to_f32(h);
+    const unsigned char *s = blk + 4;
+    for (int j = 0; j < 8; j++) {
+        sc[j] = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = blk[16 + 32 * c + l] & 15;
+            q[64 * c + 32 + l] = blk[16 + 32 * c + l] >> 4;
+        }
+}
+
+/* Q4_K in the R16 order (q8r.h): on every kernel path and for every M (AMX
+ * tiles from 16 tokens), each output is bit for bit q8r.h's statement of it,
+ * computed here from the file's bytes (P and S per block of 32, then
+ * fma(d sc d_b, P) and fma(dmin m d_b, -S)), and within a stated bound of the
+ * product over the dequantized weights. Rows with random scale and quant bytes
+ * (every 6-bit code), ragged row counts, 1 and 3 super-blocks, output ranges
+ * split on a group. */
+static void test_q8r_q4k(void) {
+    t_begin("matmul_r16_q4_k");
+    static const int Ns[] = {1, 17, 45}, Ks[] = {256, 768}, Ms[] = {1, 2, 3, 5, 8, 16, 35};
+    enum { MMAX = 35 };
+    int checked = 0, fails = 0;
+    double worst = 0;
+    int deflt = td_kernels_path();
+    T_CHECK(td_q8r_table(TD_Q8R_Q4_K) && td_q8r_table(TD_Q8R_Q4_K)[0] == 128 && td_q8r_table(TD_Q8R_Q4_K)[15] == 143,
+            "Q4_K's table: q + 128");
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+            int K = Ks[ki], N = Ns[ni], nb = K / 32, nsb = K / 256, ldy = N + 1;
+            size_t rb = td_dtype_row_bytes(TD_DTYPE_Q4_K, K), xb = td_q8r_row_bytes(K);
+            float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * MMAX * K), *dq = malloc(sizeof(float) * K);
+            float *want = malloc(sizeof(float) * MMAX * ldy), *got = malloc(sizeof(float) * MMAX * ldy);
+            unsigned char *Wq = malloc(rb * N), *xq = malloc(xb * MMAX);
+            void *R = aligned_alloc(64, td_q8r_bytes(N, K, TD_Q8R_Q4_K));
+            T_REQUIRE(W && x && dq && want && got && Wq && xq && R, "memory");
+            for (int i = 0; i < N * K; i++) W[i] = frand() * (i % 11 == 0 ? 4.0f : 1.0f) + (i % 256 < 32 ? 0.5f : 0.0f);
+            for (int i = 0; i < MMAX * K; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
+            for (int n = 0; n < N; n++) {
+                td_quantize_row(TD_DTYPE_Q4_K, W + (size_t)n * K, Wq + n * rb, K);
+                if (n % 3 == 1) /* random scale, minimum and quant bytes (d, dmin kept) */
+                    for (int sb = 0; sb < nsb; sb++)
+                        for (int i = 4; i < 144; i++) Wq[n * rb + 144 * sb + i] = (unsigned char)(tm_rng(&g_rng) >> 24);
+            }
+            td_q8r_repack(R, Wq, TD_DTYPE_Q4_K, N, K, 0, N);
+            td_q8r_act(xq, x, K, MMAX, K);
+            for (int m = 0; m < MMAX; m++) {
+                const unsigned char *row = xq + (size_t)m * xb;
+                const int8_t *q = (const int8_t *)row;
+                for (int n = 0; n < N; n++) {
+                    float a = 0.0f;
+                    double ex = 0, bound = 0, rnd = 0;
+                    td_dequantize_row(TD_DTYPE_Q4_K, Wq + n * rb, dq, K);
+                    for (int sb = 0; sb < nsb; sb++) {
+                        float d, dmin;
+                        int sc[8], mn[8], qv[256];
+                        k4_decode(Wq + n * rb + 144 * sb, &d, &dmin, sc, mn, qv);
+                        for (int j = 0; j < 8; j++) {
+                            int b = 8 * sb + j;
+                            int32_t P = 0, S = 0;
+                            for (int i = 0; i < 32; i++) P += qv[32 * j + i] * q[32 * b + i], S += q[32 * b + i];
+                            float db;
+                            memcpy(&db, row + K + 4 * b, 4);
+                            a = fmaf(d * (float)sc[j] * db, (float)P, a);
+                            a = fmaf(dmin * (float)mn[j] * db, (float)-S, a);
+                            double aw = 0;
+                            for (int i = 0; i < 32; i++) {
+                                ex += (double)dq[32 * b + i] * x[(size_t)m * K + 32 * b + i];
+                                aw += fabs(dq[32 * b + i]);
+                                rnd += fabs((double)dq[32 * b + i] * db * q[32 * b + i]);
+                            }
+                            bound += 0.5001 * db * aw;
+                        }
+                    }
+                    want[m * ldy + n] = a;
+                    bound += (2 * nb + 6) * ldexp(1.0, -23) * (rnd + 1e-30);
+                    if (fabs(a - ex) > bound && fails++ < 5) T_CHECK(0, "N %d K %d: error %g over the bound %g", N, K, fabs(a - ex), bound);
+                    if (bound > 0 && fabs(a - ex) / bound > worst) worst = fabs(a - ex) / bound;
+                }
+            }
+            for (int path = 0; path < TD_KPATH_COUNT; path++) {
+                if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
+                td_kernels_set_path(path);
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+                    for (int add = 0; add < 2; add++)
+                        for (int pfe = 0; pfe <= N; pfe += N) {
+                            int M = Ms[mi];
+                            init_got(got, MMAX * ldy);
+                            if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, TD_Q8R_Q4_K);
+                            else {
+                                td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, 0, pfe, TD_Q8R_Q4_K);
+                                td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, 0, pfe, TD_Q8R_Q4_K);
+                            }
+                            checked++;
+                            if (!same_as_ref(got, want, M, N, ldy, MMAX, add) && fails++ < 5)
+                                T_CHECK(0, "path %d M %d N %d K %d add %d pf_end %d: not the order's bits", path, M, N, K, add, pfe);
+                        }
+            }
+            td_kernels_set_path(deflt);
+            free(W), free(x), free(dq), free(want), free(got), free(Wq), free(xq), free(R);
+        }
+    printf("  %d products of Q4_K matrices: the R16 order's bits; error vs dequantized weights, worst fraction of the "
+           "stated bound: %.2f\n", checked, worst);
 done:
     td_kernels_set_path(deflt);
     t_end();
@@ -1512,6 +1630,7 @@ int main(void) {
     }
     td_kernels_set_path(deflt);
     test_q8r_4bit();
+    test_q8r_q4k();
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
@@ -1523,14 +1642,17 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0 in the R16 order (Q4_1: Q16) */
+    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K in the R16 order (Q4_1, Q6_K:
+     * theirs) */
     tc_act = TD_DTYPE_BF16;
     test_invariance(TD_DTYPE_Q8_0, 0);
     test_invariance(TD_DTYPE_Q5_0, 1);
     test_invariance(TD_DTYPE_IQ4_NL, 0);
     test_invariance(TD_DTYPE_Q4_1, 0);
+    test_invariance(TD_DTYPE_Q4_K, 1);
     test_spec(TD_DTYPE_Q8_0);
     test_spec(TD_DTYPE_Q4_0);
+    test_spec(TD_DTYPE_Q4_K);
     if (td_amx_available()) {
         tc_act = TD_ACT_AMX;
         test_invariance(TD_DTYPE_Q8_0, 1);
@@ -1538,9 +1660,11 @@ int main(void) {
         test_invariance(TD_DTYPE_Q4_0, 1);
         test_invariance(TD_DTYPE_IQ4_NL, 0);
         test_invariance(TD_DTYPE_Q5_0, 0);
+        test_invariance(TD_DTYPE_Q4_K, 0);
         test_spec(TD_DTYPE_Q8_0);
         test_spec(TD_DTYPE_Q4_0);
         test_spec(TD_DTYPE_Q5_0);
+        test_spec(TD_DTYPE_Q4_K);
     }
     tc_act = TD_DTYPE_F32;
     test_tiny_target();

@@ -15,7 +15,9 @@
  * each spread into two value vectors by a shift, a mask and a VPSHUFB through
  * the format's table (vline), so they stream the file's 18 bytes a block;
  * Q5_0's add a line of fifth bits (22 bytes a block), which a shift, a VPSHUFB
- * and a VPTESTMB turn into a masked add of 16. The
+ * and a VPTESTMB turn into a masked add of 16. Q4_K's records are nibble
+ * records (its q through the table q + 128) whose block steps take two FMAs,
+ * the scale's and the minimum's (k4_coefs: d * sc and dmin * m, exact). The
  * weights of a group are read once per token tile, from cache after the first;
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
@@ -43,6 +45,7 @@
  * and the same f32 steps; TD_Q8R_AMX=0 keeps them on VNNI (for A/B runs). */
 #include "nn/q8r.h"
 #include "nn/kernels.h"
+#include "nn/kquant.h"
 #include "nn/quant.h"
 #include "nn/quant_avx2.h"
 #include "util/util.h"
@@ -52,7 +55,9 @@
 #include <stdint.h>
 #include <string.h>
 
-size_t td_q8r_group_bytes(int64_t K, int fmt) { return (size_t)((K / 32 + 1) / 2) * td_q8r_pair(fmt); }
+size_t td_q8r_group_bytes(int64_t K, int fmt) {
+    return fmt == TD_Q8R_Q4_K ? (size_t)(K / 256) * TD_Q8R_KSB : (size_t)((K / 32 + 1) / 2) * td_q8r_pair(fmt);
+}
 size_t td_q8r_bytes(int64_t N, int64_t K, int fmt) { return (size_t)((N + 15) / 16) * td_q8r_group_bytes(K, fmt); }
 
 int td_q8r_format(int dtype) {
@@ -61,17 +66,19 @@ int td_q8r_format(int dtype) {
     case TD_DTYPE_Q4_0: return TD_Q8R_NIB_Q4_0;
     case TD_DTYPE_IQ4_NL: return TD_Q8R_NIB_IQ4_NL;
     case TD_DTYPE_Q5_0: return TD_Q8R_Q5_0;
+    case TD_DTYPE_Q4_K: return TD_Q8R_Q4_K;
     default: return -1;
     }
 }
 
 /* value + 128 of each index: Q4_0's nibble - 8, IQ4_NL's table (td_iq4_values),
- * Q5_0's low 4 bits - 16 (its fifth bit adds 16) */
-static const uint8_t TAB[3][16] __attribute__((aligned(16))) = {
+ * Q5_0's low 4 bits - 16 (its fifth bit adds 16), Q4_K's q */
+static const uint8_t TAB[4][16] __attribute__((aligned(16))) = {
     {120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135},
     {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241},
-    {112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127}};
-const uint8_t *td_q8r_table(int fmt) { return fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q5_0 ? TAB[fmt - 1] : NULL; }
+    {112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127},
+    {128, 129, 130, 131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 141, 142, 143}};
+const uint8_t *td_q8r_table(int fmt) { return fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q4_K ? TAB[fmt - 1] : NULL; }
 
 #define rec_scales td_q8r_rec_scales
 #define rec_values td_q8r_rec_values
@@ -133,12 +140,47 @@ static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, size_t ro
 static int repack_fast(void) { return 0; }
 #endif
 
+/* Q4_K: super-block s of the group at grp (rows row0 .. row0 + 15; those past N
+ * zero) from the file's 144-byte blocks (d, dmin, 12 bytes of packed sc / m,
+ * 128 qs bytes: byte k of chunk c holds value k of sub-block 2c (low nibble)
+ * and of 2c + 1 (high)): the d / dmin line, each block's sc and m bytes, and its
+ * values regrouped into the nibble lines (low nibble value 4i + c, high 16 + 4i + c) */
+static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int64_t s) {
+    uint8_t *hd = grp + td_q8r_rec_head(8 * s);
+    for (int n = 0; n < 16; n++) {
+        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 144 : NULL;
+        uint8_t sc[8] = {0}, m[8] = {0};
+        memset(hd + 2 * n, 0, 2);
+        memset(hd + 32 + 2 * n, 0, 2);
+        if (blk) {
+            memcpy(hd + 2 * n, blk, 2);      /* d */
+            memcpy(hd + 32 + 2 * n, blk + 2, 2); /* dmin */
+            td_kq_unpack_scales(blk + 4, sc, m);
+        }
+        for (int j = 0; j < 8; j++) {
+            uint8_t *scp = grp + rec_scales(TD_Q8R_Q4_K, 8 * s + j), *v = grp + rec_values(TD_Q8R_Q4_K, 8 * s + j);
+            scp[n] = sc[j];
+            scp[16 + n] = m[j];
+            const uint8_t *qs = blk ? blk + 16 + 32 * (j >> 1) : NULL;
+            int sh = 4 * (j & 1);
+            for (int k = 0; k < 16; k++)
+                v[64 * (k >> 2) + 4 * n + (k & 3)] = qs ? (uint8_t)((qs[k] >> sh & 15) | (qs[k + 16] >> sh & 15) << 4) : 0;
+        }
+    }
+}
+
 void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, int64_t r0, int64_t r1) {
     int fmt = td_q8r_format(dtype);
-    TD_ASSERT(fmt >= 0 && K % 32 == 0 && r0 % 16 == 0);
+    TD_ASSERT(fmt >= 0 && K % 32 == 0 && r0 % 16 == 0 && (fmt != TD_Q8R_Q4_K || K % 256 == 0));
     int64_t nb = K / 32;
     const uint8_t *src = W;
     size_t rowb = td_dtype_row_bytes(dtype, K), bs = td_dtype_row_bytes(dtype, 32);
+    if (fmt == TD_Q8R_Q4_K) {
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int64_t sb = 0; sb < K / 256; sb++)
+                repack_k4((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb);
+        return;
+    }
     /* by gathers (their offsets, 15 rows, must fit an int32) */
     int fast = repack_fast() && rowb * 15 < INT32_MAX;
     size_t gs = td_q8r_group_bytes(K, fmt);
@@ -207,6 +249,16 @@ TV static inline __attribute__((always_inline)) __m512i vline(const uint8_t *rec
     return _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(h, _mm512_set1_epi32(0x08040201)), u, _mm512_set1_epi8(16));
 }
 
+/* Q4_K: block b's exact coefficients of the group at grp, cs = d * sc and cm =
+ * dmin * m of its 16 rows (q8r.h) */
+TV static inline __attribute__((always_inline)) void k4_coefs(const uint8_t *grp, int b, __m512 *cs, __m512 *cm) {
+    const uint8_t *h = grp + td_q8r_rec_head(b), *sm = grp + rec_scales(TD_Q8R_Q4_K, b);
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(const void *)sm)));
+    __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(const void *)(sm + 16))));
+    *cs = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)h)), sc);
+    *cm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(h + 32))), mn);
+}
+
 /* T tokens (rows of xq, rb bytes apart) x G groups (records gs bytes apart,
  * from wr; NIB: nibble records, tab their table) over all nb blocks; writes
  * y[t * ldy + 16 g + lane] for lanes below nv[g]. T, G and NIB are constants
@@ -227,6 +279,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             for (int i = 0; i < (int)td_q8r_vbytes(NIB) / 64; i++)
                 _mm_prefetch((const char *)(pf + g * gs + rec_values(NIB, b) + 64 * i), _MM_HINT_T1);
             if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(NIB, b)), _MM_HINT_T1);
+            if (NIB == TD_Q8R_Q4_K && !(b & 7)) _mm_prefetch((const char *)(pf + g * gs + td_q8r_rec_head(b)), _MM_HINT_T1);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -245,6 +298,23 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 #pragma GCC unroll 8
                 for (int g = 0; g < G; g++) a[t][g] = _mm512_dpbusd_epi32(a[t][g], w[g], xb);
             }
+        }
+        if (NIB == TD_Q8R_Q4_K) { /* two steps: the values' sum, then the minimums' */
+            __m512 cs[8], cm[8];
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++) k4_coefs(wr + g * gs, b, &cs[g], &cm[g]);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));
+                __m512 ns = _mm512_cvtepi32_ps(_mm512_srai_epi32(
+                    _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b)), 7)); /* -S */
+#pragma GCC unroll 8
+                for (int g = 0; g < G; g++) {
+                    f[t][g] = _mm512_fmadd_ps(_mm512_mul_ps(cs[g], dx), _mm512_cvtepi32_ps(a[t][g]), f[t][g]);
+                    f[t][g] = _mm512_fmadd_ps(_mm512_mul_ps(cm[g], dx), ns, f[t][g]);
+                }
+            }
+            continue;
         }
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -339,6 +409,19 @@ static void amx_cfg(td_amx_tilecfg *c) {
  * (tile()'s: P = sums - 128 * sum q, c = dw * d, f = fma(c, P, f)) */
 #define AMX_STEP(bb, cb)                                                                                             \
     do {                                                                                                             \
+        if (fmt == TD_Q8R_Q4_K) {                                                                                    \
+            __m512 cs, cm;                                                                                           \
+            k4_coefs(grp, (bb), &cs, &cm);                                                                           \
+            _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                 \
+                const uint8_t *xr = xs + (size_t)t * rb;                                                             \
+                __m512i nsv = _mm512_set1_epi32(*(const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb)));     \
+                __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb) + 16 * t)), nsv);               \
+                __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * (bb)));                     \
+                f[t] = _mm512_fmadd_ps(_mm512_mul_ps(cs, dx), _mm512_cvtepi32_ps(p), f[t]);                          \
+                f[t] = _mm512_fmadd_ps(_mm512_mul_ps(cm, dx), _mm512_cvtepi32_ps(_mm512_srai_epi32(nsv, 7)), f[t]); \
+            }                                                                                                        \
+            break;                                                                                                   \
+        }                                                                                                            \
         __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + rec_scales(fmt, bb))));                  \
         _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                     \
             const uint8_t *xr = xs + (size_t)t * rb;                                                                 \
@@ -426,6 +509,7 @@ TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int 
 TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
                           int fmt, uint8_t *ub) {
     if (fmt == TD_Q8R_BYTES) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_BYTES, NULL, NULL);
+    else if (fmt == TD_Q8R_Q4_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q5_0) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt), ub);
     else matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt), ub);
 }
@@ -494,6 +578,11 @@ TV static void slab_vnni_n(float *ys, int ldy, const uint8_t *xs, int M, const u
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 1,
                 _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
 }
+TV static void slab_vnni_k(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                           int add, int pf_end, const uint8_t *tab) {
+    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q4_K,
+                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
+}
 TV static void slab_vnni_5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
                            int add, int pf_end, const uint8_t *tab) {
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_0,
@@ -517,7 +606,9 @@ TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const vo
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
         if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add, fmt, ub);
-        if (M > Mt && fmt == TD_Q8R_Q5_0)
+        if (M > Mt && fmt == TD_Q8R_Q4_K)
+            slab_vnni_k(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
+        else if (M > Mt && fmt == TD_Q8R_Q5_0)
             slab_vnni_5(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
         else if (M > Mt && fmt) slab_vnni_n(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end,
                                        td_q8r_table(fmt));
@@ -555,8 +646,18 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
                     }
                 uint16_t h;
                 float d;
-                memcpy(&h, grp + rec_scales(fmt, b) + 2 * l, 2);
                 memcpy(&d, xr + K + 4 * b, 4);
+                if (fmt == TD_Q8R_Q4_K) { /* value d sc q - dmin m: P's step, then -S's (ns = -128 S) */
+                    uint16_t hm;
+                    const uint8_t *sm = grp + rec_scales(fmt, b);
+                    memcpy(&h, grp + td_q8r_rec_head(b) + 2 * l, 2);
+                    memcpy(&hm, grp + td_q8r_rec_head(b) + 32 + 2 * l, 2);
+                    float cs = td_f16_to_f32(h) * (float)sm[l], cm = td_f16_to_f32(hm) * (float)sm[16 + l];
+                    a = fmaf(cs * d, (float)p, a);
+                    a = fmaf(cm * d, (float)(ns / 128), a);
+                    continue;
+                }
+                memcpy(&h, grp + rec_scales(fmt, b) + 2 * l, 2);
                 a = fmaf(td_f16_to_f32(h) * d, (float)p, a);
             }
             float *yy = y + (size_t)m * ldy + n;
@@ -567,7 +668,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
 
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q5_0);
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q4_K && (fmt != TD_Q8R_Q4_K || K % 256 == 0));
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */

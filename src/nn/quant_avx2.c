@@ -549,6 +549,31 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
             }
         }
         const uint8_t *sc = grp + td_q8r_rec_scales(fmt, b);
+        if (NIB == TD_Q8R_Q4_K) { /* cs = d sc, cm = dmin m (exact); P's step, then -S's (ns = -128 S) */
+            const uint8_t *h = grp + td_q8r_rec_head(b);
+            __m256 cs[2], cm[2];
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) {
+                cs[i] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(h + 16 * i))),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 8 * i)))));
+                cm[i] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(h + 32 + 16 * i))),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 16 + 8 * i)))));
+            }
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                float d;
+                int32_t ns;
+                memcpy(&d, xq + (size_t)t * rb + K + 4 * b, 4);
+                memcpy(&ns, xq + (size_t)t * rb + K + 4 * nb + 4 * b, 4);
+                __m256 dx = _mm256_set1_ps(d), mS = _mm256_set1_ps((float)(ns / 128));
+#pragma GCC unroll 2
+                for (int i = 0; i < 2; i++) {
+                    f[t][i] = _mm256_fmadd_ps(_mm256_mul_ps(cs[i], dx), _mm256_cvtepi32_ps(p[t][i]), f[t][i]);
+                    f[t][i] = _mm256_fmadd_ps(_mm256_mul_ps(cm[i], dx), mS, f[t][i]);
+                }
+            }
+            continue;
+        }
         __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)sc));
         __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(sc + 16)));
 #pragma GCC unroll 2
@@ -587,6 +612,7 @@ AI void r16_run(float *y, int ldy, const uint8_t *xs, int M, const uint8_t *W, i
 void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
                         int fmt) {
     if (fmt == TD_Q8R_BYTES) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_BYTES, NULL);
+    else if (fmt == TD_Q8R_Q4_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt));
     else if (fmt == TD_Q8R_Q5_0) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt));
     else r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt));
 }
