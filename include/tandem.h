@@ -246,7 +246,9 @@ typedef struct td_ctx_params {
                         as td_matmul's, each 32-value block's integer sum whole before its
                         scale; over a repacked copy of the weights the model builds at the
                         first such context, the Q8_0 bytes again; the same bits on every
-                        kernel path); products with f32, f16 or other quantized weights are
+                        kernel path), and so do Q4_0, IQ4_NL, Q5_0, Q4_K and Q6_K weights (their
+                        own records of the file's bytes, each block's scale, and Q4_K's
+                        minimum, exact); products with f32, f16 or other quantized weights are
                         unchanged. TD_ACT_AMX: bf16-rounded activations and R16 as with
                         TD_DTYPE_BF16, the bf16 products on Intel AMX tiles (TDPBF16PS,
                         src/nn/amx.h, "AMX"): batch invariant and exact like the others, but

@@ -543,10 +543,11 @@ static void test_q8r(void) {
                 const unsigned char *row = xq + (size_t)m * xb;
                 rec_ok &= !memcmp(row, q, K) && !memcmp(row + K, d, sizeof(float) * K / 32);
                 for (int b = 0; b < K / 32; b++) {
-                    int32_t s = 0, got_s;
-                    for (int i = 0; i < 32; i++) s += q[32 * b + i];
+                    int32_t s = 0, s16 = 0, got_s, got_h;
+                    for (int i = 0; i < 32; i++) s += q[32 * b + i], s16 += i < 16 ? q[32 * b + i] : 0;
                     memcpy(&got_s, row + K + K / 8 + 4 * b, 4);
-                    rec_ok &= got_s == -128 * s;
+                    memcpy(&got_h, row + K + K / 4 + 4 * b, 4);
+                    rec_ok &= got_s == -128 * s && got_h == -128 * s16;
                 }
                 for (int n = 0; n < N; n++) {
                     float r = ref[m * ldy + n] = r16_ref(q, d, Wq + n * rb, K);
@@ -567,7 +568,7 @@ static void test_q8r(void) {
                     if (bound > 0 && fabs(r - ex) / bound > worst) worst = fabs(r - ex) / bound;
                 }
             }
-            if (!rec_ok && fails++ < 5) T_CHECK(0, "K %d: the activation record is not q, d, -128 sum q", K);
+            if (!rec_ok && fails++ < 5) T_CHECK(0, "K %d: the activation record is not q, d, -128 sum q, -128 sum of 16 q", K);
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                 int M = Ms[mi];
                 for (int add = 0; add < 2; add++)
@@ -617,10 +618,10 @@ static void test_q8r_4bit(void) {
     int checked = 0, fails = 0;
     T_CHECK(td_q8r_format(TD_DTYPE_Q8_0) == TD_Q8R_BYTES && td_q8r_format(TD_DTYPE_Q5_0) == TD_Q8R_Q5_0 &&
                 td_q8r_format(TD_DTYPE_Q4_0) == TD_Q8R_NIB_Q4_0 && td_q8r_format(TD_DTYPE_IQ4_NL) == TD_Q8R_NIB_IQ4_NL &&
-                td_q8r_format(TD_DTYPE_Q4_K) == TD_Q8R_Q4_K && !td_q8r_dtype_ok(TD_DTYPE_Q4_1) &&
-                !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_K) && !td_q8r_dtype_ok(TD_DTYPE_Q6_K) &&
-                !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
-            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, nothing else");
+                td_q8r_format(TD_DTYPE_Q4_K) == TD_Q8R_Q4_K && td_q8r_format(TD_DTYPE_Q6_K) == TD_Q8R_Q6_K &&
+                !td_q8r_dtype_ok(TD_DTYPE_Q4_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_K) &&
+                !td_q8r_dtype_ok(TD_DTYPE_IQ4_XS) && !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
+            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, Q6_K, nothing else");
     for (int k = 0; k < 16; k++)
         T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128 &&
                     td_q8r_table(TD_Q8R_Q5_0)[k] == k - 16 + 128,
@@ -698,40 +699,63 @@ static void k4_decode(const unsigned char *blk, float *d, float *dmin, int sc[8]
         }
 }
 
-/* Q4_K in the R16 order (q8r.h): on every kernel path and for every M (AMX
- * tiles from 16 tokens), each output is bit for bit q8r.h's statement of it,
- * computed here from the file's bytes (P and S per block of 32, then
- * fma(d sc d_b, P) and fma(dmin m d_b, -S)), and within a stated bound of the
- * product over the dequantized weights. Rows with random scale and quant bytes
- * (every 6-bit code), ragged row counts, 1 and 3 super-blocks, output ranges
- * split on a group. */
-static void test_q8r_q4k(void) {
-    t_begin("matmul_r16_q4_k");
+/* One Q6_K super-block decoded as GGUF defines it (dequantize_row_q6_K): the
+ * values q6 - 32 and the 16 int8 scales. */
+static void k6_decode(const unsigned char *blk, float *d, int sc[16], int q[256]) {
+    uint16_t h;
+    memcpy(&h, blk + 208, 2);
+    *d = td_f16_to_f32(h);
+    for (int i = 0; i < 16; i++) sc[i] = (int8_t)blk[192 + i];
+    for (int hf = 0; hf < 2; hf++) {
+        const unsigned char *ql = blk + 64 * hf, *qh = blk + 128 + 32 * hf;
+        for (int l = 0; l < 32; l++) {
+            q[128 * hf + l] = ((ql[l] & 15) | (qh[l] & 3) << 4) - 32;
+            q[128 * hf + l + 32] = ((ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4) - 32;
+            q[128 * hf + l + 64] = ((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32;
+            q[128 * hf + l + 96] = ((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32;
+        }
+    }
+}
+
+/* Q4_K and Q6_K in the R16 order (q8r.h): on every kernel path and for every
+ * M (AMX tiles from 16 tokens), each output is bit for bit q8r.h's statement
+ * of it, computed here from the file's bytes (Q4_K: P and S per block of 32,
+ * then fma(d sc d_b, P) and fma(dmin m d_b, -S); Q6_K: the sums of the two
+ * halves of 16, then fma(d sc_lo d_b, P_lo) and fma(d sc_hi d_b, P_hi)), and
+ * within a stated bound of the product over the dequantized weights. Rows
+ * with random scale and quant bytes (every code), ragged row counts, 1 and 3
+ * super-blocks, output ranges split on a group. */
+static void test_q8r_kq(int dt) {
+    char name[64];
+    snprintf(name, sizeof name, "matmul_r16_%s", td_dtype_name(dt));
+    t_begin(name);
+    int fmt = td_q8r_format(dt), six = dt == TD_DTYPE_Q6_K, sbb = six ? 210 : 144;
     static const int Ns[] = {1, 17, 45}, Ks[] = {256, 768}, Ms[] = {1, 2, 3, 5, 8, 16, 35};
     enum { MMAX = 35 };
     int checked = 0, fails = 0;
     double worst = 0;
     int deflt = td_kernels_path();
-    T_CHECK(td_q8r_table(TD_Q8R_Q4_K) && td_q8r_table(TD_Q8R_Q4_K)[0] == 128 && td_q8r_table(TD_Q8R_Q4_K)[15] == 143,
-            "Q4_K's table: q + 128");
+    T_CHECK(td_q8r_table(fmt) && td_q8r_table(fmt)[0] == (six ? 96 : 128) && td_q8r_table(fmt)[15] == (six ? 111 : 143),
+            "the table: Q4_K's q + 128, Q6_K's low 4 bits + 96");
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
         for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
             int K = Ks[ki], N = Ns[ni], nb = K / 32, nsb = K / 256, ldy = N + 1;
-            size_t rb = td_dtype_row_bytes(TD_DTYPE_Q4_K, K), xb = td_q8r_row_bytes(K);
+            size_t rb = td_dtype_row_bytes(dt, K), xb = td_q8r_row_bytes(K);
             float *W = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * MMAX * K), *dq = malloc(sizeof(float) * K);
             float *want = malloc(sizeof(float) * MMAX * ldy), *got = malloc(sizeof(float) * MMAX * ldy);
             unsigned char *Wq = malloc(rb * N), *xq = malloc(xb * MMAX);
-            void *R = aligned_alloc(64, td_q8r_bytes(N, K, TD_Q8R_Q4_K));
+            void *R = aligned_alloc(64, td_q8r_bytes(N, K, fmt));
             T_REQUIRE(W && x && dq && want && got && Wq && xq && R, "memory");
             for (int i = 0; i < N * K; i++) W[i] = frand() * (i % 11 == 0 ? 4.0f : 1.0f) + (i % 256 < 32 ? 0.5f : 0.0f);
             for (int i = 0; i < MMAX * K; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
             for (int n = 0; n < N; n++) {
-                td_quantize_row(TD_DTYPE_Q4_K, W + (size_t)n * K, Wq + n * rb, K);
+                td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
                 if (n % 3 == 1) /* random scale, minimum and quant bytes (d, dmin kept) */
                     for (int sb = 0; sb < nsb; sb++)
-                        for (int i = 4; i < 144; i++) Wq[n * rb + 144 * sb + i] = (unsigned char)(tm_rng(&g_rng) >> 24);
+                        for (int i = six ? 0 : 4; i < (six ? 208 : 144); i++)
+                            Wq[n * rb + (size_t)sbb * sb + i] = (unsigned char)(tm_rng(&g_rng) >> 24);
             }
-            td_q8r_repack(R, Wq, TD_DTYPE_Q4_K, N, K, 0, N);
+            td_q8r_repack(R, Wq, dt, N, K, 0, N);
             td_q8r_act(xq, x, K, MMAX, K);
             for (int m = 0; m < MMAX; m++) {
                 const unsigned char *row = xq + (size_t)m * xb;
@@ -739,19 +763,29 @@ static void test_q8r_q4k(void) {
                 for (int n = 0; n < N; n++) {
                     float a = 0.0f;
                     double ex = 0, bound = 0, rnd = 0;
-                    td_dequantize_row(TD_DTYPE_Q4_K, Wq + n * rb, dq, K);
+                    td_dequantize_row(dt, Wq + n * rb, dq, K);
                     for (int sb = 0; sb < nsb; sb++) {
-                        float d, dmin;
-                        int sc[8], mn[8], qv[256];
-                        k4_decode(Wq + n * rb + 144 * sb, &d, &dmin, sc, mn, qv);
+                        float d, dmin = 0;
+                        int sc[16], mn[8], qv[256];
+                        if (six) k6_decode(Wq + n * rb + (size_t)sbb * sb, &d, sc, qv);
+                        else k4_decode(Wq + n * rb + (size_t)sbb * sb, &d, &dmin, sc, mn, qv);
                         for (int j = 0; j < 8; j++) {
                             int b = 8 * sb + j;
-                            int32_t P = 0, S = 0;
-                            for (int i = 0; i < 32; i++) P += qv[32 * j + i] * q[32 * b + i], S += q[32 * b + i];
+                            int32_t P = 0, S = 0, P2 = 0;
+                            for (int i = 0; i < 32; i++) {
+                                if (six && i >= 16) P2 += qv[32 * j + i] * q[32 * b + i];
+                                else P += qv[32 * j + i] * q[32 * b + i];
+                                S += q[32 * b + i];
+                            }
                             float db;
                             memcpy(&db, row + K + 4 * b, 4);
-                            a = fmaf(d * (float)sc[j] * db, (float)P, a);
-                            a = fmaf(dmin * (float)mn[j] * db, (float)-S, a);
+                            if (six) {
+                                a = fmaf(d * (float)sc[2 * j] * db, (float)P, a);
+                                a = fmaf(d * (float)sc[2 * j + 1] * db, (float)P2, a);
+                            } else {
+                                a = fmaf(d * (float)sc[j] * db, (float)P, a);
+                                a = fmaf(dmin * (float)mn[j] * db, (float)-S, a);
+                            }
                             double aw = 0;
                             for (int i = 0; i < 32; i++) {
                                 ex += (double)dq[32 * b + i] * x[(size_t)m * K + 32 * b + i];
@@ -775,10 +809,10 @@ static void test_q8r_q4k(void) {
                         for (int pfe = 0; pfe <= N; pfe += N) {
                             int M = Ms[mi];
                             init_got(got, MMAX * ldy);
-                            if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, TD_Q8R_Q4_K);
+                            if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, fmt);
                             else {
-                                td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, 0, pfe, TD_Q8R_Q4_K);
-                                td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, 0, pfe, TD_Q8R_Q4_K);
+                                td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, 0, pfe, fmt);
+                                td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, 0, pfe, fmt);
                             }
                             checked++;
                             if (!same_as_ref(got, want, M, N, ldy, MMAX, add) && fails++ < 5)
@@ -788,8 +822,8 @@ static void test_q8r_q4k(void) {
             td_kernels_set_path(deflt);
             free(W), free(x), free(dq), free(want), free(got), free(Wq), free(xq), free(R);
         }
-    printf("  %d products of Q4_K matrices: the R16 order's bits; error vs dequantized weights, worst fraction of the "
-           "stated bound: %.2f\n", checked, worst);
+    printf("  %d products of %s matrices: the R16 order's bits; error vs dequantized weights, worst fraction of the "
+           "stated bound: %.2f\n", checked, td_dtype_name(dt), worst);
 done:
     td_kernels_set_path(deflt);
     t_end();
@@ -1630,7 +1664,8 @@ int main(void) {
     }
     td_kernels_set_path(deflt);
     test_q8r_4bit();
-    test_q8r_q4k();
+    test_q8r_kq(TD_DTYPE_Q4_K);
+    test_q8r_kq(TD_DTYPE_Q6_K);
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
@@ -1642,14 +1677,15 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K in the R16 order (Q4_1, Q6_K:
-     * theirs) */
+    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K, Q6_K in the R16 order (Q4_1:
+     * Q16) */
     tc_act = TD_DTYPE_BF16;
     test_invariance(TD_DTYPE_Q8_0, 0);
     test_invariance(TD_DTYPE_Q5_0, 1);
     test_invariance(TD_DTYPE_IQ4_NL, 0);
     test_invariance(TD_DTYPE_Q4_1, 0);
     test_invariance(TD_DTYPE_Q4_K, 1);
+    test_invariance(TD_DTYPE_Q6_K, 0);
     test_spec(TD_DTYPE_Q8_0);
     test_spec(TD_DTYPE_Q4_0);
     test_spec(TD_DTYPE_Q4_K);
@@ -1661,10 +1697,12 @@ int main(void) {
         test_invariance(TD_DTYPE_IQ4_NL, 0);
         test_invariance(TD_DTYPE_Q5_0, 0);
         test_invariance(TD_DTYPE_Q4_K, 0);
+        test_invariance(TD_DTYPE_Q6_K, 1);
         test_spec(TD_DTYPE_Q8_0);
         test_spec(TD_DTYPE_Q4_0);
         test_spec(TD_DTYPE_Q5_0);
         test_spec(TD_DTYPE_Q4_K);
+        test_spec(TD_DTYPE_Q6_K);
     }
     tc_act = TD_DTYPE_F32;
     test_tiny_target();

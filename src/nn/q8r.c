@@ -17,7 +17,10 @@
  * Q5_0's add a line of fifth bits (22 bytes a block), which a shift, a VPSHUFB
  * and a VPTESTMB turn into a masked add of 16. Q4_K's records are nibble
  * records (its q through the table q + 128) whose block steps take two FMAs,
- * the scale's and the minimum's (k4_coefs: d * sc and dmin * m, exact). The
+ * the scale's and the minimum's (k4_coefs: d * sc and dmin * m, exact);
+ * Q6_K's are nibble records of its low 4 bits plus a line of bit 4 and one of
+ * bit 5 (two masked adds, as Q5_0's one), its halves of 16 summed apart and
+ * stepped apart (k6_coef; on the tiles, two products of K = 16). The
  * weights of a group are read once per token tile, from cache after the first;
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
@@ -56,7 +59,7 @@
 #include <string.h>
 
 size_t td_q8r_group_bytes(int64_t K, int fmt) {
-    return fmt == TD_Q8R_Q4_K ? (size_t)(K / 256) * TD_Q8R_KSB : (size_t)((K / 32 + 1) / 2) * td_q8r_pair(fmt);
+    return td_q8r_super(fmt) ? (size_t)(K / 256) * td_q8r_ksb(fmt) : (size_t)((K / 32 + 1) / 2) * td_q8r_pair(fmt);
 }
 size_t td_q8r_bytes(int64_t N, int64_t K, int fmt) { return (size_t)((N + 15) / 16) * td_q8r_group_bytes(K, fmt); }
 
@@ -67,18 +70,21 @@ int td_q8r_format(int dtype) {
     case TD_DTYPE_IQ4_NL: return TD_Q8R_NIB_IQ4_NL;
     case TD_DTYPE_Q5_0: return TD_Q8R_Q5_0;
     case TD_DTYPE_Q4_K: return TD_Q8R_Q4_K;
+    case TD_DTYPE_Q6_K: return TD_Q8R_Q6_K;
     default: return -1;
     }
 }
 
 /* value + 128 of each index: Q4_0's nibble - 8, IQ4_NL's table (td_iq4_values),
- * Q5_0's low 4 bits - 16 (its fifth bit adds 16), Q4_K's q */
-static const uint8_t TAB[4][16] __attribute__((aligned(16))) = {
+ * Q5_0's low 4 bits - 16 (its fifth bit adds 16), Q4_K's q, Q6_K's low 4 bits - 32
+ * (its bits 4 and 5 add 16 and 32) */
+static const uint8_t TAB[5][16] __attribute__((aligned(16))) = {
     {120, 121, 122, 123, 124, 125, 126, 127, 128, 129, 130, 131, 132, 133, 134, 135},
     {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241},
     {112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127},
-    {128, 129, 130, 131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 141, 142, 143}};
-const uint8_t *td_q8r_table(int fmt) { return fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q4_K ? TAB[fmt - 1] : NULL; }
+    {128, 129, 130, 131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 141, 142, 143},
+    {96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111}};
+const uint8_t *td_q8r_table(int fmt) { return fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q6_K ? TAB[fmt - 1] : NULL; }
 
 #define rec_scales td_q8r_rec_scales
 #define rec_values td_q8r_rec_values
@@ -146,7 +152,7 @@ static int repack_fast(void) { return 0; }
  * and of 2c + 1 (high)): the d / dmin line, each block's sc and m bytes, and its
  * values regrouped into the nibble lines (low nibble value 4i + c, high 16 + 4i + c) */
 static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int64_t s) {
-    uint8_t *hd = grp + td_q8r_rec_head(8 * s);
+    uint8_t *hd = grp + td_q8r_rec_head(TD_Q8R_Q4_K, 8 * s);
     for (int n = 0; n < 16; n++) {
         const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 144 : NULL;
         uint8_t sc[8] = {0}, m[8] = {0};
@@ -169,16 +175,48 @@ static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
     }
 }
 
+/* Q6_K: super-block s of the group at grp from the file's 210-byte blocks (ql
+ * [128], qh [64], 16 int8 scales, f16 d): value l of block j (half h = j / 4,
+ * quarter k = j % 4) has its low 4 bits in ql[64h + 32(k & 1) + l] (high
+ * nibble for k >= 2) and bits 4-5 in qh[32h + l] >> 2k; its halves' scales are
+ * scales[2j], scales[2j + 1]. Written: the d line, each block's two scale rows
+ * and its nibble lines, then its lines of bit 4 and bit 5 (row n's word at 4n). */
+static void repack_k6(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int64_t s) {
+    uint8_t *hd = grp + td_q8r_rec_head(TD_Q8R_Q6_K, 8 * s);
+    memset(hd + 32, 0, 32);
+    for (int n = 0; n < 16; n++) {
+        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 210 : NULL;
+        memset(hd + 2 * n, 0, 2);
+        if (blk) memcpy(hd + 2 * n, blk + 208, 2); /* d */
+        for (int j = 0; j < 8; j++) {
+            uint8_t *scp = grp + rec_scales(TD_Q8R_Q6_K, 8 * s + j), *v = grp + rec_values(TD_Q8R_Q6_K, 8 * s + j);
+            int h = j >> 2, k = j & 3;
+            uint8_t q6[32] = {0};
+            if (blk)
+                for (int l = 0; l < 32; l++)
+                    q6[l] = (uint8_t)((blk[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1)) & 15) | (blk[128 + 32 * h + l] >> (2 * k) & 3) << 4);
+            scp[n] = blk ? blk[192 + 2 * j] : 0;
+            scp[16 + n] = blk ? blk[192 + 2 * j + 1] : 0;
+            uint32_t b4 = 0, b5 = 0;
+            for (int l = 0; l < 32; l++) b4 |= (uint32_t)(q6[l] >> 4 & 1) << l, b5 |= (uint32_t)(q6[l] >> 5 & 1) << l;
+            for (int i = 0; i < 16; i++) v[64 * (i >> 2) + 4 * n + (i & 3)] = (uint8_t)((q6[i] & 15) | (q6[i + 16] & 15) << 4);
+            memcpy(v + 256 + 4 * n, &b4, 4);
+            memcpy(v + 320 + 4 * n, &b5, 4);
+        }
+    }
+}
+
 void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, int64_t r0, int64_t r1) {
     int fmt = td_q8r_format(dtype);
-    TD_ASSERT(fmt >= 0 && K % 32 == 0 && r0 % 16 == 0 && (fmt != TD_Q8R_Q4_K || K % 256 == 0));
+    TD_ASSERT(fmt >= 0 && K % 32 == 0 && r0 % 16 == 0 && (!td_q8r_super(fmt) || K % 256 == 0));
     int64_t nb = K / 32;
     const uint8_t *src = W;
     size_t rowb = td_dtype_row_bytes(dtype, K), bs = td_dtype_row_bytes(dtype, 32);
-    if (fmt == TD_Q8R_Q4_K) {
+    if (td_q8r_super(fmt)) {
         for (int64_t g = r0 / 16; g * 16 < r1; g++)
             for (int64_t sb = 0; sb < K / 256; sb++)
-                repack_k4((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb);
+                (fmt == TD_Q8R_Q4_K ? repack_k4 : repack_k6)((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb,
+                                                            N, g * 16, sb);
         return;
     }
     /* by gathers (their offsets, 15 rows, must fit an int32) */
@@ -208,13 +246,15 @@ void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, in
         uint8_t *row = (uint8_t *)xq + (size_t)m * rb;
         int8_t *q = (int8_t *)row;
         float *d = (float *)(void *)(row + K);
-        int32_t *ns = (int32_t *)(void *)(row + K + 4 * nb);
+        int32_t *ns = (int32_t *)(void *)(row + K + 4 * nb), *hs = ns + nb;
         /* blocks of 32 quantize alone (td_quant_act_row) */
         td_quant_act_row(x + (size_t)m * ldx + k0, k1 - k0, q + k0, d + k0 / 32);
         for (int b = k0 / 32; b < k1 / 32; b++) {
-            int32_t s = 0;
-            for (int i = 0; i < 32; i++) s += q[32 * b + i];
-            ns[b] = -128 * s;
+            int32_t s = 0, s16 = 0;
+            for (int i = 0; i < 16; i++) s16 += q[32 * b + i];
+            for (int i = 16; i < 32; i++) s += q[32 * b + i];
+            ns[b] = -128 * (s16 + s);
+            hs[b] = -128 * s16;
         }
     }
 }
@@ -239,25 +279,48 @@ TV static inline __attribute__((always_inline)) __m512i vline(const uint8_t *rec
     if (!NIB) return _mm512_load_si512((const void *)(rec + 64 * j));
     __m512i v = _mm512_load_si512((const void *)(rec + 64 * (j & 3)));
     __m512i u = _mm512_shuffle_epi8(tab, _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)));
-    if (NIB != TD_Q8R_Q5_0) return u;
+    if (NIB != TD_Q8R_Q5_0 && NIB != TD_Q8R_Q6_K) return u;
     /* each row's bits 4j .. 4j + 3 into its 4 bytes: byte 0 of the shifted dword copied to all four, tested
        against 1, 2, 4, 8 */
     const __m512i rep = _mm512_set_epi64(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
                                          0x0404040400000000LL, 0x0c0c0c0c08080808LL, 0x0404040400000000LL,
                                          0x0c0c0c0c08080808LL, 0x0404040400000000LL);
     __m512i h = _mm512_shuffle_epi8(_mm512_srli_epi32(_mm512_load_si512((const void *)(rec + 256)), 4 * j), rep);
-    return _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(h, _mm512_set1_epi32(0x08040201)), u, _mm512_set1_epi8(16));
+    u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(h, _mm512_set1_epi32(0x08040201)), u, _mm512_set1_epi8(16));
+    if (NIB != TD_Q8R_Q6_K) return u;
+    /* Q6_K: bit 5 from the next line, worth 32 */
+    h = _mm512_shuffle_epi8(_mm512_srli_epi32(_mm512_load_si512((const void *)(rec + 320)), 4 * j), rep);
+    return _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(h, _mm512_set1_epi32(0x08040201)), u, _mm512_set1_epi8(32));
 }
 
 /* Q4_K: block b's exact coefficients of the group at grp, cs = d * sc and cm =
  * dmin * m of its 16 rows (q8r.h) */
 TV static inline __attribute__((always_inline)) void k4_coefs(const uint8_t *grp, int b, __m512 *cs, __m512 *cm) {
-    const uint8_t *h = grp + td_q8r_rec_head(b), *sm = grp + rec_scales(TD_Q8R_Q4_K, b);
+    const uint8_t *h = grp + td_q8r_rec_head(TD_Q8R_Q4_K, b), *sm = grp + rec_scales(TD_Q8R_Q4_K, b);
     __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(const void *)sm)));
     __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(const void *)(sm + 16))));
     *cs = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)h)), sc);
     *cm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(h + 32))), mn);
 }
+
+/* Q6_K: block b's exact coefficients d * sc of its two halves (hi: 0 for the
+ * first 16 values, 1 for the last), the group at grp */
+TV static inline __attribute__((always_inline)) __m512 k6_coef(const uint8_t *grp, int b, int hi) {
+    const uint8_t *sc = grp + rec_scales(TD_Q8R_Q6_K, b) + 16 * hi;
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + td_q8r_rec_head(TD_Q8R_Q6_K, b)))),
+                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(const void *)sc))));
+}
+/* Q6_K: f[t][g] += (d sc * d_b) * P for the half just summed in a[t][g] */
+#define K6_STEP(hi)                                                                                                \
+    do {                                                                                                           \
+        __m512 c6[8];                                                                                              \
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) c6[g] = k6_coef(wr + g * gs, b, (hi));                \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                                     \
+            __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));                  \
+            _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) f[t][g] =                                          \
+                _mm512_fmadd_ps(_mm512_mul_ps(c6[g], dx), _mm512_cvtepi32_ps(a[t][g]), f[t][g]);                   \
+        }                                                                                                          \
+    } while (0)
 
 /* T tokens (rows of xq, rb bytes apart) x G groups (records gs bytes apart,
  * from wr; NIB: nibble records, tab their table) over all nb blocks; writes
@@ -279,11 +342,11 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             for (int i = 0; i < (int)td_q8r_vbytes(NIB) / 64; i++)
                 _mm_prefetch((const char *)(pf + g * gs + rec_values(NIB, b) + 64 * i), _MM_HINT_T1);
             if (!(b & 1)) _mm_prefetch((const char *)(pf + g * gs + rec_scales(NIB, b)), _MM_HINT_T1);
-            if (NIB == TD_Q8R_Q4_K && !(b & 7)) _mm_prefetch((const char *)(pf + g * gs + td_q8r_rec_head(b)), _MM_HINT_T1);
+            if (td_q8r_super(NIB) && !(b & 7)) _mm_prefetch((const char *)(pf + g * gs + td_q8r_rec_head(NIB, b)), _MM_HINT_T1);
         }
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            __m512i s = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b));
+        for (int t = 0; t < T; t++) { /* Q6_K: its first half's -128 * sum q */
+            __m512i s = _mm512_set1_epi32(*(const int32_t *)(const void *)(xq + t * rb + K + 4 * nb * (NIB == TD_Q8R_Q6_K ? 2 : 1) + 4 * b));
 #pragma GCC unroll 8
             for (int g = 0; g < G; g++) a[t][g] = s;
         }
@@ -298,6 +361,20 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 #pragma GCC unroll 8
                 for (int g = 0; g < G; g++) a[t][g] = _mm512_dpbusd_epi32(a[t][g], w[g], xb);
             }
+            if (NIB == TD_Q8R_Q6_K && j == 3) { /* the first half's step; the second half from its -128 * sum q */
+                K6_STEP(0);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int32_t *ns = (const int32_t *)(const void *)(xq + t * rb + K + 4 * nb + 4 * b);
+                    __m512i s = _mm512_set1_epi32(ns[0] - ns[nb]);
+#pragma GCC unroll 8
+                    for (int g = 0; g < G; g++) a[t][g] = s;
+                }
+            }
+        }
+        if (NIB == TD_Q8R_Q6_K) {
+            K6_STEP(1);
+            continue;
         }
         if (NIB == TD_Q8R_Q4_K) { /* two steps: the values' sum, then the minimums' */
             __m512 cs[8], cm[8];
@@ -506,8 +583,96 @@ TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int 
     /* put back what this thread had (amx.c and i8t.c rely on their cached shapes) */
     if (found.palette != 0 && memcmp(&found, &want, sizeof want) != 0) td_amx_load_cfg(&found);
 }
+/* Q6_K on the tiles: as matmul_amx_f, but a block's halves are two products
+ * (tiles A: the tokens' 16 q of a half; B: its 4 quads of the spread record)
+ * into two C tiles, whose sums take the halves' two f32 steps (q8r.h). The
+ * tile shapes are this function's own (amx_cfg6). */
+static void amx_cfg6(td_amx_tilecfg *c) {
+    memset(c, 0, sizeof *c);
+    c->palette = 1;
+    for (int s = 0; s < 6; s += 3) {
+        c->rows[s] = 16;     /* C: 16 tokens x 16 int32 sums */
+        c->colsb[s] = 64;
+        c->rows[s + 1] = 16; /* A: 16 tokens x a half's 16 int8 q */
+        c->colsb[s + 1] = 16;
+        c->rows[s + 2] = 4;  /* B: the half's 4 quads x 16 outputs */
+        c->colsb[s + 2] = 64;
+    }
+}
+TQ static void matmul_amx_6(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
+                            uint8_t *ub) {
+    const int fmt = TD_Q8R_Q6_K;
+    int nb = K / 32;
+    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)td_q8r_table(fmt)));
+    _Alignas(64) int32_t buf[2][2][16 * 16];
+    td_amx_tilecfg found, want;
+    td_amx_store_cfg(&found);
+    amx_cfg6(&want);
+    if (memcmp(&want, &found, sizeof want) != 0) td_amx_load_cfg(&want);
+    for (int n = n0; n < n1; n += 16) {
+        int nv = n1 - n < 16 ? n1 - n : 16;
+        __mmask16 km = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+        const uint8_t *grp = W + (size_t)(n / 16) * gs;
+        for (int b = 0; b < nb; b++)
+            for (int j = 0; j < 8; j++)
+                _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j), vline(grp + rec_values(fmt, b), j, TD_Q8R_Q6_K, tab));
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            const uint8_t *xs = xq + (size_t)m0 * rb;
+            const uint8_t *pf = m0 + 16 >= M && n + 16 < n1 ? grp + gs : NULL;
+            __m512 f[16];
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
+            for (int b = 0; b <= nb; b++) {
+                if (b < nb) {
+                    if (pf)
+                        for (int i = 0; i < (int)td_q8r_vbytes(fmt) / 64; i++)
+                            _mm_prefetch((const char *)(pf + rec_values(fmt, b) + 64 * i), _MM_HINT_T1);
+                    const uint8_t *rec = ub + 512 * (size_t)b;
+                    _tile_zero(0);
+                    _tile_zero(3);
+                    _tile_loadd(1, xs + 32 * b, (int)rb);
+                    _tile_loadd(2, rec, 64);
+                    _tile_loadd(4, xs + 32 * b + 16, (int)rb);
+                    _tile_loadd(5, rec + 256, 64);
+                    _tile_dpbsud(0, 1, 2);
+                    _tile_dpbsud(3, 4, 5);
+                    _tile_stored(0, buf[b & 1][0], 64);
+                    _tile_stored(3, buf[b & 1][1], 64);
+                }
+                if (b == 0) continue;
+                int bb = b - 1; /* the previous block's steps, its sums stored meanwhile */
+                __m512 clo = k6_coef(grp, bb, 0), chi = k6_coef(grp, bb, 1);
+#pragma GCC unroll 16
+                for (int t = 0; t < 16; t++) {
+                    const uint8_t *xr = xs + (size_t)t * rb;
+                    const int32_t *ns = (const int32_t *)(const void *)(xr + K + 4 * nb + 4 * bb);
+                    __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * bb));
+                    __m512i plo = _mm512_add_epi32(_mm512_load_si512((const void *)(buf[bb & 1][0] + 16 * t)), _mm512_set1_epi32(ns[nb]));
+                    __m512i phi = _mm512_add_epi32(_mm512_load_si512((const void *)(buf[bb & 1][1] + 16 * t)),
+                                                   _mm512_set1_epi32(ns[0] - ns[nb]));
+                    f[t] = _mm512_fmadd_ps(_mm512_mul_ps(clo, dx), _mm512_cvtepi32_ps(plo), f[t]);
+                    f[t] = _mm512_fmadd_ps(_mm512_mul_ps(chi, dx), _mm512_cvtepi32_ps(phi), f[t]);
+                }
+            }
+            float *ys = y + (size_t)m0 * ldy + n;
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) {
+                float *yy = ys + (size_t)t * ldy;
+                __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, yy), f[t]) : f[t];
+                _mm512_mask_storeu_ps(yy, km, v);
+            }
+        }
+    }
+    if (found.palette != 0 && memcmp(&found, &want, sizeof want) != 0) td_amx_load_cfg(&found);
+}
+
 TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
                           int fmt, uint8_t *ub) {
+    if (fmt == TD_Q8R_Q6_K) {
+        matmul_amx_6(y, ldy, xq, M, W, K, n0, n1, add, ub);
+        return;
+    }
     if (fmt == TD_Q8R_BYTES) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_BYTES, NULL, NULL);
     else if (fmt == TD_Q8R_Q4_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q5_0) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt), ub);
@@ -583,6 +748,11 @@ TV static void slab_vnni_k(float *ys, int ldy, const uint8_t *xs, int M, const u
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q4_K,
                 _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
 }
+TV static void slab_vnni_6(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                           int add, int pf_end, const uint8_t *tab) {
+    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q6_K,
+                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
+}
 TV static void slab_vnni_5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
                            int add, int pf_end, const uint8_t *tab) {
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_0,
@@ -606,7 +776,9 @@ TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const vo
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
         if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add, fmt, ub);
-        if (M > Mt && fmt == TD_Q8R_Q4_K)
+        if (M > Mt && fmt == TD_Q8R_Q6_K)
+            slab_vnni_6(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
+        else if (M > Mt && fmt == TD_Q8R_Q4_K)
             slab_vnni_k(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
         else if (M > Mt && fmt == TD_Q8R_Q5_0)
             slab_vnni_5(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
@@ -633,25 +805,36 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
             float a = 0.0f;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *v = grp + rec_values(fmt, b) + 4 * l;
-                int32_t p, ns;
+                int32_t p, ns, hs, ph;
                 memcpy(&ns, xr + K + 4 * nb + 4 * b, 4);
-                p = ns; /* -128 * sum q: takes back the records' + 128 */
+                memcpy(&hs, xr + K + 8 * nb + 4 * b, 4);
+                p = fmt == TD_Q8R_Q6_K ? hs : ns; /* -128 * sum q: takes back the records' + 128 */
+                ph = ns - hs;                     /* Q6_K's second half's */
                 for (int j = 0; j < 8; j++)
                     for (int i = 0; i < 4; i++) {
                         /* value + 128: a byte line's byte, or a nibble line's nibble through the table
-                           (Q5_0: + 16 where the row's qh has bit 4j + i) */
-                        int u = !tab ? v[64 * j + i] : tab[j < 4 ? v[64 * j + i] & 15 : v[64 * (j - 4) + i] >> 4];
-                        if (fmt == TD_Q8R_Q5_0) u += 16 * (v[256 + (4 * j + i) / 8] >> ((4 * j + i) % 8) & 1);
-                        p += (int32_t)u * (int32_t)q[32 * b + 4 * j + i];
+                           (Q5_0: + 16 where the row's qh has bit 4j + i; Q6_K: + 16 and + 32 by its two bit lines) */
+                        int k = 4 * j + i, u = !tab ? v[64 * j + i] : tab[j < 4 ? v[64 * j + i] & 15 : v[64 * (j - 4) + i] >> 4];
+                        if (fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q6_K) u += 16 * (v[256 + k / 8] >> (k % 8) & 1);
+                        if (fmt == TD_Q8R_Q6_K) u += 32 * (v[320 + k / 8] >> (k % 8) & 1);
+                        if (fmt == TD_Q8R_Q6_K && j >= 4) ph += (int32_t)u * (int32_t)q[32 * b + k];
+                        else p += (int32_t)u * (int32_t)q[32 * b + k];
                     }
                 uint16_t h;
                 float d;
                 memcpy(&d, xr + K + 4 * b, 4);
+                if (fmt == TD_Q8R_Q6_K) { /* the halves' steps, d * sc exact */
+                    const int8_t *sc = (const int8_t *)(grp + rec_scales(fmt, b));
+                    memcpy(&h, grp + td_q8r_rec_head(fmt, b) + 2 * l, 2);
+                    a = fmaf(td_f16_to_f32(h) * (float)sc[l] * d, (float)p, a);
+                    a = fmaf(td_f16_to_f32(h) * (float)sc[16 + l] * d, (float)ph, a);
+                    continue;
+                }
                 if (fmt == TD_Q8R_Q4_K) { /* value d sc q - dmin m: P's step, then -S's (ns = -128 S) */
                     uint16_t hm;
                     const uint8_t *sm = grp + rec_scales(fmt, b);
-                    memcpy(&h, grp + td_q8r_rec_head(b) + 2 * l, 2);
-                    memcpy(&hm, grp + td_q8r_rec_head(b) + 32 + 2 * l, 2);
+                    memcpy(&h, grp + td_q8r_rec_head(fmt, b) + 2 * l, 2);
+                    memcpy(&hm, grp + td_q8r_rec_head(fmt, b) + 32 + 2 * l, 2);
                     float cs = td_f16_to_f32(h) * (float)sm[l], cm = td_f16_to_f32(hm) * (float)sm[16 + l];
                     a = fmaf(cs * d, (float)p, a);
                     a = fmaf(cm * d, (float)(ns / 128), a);
@@ -668,7 +851,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
 
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q4_K && (fmt != TD_Q8R_Q4_K || K % 256 == 0));
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q6_K && (!td_q8r_super(fmt) || K % 256 == 0));
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */

@@ -9,11 +9,12 @@
  * that a verify of 8 tokens cost ~1.9x one token and a prefill ran at a third
  * of Q8_0's (0.6B shape, Xeon, 2026-12-06, bench/forward-notes.md "Stop 46");
  * as bytes (34 a block) the records would have slowed their decode. Q4_K
- * takes it as well, in records of its own (TD_Q8R_Q4_K below): its sub-blocks
- * of 32 are the blocks, each with an exact scale and minimum per row, so a
- * block's f32 step is two FMAs; the kq512 order (kq512.h) it had in these
- * modes kept a verify of 8 tokens at ~2.6x one token on the 0.6B shape's
- * Q4_K_M file (bench/forward-notes.md, "Stop 47").
+ * and Q6_K take it as well, in records of their own (TD_Q8R_Q4_K and
+ * TD_Q8R_Q6_K below): 32 values of a super-block are a block, whose f32 step
+ * is two FMAs (Q4_K: its exact scale and minimum per row; Q6_K: its two
+ * halves' exact scales); the kq512 order (kq512.h) they had in these modes
+ * kept a verify of 8 tokens at 2.4-2.6x one token on the 0.6B shape's Q4_K_M
+ * file and its prefill below llama.cpp's (bench/forward-notes.md, "Stop 47").
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
@@ -68,45 +69,59 @@
  * of every index). Q5_0: the same 4 nibble lines (its values' low 4 bits), then
  * a fifth line of each row's 32-bit qh at byte 4n (bit k: bit 4 of value k,
  * worth 16 more), 22 bytes a block like the file. */
-enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3, TD_Q8R_Q4_K = 4 };
+enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3, TD_Q8R_Q4_K = 4, TD_Q8R_Q6_K = 5 };
 /* Q4_K (TD_Q8R_Q4_K): a sub-block of 32 is a block whose values are the
  * nibbles q (0..15, table q + 128), in the nibble records' lines (the repack
  * regroups the file's nibbles: a super-block's byte i holds value i of two
  * sub-blocks); its weight is d * sc * q - dmin * m, so a block's f32 step is
  * two (below). A block's 32 bytes of "scales" are [16 sc][16 m] (u8, 0..63,
  * the file's 6-bit codes unpacked), and each super-block of 8 blocks opens with
- * a line of its 16 rows' [16 f16 d][16 f16 dmin] (TD_Q8R_KSB bytes a super-block
+ * a line of its 16 rows' [16 f16 d][16 f16 dmin] (td_q8r_ksb bytes a super-block
  * of a group: 144 a row, as the file's, plus 4). For a Q4_K block:
  *   P_b = sum_i q[i] x_q[i],  S_b = sum_i x_q[i]     (exact int32)
  *   cs = d * sc,  cm = dmin * m                      (exact in f32)
- *   a = fma(cs * d_b, (float)P_b, a);  a = fma(cm * d_b, (float)(-S_b), a) */
+ *   a = fma(cs * d_b, (float)P_b, a);  a = fma(cm * d_b, (float)(-S_b), a)
+ * Q6_K (TD_Q8R_Q6_K): a block of 32 is two of its sub-blocks of 16 (int8
+ * scales sc_lo, sc_hi), its values q6 - 32 (q6 0..63): the nibble lines of the
+ * low 4 bits (table q + 96), then a line of each row's bit 4 of its 32 values
+ * and one of bit 5 (as Q5_0's qh line), 24 bytes a row and block. Its 32 bytes
+ * of "scales" are [16 sc_lo][16 sc_hi] (int8), and each super-block opens
+ * with a line of its rows' [16 f16 d] (then 32 zero bytes): 212 bytes a row and
+ * super-block (the file's 210, plus 2). Its halves' sums are apart:
+ *   P_lo = sum_{i<16} w[i] x_q[i],  P_hi = sum_{16<=i<32} w[i] x_q[i]   (exact)
+ *   a = fma(d * sc_lo * d_b, (float)P_lo, a);  a = fma(d * sc_hi * d_b, (float)P_hi, a)
+ * (d * sc exact in f32). */
 /* The record format of dtype's R16 repack, or -1 where R16 does not hold it. */
 int td_q8r_format(int dtype);
 /* 1 for the dtypes whose blocks the R16 records hold exactly: Q8_0, the 4-
  * and 5-bit formats of one f16 scale a block of 32 and no minimum (Q4_0,
- * IQ4_NL, Q5_0), and Q4_K. */
+ * IQ4_NL, Q5_0), Q4_K and Q6_K. */
 static inline int td_q8r_dtype_ok(int dtype) { return td_q8r_format(dtype) >= 0; }
 /* The 16 bytes (value + 128 of each index) of a nibble format; NULL for bytes. */
 const uint8_t *td_q8r_table(int fmt);
 /* Value bytes of one block of a group (fmt's), and of two blocks with their scales. */
-static inline size_t td_q8r_vbytes(int fmt) { return fmt == TD_Q8R_Q5_0 ? 320 : fmt ? 256 : 512; }
+static inline size_t td_q8r_vbytes(int fmt) { return fmt == TD_Q8R_Q6_K ? 384 : fmt == TD_Q8R_Q5_0 ? 320 : fmt ? 256 : 512; }
 static inline size_t td_q8r_pair(int fmt) { return 64 + 2 * td_q8r_vbytes(fmt); }
-#define TD_Q8R_KSB (64 + 4 * (64 + 2 * 256)) /* Q4_K: a super-block's bytes in a group (its line of d, dmin, 4 pairs) */
+/* 1 for the formats of super-blocks of 256 (a line of their rows' d before each 8 blocks) */
+static inline int td_q8r_super(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K; }
+/* a super-block's bytes in a group: its line of d (and dmin), then 4 pairs */
+static inline size_t td_q8r_ksb(int fmt) { return 64 + 4 * td_q8r_pair(fmt); }
 /* Offset, within a group, of block b's pair. */
 static inline size_t td_q8r_rec_pair(int fmt, int64_t b) {
-    return fmt == TD_Q8R_Q4_K ? (size_t)(b >> 3) * TD_Q8R_KSB + 64 + (size_t)((b & 7) >> 1) * td_q8r_pair(fmt)
-                              : (size_t)(b >> 1) * td_q8r_pair(fmt);
+    return td_q8r_super(fmt) ? (size_t)(b >> 3) * td_q8r_ksb(fmt) + 64 + (size_t)((b & 7) >> 1) * td_q8r_pair(fmt)
+                             : (size_t)(b >> 1) * td_q8r_pair(fmt);
 }
 /* Offsets, within a group, of block b's 16 f16 scales (Q4_K: its sc and m
- * bytes) and of its value lines; Q4_K: of its super-block's d / dmin line. */
+ * bytes; Q6_K: its two halves' sc) and of its value lines; for the formats of
+ * super-blocks, of its super-block's line of d (Q4_K: then dmin). */
 static inline size_t td_q8r_rec_scales(int fmt, int64_t b) { return td_q8r_rec_pair(fmt, b) + (size_t)(b & 1) * 32; }
 static inline size_t td_q8r_rec_values(int fmt, int64_t b) {
     return td_q8r_rec_pair(fmt, b) + 64 + (size_t)(b & 1) * td_q8r_vbytes(fmt);
 }
-static inline size_t td_q8r_rec_head(int64_t b) { return (size_t)(b >> 3) * TD_Q8R_KSB; }
+static inline size_t td_q8r_rec_head(int fmt, int64_t b) { return (size_t)(b >> 3) * td_q8r_ksb(fmt); }
 
 /* Bytes of one 16-row group of an [N][K] repack, and of the whole repack
- * (K a multiple of 32; of 256 for Q4_K), in format fmt: both multiples of 64. */
+ * (K a multiple of 32; of 256 for Q4_K, Q6_K), in format fmt: both multiples of 64. */
 size_t td_q8r_group_bytes(int64_t K, int fmt);
 size_t td_q8r_bytes(int64_t N, int64_t K, int fmt);
 /* Repack rows [r0, r1) of W ([N][K] GGUF blocks of dtype, td_q8r_dtype_ok)
@@ -114,8 +129,9 @@ size_t td_q8r_bytes(int64_t N, int64_t K, int fmt);
  * multiple of 16; a range ending at N pads the group. */
 void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, int64_t r0, int64_t r1);
 /* Bytes of one quantized activation row of width K: K int8 q, then K/32 f32 d,
- * then K/32 int32 -128 * (sum of the block's q); rounded up to 64. */
-static inline size_t td_q8r_row_bytes(int K) { return ((size_t)K + (size_t)K / 4 + 63) / 64 * 64; }
+ * then K/32 int32 -128 * (sum of the block's q), then K/32 int32 -128 * (sum
+ * of its first 16 q: Q6_K's halves); rounded up to 64. */
+static inline size_t td_q8r_row_bytes(int K) { return ((size_t)K + (size_t)K / 32 * 12 + 63) / 64 * 64; }
 /* Quantize rows x[m * ldx .. + K), m in [0, M), into xq (M * td_q8r_row_bytes(K)). */
 void td_q8r_act(void *xq, const float *x, int ldx, int M, int K);
 /* The same for input columns [k0, k1) only (multiples of 32): those blocks'

@@ -504,10 +504,11 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                  int add, int NIB, const uint8_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i tb = NIB ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
-    const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0; /* the offsets depend only on bytes, nibbles or Q5_0 */
+    const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0 || NIB == TD_Q8R_Q6_K, q6 = NIB == TD_Q8R_Q6_K; /* the offsets depend
+                                                                                                   only on the kind */
     const __m256i rep = _mm256_set_epi64x(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
                                           0x0404040400000000LL),
-                  bit4 = _mm256_set1_epi32(0x08040201), sixteen = _mm256_set1_epi8(16);
+                  bit4 = _mm256_set1_epi32(0x08040201), sixteen = _mm256_set1_epi8(16), thirty2 = _mm256_set1_epi8(32);
     __m256 f[2][2];
 #pragma GCC unroll 2
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -536,6 +537,14 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                     u0 = _mm256_add_epi8(u0, _mm256_andnot_si256(_mm256_cmpeq_epi8(h0, _mm256_setzero_si256()), sixteen));
                     u1 = _mm256_add_epi8(u1, _mm256_andnot_si256(_mm256_cmpeq_epi8(h1, _mm256_setzero_si256()), sixteen));
                 }
+                if (q6) { /* Q6_K: bit 5 from the next line, worth 32 */
+                    __m256i h0 = _mm256_load_si256((const __m256i *)(const void *)(v + 320));
+                    __m256i h1 = _mm256_load_si256((const __m256i *)(const void *)(v + 352));
+                    h0 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h0, 4 * j), rep), bit4);
+                    h1 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h1, 4 * j), rep), bit4);
+                    u0 = _mm256_add_epi8(u0, _mm256_andnot_si256(_mm256_cmpeq_epi8(h0, _mm256_setzero_si256()), thirty2));
+                    u1 = _mm256_add_epi8(u1, _mm256_andnot_si256(_mm256_cmpeq_epi8(h1, _mm256_setzero_si256()), thirty2));
+                }
             }
             __m256i w0 = _mm256_xor_si256(u0, flip), w1 = _mm256_xor_si256(u1, flip);
             __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
@@ -547,10 +556,30 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                 p[t][0] = _mm256_add_epi32(p[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
                 p[t][1] = _mm256_add_epi32(p[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
             }
+            if (q6 && (j == 3 || j == 7)) { /* Q6_K: a half's step (d * sc exact); the next half from zero */
+                const uint8_t *h = grp + td_q8r_rec_head(fmt, b), *sc = grp + td_q8r_rec_scales(fmt, b) + (j == 7 ? 16 : 0);
+                __m256 c[2];
+#pragma GCC unroll 2
+                for (int i = 0; i < 2; i++)
+                    c[i] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(h + 16 * i))),
+                                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 8 * i)))));
+#pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    float d;
+                    memcpy(&d, xq + (size_t)t * rb + K + 4 * b, 4);
+                    __m256 dx = _mm256_set1_ps(d);
+#pragma GCC unroll 2
+                    for (int i = 0; i < 2; i++) {
+                        f[t][i] = _mm256_fmadd_ps(_mm256_mul_ps(c[i], dx), _mm256_cvtepi32_ps(p[t][i]), f[t][i]);
+                        p[t][i] = _mm256_setzero_si256();
+                    }
+                }
+            }
         }
+        if (q6) continue;
         const uint8_t *sc = grp + td_q8r_rec_scales(fmt, b);
         if (NIB == TD_Q8R_Q4_K) { /* cs = d sc, cm = dmin m (exact); P's step, then -S's (ns = -128 S) */
-            const uint8_t *h = grp + td_q8r_rec_head(b);
+            const uint8_t *h = grp + td_q8r_rec_head(fmt, b);
             __m256 cs[2], cm[2];
 #pragma GCC unroll 2
             for (int i = 0; i < 2; i++) {
@@ -613,6 +642,7 @@ void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr
                         int fmt) {
     if (fmt == TD_Q8R_BYTES) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_BYTES, NULL);
     else if (fmt == TD_Q8R_Q4_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt));
+    else if (fmt == TD_Q8R_Q6_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q6_K, td_q8r_table(fmt));
     else if (fmt == TD_Q8R_Q5_0) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt));
     else r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt));
 }
