@@ -619,9 +619,10 @@ static void test_q8r_4bit(void) {
     T_CHECK(td_q8r_format(TD_DTYPE_Q8_0) == TD_Q8R_BYTES && td_q8r_format(TD_DTYPE_Q5_0) == TD_Q8R_Q5_0 &&
                 td_q8r_format(TD_DTYPE_Q4_0) == TD_Q8R_NIB_Q4_0 && td_q8r_format(TD_DTYPE_IQ4_NL) == TD_Q8R_NIB_IQ4_NL &&
                 td_q8r_format(TD_DTYPE_Q4_K) == TD_Q8R_Q4_K && td_q8r_format(TD_DTYPE_Q6_K) == TD_Q8R_Q6_K &&
-                !td_q8r_dtype_ok(TD_DTYPE_Q4_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q5_K) &&
+                td_q8r_format(TD_DTYPE_Q5_K) == TD_Q8R_Q5_K && !td_q8r_dtype_ok(TD_DTYPE_Q4_1) &&
+                !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q3_K) && !td_q8r_dtype_ok(TD_DTYPE_Q2_K) &&
                 !td_q8r_dtype_ok(TD_DTYPE_IQ4_XS) && !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
-            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, Q6_K, nothing else");
+            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, Q5_K, Q6_K, nothing else");
     for (int k = 0; k < 16; k++)
         T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128 &&
                     td_q8r_table(TD_Q8R_Q5_0)[k] == k - 16 + 128,
@@ -679,9 +680,11 @@ done:
     t_end();
 }
 
-/* One Q4_K super-block decoded as GGUF defines it (get_scale_min_k4 and the
- * nibble order of dequantize_row_q4_K), written out here, apart from the library. */
-static void k4_decode(const unsigned char *blk, float *d, float *dmin, int sc[8], int mn[8], int q[256]) {
+/* One Q4_K super-block (five: Q5_K's) decoded as GGUF defines it
+ * (get_scale_min_k4 and the value order of dequantize_row_q4_K / _q5_K: qs
+ * after the scales, or after Q5_K's 32 qh bytes, whose bit j of byte l is
+ * worth 16 in value l of sub-block j), written out here, apart from the library. */
+static void k4_decode(const unsigned char *blk, int five, float *d, float *dmin, int sc[8], int mn[8], int q[256]) {
     uint16_t h;
     memcpy(&h, blk, 2);
     *d = td_f16_to_f32(h);
@@ -692,10 +695,11 @@ static void k4_decode(const unsigned char *blk, float *d, float *dmin, int sc[8]
         sc[j] = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
         mn[j] = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
     }
+    const unsigned char *qs = blk + (five ? 48 : 16), *qh = blk + 16;
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
-            q[64 * c + l] = blk[16 + 32 * c + l] & 15;
-            q[64 * c + 32 + l] = blk[16 + 32 * c + l] >> 4;
+            q[64 * c + l] = (qs[32 * c + l] & 15) + (five ? 16 * (qh[l] >> (2 * c) & 1) : 0);
+            q[64 * c + 32 + l] = (qs[32 * c + l] >> 4) + (five ? 16 * (qh[l] >> (2 * c + 1) & 1) : 0);
         }
 }
 
@@ -717,9 +721,9 @@ static void k6_decode(const unsigned char *blk, float *d, int sc[16], int q[256]
     }
 }
 
-/* Q4_K and Q6_K in the R16 order (q8r.h): on every kernel path and for every
+/* Q4_K, Q5_K and Q6_K in the R16 order (q8r.h): on every kernel path and for every
  * M (AMX tiles from 16 tokens), each output is bit for bit q8r.h's statement
- * of it, computed here from the file's bytes (Q4_K: P and S per block of 32,
+ * of it, computed here from the file's bytes (Q4_K, Q5_K: P and S per block of 32,
  * then fma(d sc d_b, P) and fma(dmin m d_b, -S); Q6_K: the sums of the two
  * halves of 16, then fma(d sc_lo d_b, P_lo) and fma(d sc_hi d_b, P_hi)), and
  * within a stated bound of the product over the dequantized weights. Rows
@@ -729,14 +733,14 @@ static void test_q8r_kq(int dt) {
     char name[64];
     snprintf(name, sizeof name, "matmul_r16_%s", td_dtype_name(dt));
     t_begin(name);
-    int fmt = td_q8r_format(dt), six = dt == TD_DTYPE_Q6_K, sbb = six ? 210 : 144;
+    int fmt = td_q8r_format(dt), six = dt == TD_DTYPE_Q6_K, five = dt == TD_DTYPE_Q5_K, sbb = six ? 210 : five ? 176 : 144;
     static const int Ns[] = {1, 17, 45}, Ks[] = {256, 768}, Ms[] = {1, 2, 3, 5, 8, 16, 35};
     enum { MMAX = 35 };
     int checked = 0, fails = 0;
     double worst = 0;
     int deflt = td_kernels_path();
     T_CHECK(td_q8r_table(fmt) && td_q8r_table(fmt)[0] == (six ? 96 : 128) && td_q8r_table(fmt)[15] == (six ? 111 : 143),
-            "the table: Q4_K's q + 128, Q6_K's low 4 bits + 96");
+            "the table: Q4_K's q + 128 (Q5_K's low 4 bits), Q6_K's low 4 bits + 96");
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
         for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
             int K = Ks[ki], N = Ns[ni], nb = K / 32, nsb = K / 256, ldy = N + 1;
@@ -752,7 +756,7 @@ static void test_q8r_kq(int dt) {
                 td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
                 if (n % 3 == 1) /* random scale, minimum and quant bytes (d, dmin kept) */
                     for (int sb = 0; sb < nsb; sb++)
-                        for (int i = six ? 0 : 4; i < (six ? 208 : 144); i++)
+                        for (int i = six ? 0 : 4; i < (six ? 208 : sbb); i++)
                             Wq[n * rb + (size_t)sbb * sb + i] = (unsigned char)(tm_rng(&g_rng) >> 24);
             }
             td_q8r_repack(R, Wq, dt, N, K, 0, N);
@@ -768,7 +772,7 @@ static void test_q8r_kq(int dt) {
                         float d, dmin = 0;
                         int sc[16], mn[8], qv[256];
                         if (six) k6_decode(Wq + n * rb + (size_t)sbb * sb, &d, sc, qv);
-                        else k4_decode(Wq + n * rb + (size_t)sbb * sb, &d, &dmin, sc, mn, qv);
+                        else k4_decode(Wq + n * rb + (size_t)sbb * sb, five, &d, &dmin, sc, mn, qv);
                         for (int j = 0; j < 8; j++) {
                             int b = 8 * sb + j;
                             int32_t P = 0, S = 0, P2 = 0;
@@ -1666,6 +1670,7 @@ int main(void) {
     test_q8r_4bit();
     test_q8r_kq(TD_DTYPE_Q4_K);
     test_q8r_kq(TD_DTYPE_Q6_K);
+    test_q8r_kq(TD_DTYPE_Q5_K);
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
@@ -1677,8 +1682,8 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K, Q6_K in the R16 order (Q4_1:
-     * Q16) */
+    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K, Q5_K, Q6_K in the R16 order
+     * (Q4_1: Q16) */
     tc_act = TD_DTYPE_BF16;
     test_invariance(TD_DTYPE_Q8_0, 0);
     test_invariance(TD_DTYPE_Q5_0, 1);
@@ -1686,6 +1691,7 @@ int main(void) {
     test_invariance(TD_DTYPE_Q4_1, 0);
     test_invariance(TD_DTYPE_Q4_K, 1);
     test_invariance(TD_DTYPE_Q6_K, 0);
+    test_invariance(TD_DTYPE_Q5_K, 0);
     test_spec(TD_DTYPE_Q8_0);
     test_spec(TD_DTYPE_Q4_0);
     test_spec(TD_DTYPE_Q4_K);
@@ -1698,11 +1704,13 @@ int main(void) {
         test_invariance(TD_DTYPE_Q5_0, 0);
         test_invariance(TD_DTYPE_Q4_K, 0);
         test_invariance(TD_DTYPE_Q6_K, 1);
+        test_invariance(TD_DTYPE_Q5_K, 1);
         test_spec(TD_DTYPE_Q8_0);
         test_spec(TD_DTYPE_Q4_0);
         test_spec(TD_DTYPE_Q5_0);
         test_spec(TD_DTYPE_Q4_K);
         test_spec(TD_DTYPE_Q6_K);
+        test_spec(TD_DTYPE_Q5_K);
     }
     tc_act = TD_DTYPE_F32;
     test_tiny_target();

@@ -70,6 +70,7 @@ int td_q8r_format(int dtype) {
     case TD_DTYPE_IQ4_NL: return TD_Q8R_NIB_IQ4_NL;
     case TD_DTYPE_Q5_0: return TD_Q8R_Q5_0;
     case TD_DTYPE_Q4_K: return TD_Q8R_Q4_K;
+    case TD_DTYPE_Q5_K: return TD_Q8R_Q5_K;
     case TD_DTYPE_Q6_K: return TD_Q8R_Q6_K;
     default: return -1;
     }
@@ -84,7 +85,9 @@ static const uint8_t TAB[5][16] __attribute__((aligned(16))) = {
     {112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127},
     {128, 129, 130, 131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 141, 142, 143},
     {96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111}};
-const uint8_t *td_q8r_table(int fmt) { return fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q6_K ? TAB[fmt - 1] : NULL; }
+const uint8_t *td_q8r_table(int fmt) {
+    return fmt == TD_Q8R_Q5_K ? TAB[TD_Q8R_Q4_K - 1] : fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q6_K ? TAB[fmt - 1] : NULL;
+}
 
 #define rec_scales td_q8r_rec_scales
 #define rec_values td_q8r_rec_values
@@ -146,15 +149,19 @@ static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, size_t ro
 static int repack_fast(void) { return 0; }
 #endif
 
-/* Q4_K: super-block s of the group at grp (rows row0 .. row0 + 15; those past N
- * zero) from the file's 144-byte blocks (d, dmin, 12 bytes of packed sc / m,
- * 128 qs bytes: byte k of chunk c holds value k of sub-block 2c (low nibble)
- * and of 2c + 1 (high)): the d / dmin line, each block's sc and m bytes, and its
- * values regrouped into the nibble lines (low nibble value 4i + c, high 16 + 4i + c) */
-static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int64_t s) {
-    uint8_t *hd = grp + td_q8r_rec_head(TD_Q8R_Q4_K, 8 * s);
+/* Q4_K (fmt; Q5_K alike): super-block s of the group at grp (rows row0 ..
+ * row0 + 15; those past N zero) from the file's 144-byte blocks (d, dmin, 12
+ * bytes of packed sc / m, 128 qs bytes: byte k of chunk c holds value k of
+ * sub-block 2c (low nibble) and of 2c + 1 (high)): the d / dmin line, each
+ * block's sc and m bytes, and its values regrouped into the nibble lines (low
+ * nibble value 4i + c, high 16 + 4i + c). Q5_K's 176-byte blocks hold 32 qh
+ * bytes before the qs (bit j of qh[k]: the fifth bit of value k of sub-block
+ * j), which go to each block's line of fifth bits (row n's word at 4n). */
+static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int64_t s, int fmt) {
+    int five = fmt == TD_Q8R_Q5_K, bs = five ? 176 : 144, qo = five ? 48 : 16;
+    uint8_t *hd = grp + td_q8r_rec_head(fmt, 8 * s);
     for (int n = 0; n < 16; n++) {
-        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 144 : NULL;
+        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * bs : NULL;
         uint8_t sc[8] = {0}, m[8] = {0};
         memset(hd + 2 * n, 0, 2);
         memset(hd + 32 + 2 * n, 0, 2);
@@ -164,13 +171,18 @@ static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
             td_kq_unpack_scales(blk + 4, sc, m);
         }
         for (int j = 0; j < 8; j++) {
-            uint8_t *scp = grp + rec_scales(TD_Q8R_Q4_K, 8 * s + j), *v = grp + rec_values(TD_Q8R_Q4_K, 8 * s + j);
+            uint8_t *scp = grp + rec_scales(fmt, 8 * s + j), *v = grp + rec_values(fmt, 8 * s + j);
             scp[n] = sc[j];
             scp[16 + n] = m[j];
-            const uint8_t *qs = blk ? blk + 16 + 32 * (j >> 1) : NULL;
+            const uint8_t *qs = blk ? blk + qo + 32 * (j >> 1) : NULL;
             int sh = 4 * (j & 1);
             for (int k = 0; k < 16; k++)
                 v[64 * (k >> 2) + 4 * n + (k & 3)] = qs ? (uint8_t)((qs[k] >> sh & 15) | (qs[k + 16] >> sh & 15) << 4) : 0;
+            if (five) {
+                uint32_t h = 0;
+                for (int k = 0; blk && k < 32; k++) h |= (uint32_t)(blk[16 + k] >> j & 1) << k;
+                memcpy(v + 256 + 4 * n, &h, 4);
+            }
         }
     }
 }
@@ -215,8 +227,8 @@ void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, in
     if (td_q8r_super(fmt)) {
         for (int64_t g = r0 / 16; g * 16 < r1; g++)
             for (int64_t sb = 0; sb < K / 256; sb++)
-                (fmt == TD_Q8R_Q4_K ? repack_k4 : repack_k6)((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb,
-                                                            N, g * 16, sb);
+                if (fmt == TD_Q8R_Q6_K) repack_k6((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb);
+                else repack_k4((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb, fmt);
         return;
     }
     /* by gathers (their offsets, 15 rows, must fit an int32) */
@@ -279,7 +291,7 @@ TV static inline __attribute__((always_inline)) __m512i vline(const uint8_t *rec
     if (!NIB) return _mm512_load_si512((const void *)(rec + 64 * j));
     __m512i v = _mm512_load_si512((const void *)(rec + 64 * (j & 3)));
     __m512i u = _mm512_shuffle_epi8(tab, _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)));
-    if (NIB != TD_Q8R_Q5_0 && NIB != TD_Q8R_Q6_K) return u;
+    if (NIB != TD_Q8R_Q5_0 && NIB != TD_Q8R_Q6_K && NIB != TD_Q8R_Q5_K) return u;
     /* each row's bits 4j .. 4j + 3 into its 4 bytes: byte 0 of the shifted dword copied to all four, tested
        against 1, 2, 4, 8 */
     const __m512i rep = _mm512_set_epi64(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
@@ -293,10 +305,10 @@ TV static inline __attribute__((always_inline)) __m512i vline(const uint8_t *rec
     return _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(h, _mm512_set1_epi32(0x08040201)), u, _mm512_set1_epi8(32));
 }
 
-/* Q4_K: block b's exact coefficients of the group at grp, cs = d * sc and cm =
- * dmin * m of its 16 rows (q8r.h) */
-TV static inline __attribute__((always_inline)) void k4_coefs(const uint8_t *grp, int b, __m512 *cs, __m512 *cm) {
-    const uint8_t *h = grp + td_q8r_rec_head(TD_Q8R_Q4_K, b), *sm = grp + rec_scales(TD_Q8R_Q4_K, b);
+/* Q4_K, Q5_K (fmt): block b's exact coefficients of the group at grp, cs = d *
+ * sc and cm = dmin * m of its 16 rows (q8r.h) */
+TV static inline __attribute__((always_inline)) void k4_coefs(const uint8_t *grp, int b, __m512 *cs, __m512 *cm, int fmt) {
+    const uint8_t *h = grp + td_q8r_rec_head(fmt, b), *sm = grp + rec_scales(fmt, b);
     __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(const void *)sm)));
     __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(const void *)(sm + 16))));
     *cs = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)h)), sc);
@@ -376,10 +388,10 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             K6_STEP(1);
             continue;
         }
-        if (NIB == TD_Q8R_Q4_K) { /* two steps: the values' sum, then the minimums' */
+        if (td_q8r_kmin(NIB)) { /* two steps: the values' sum, then the minimums' */
             __m512 cs[8], cm[8];
 #pragma GCC unroll 8
-            for (int g = 0; g < G; g++) k4_coefs(wr + g * gs, b, &cs[g], &cm[g]);
+            for (int g = 0; g < G; g++) k4_coefs(wr + g * gs, b, &cs[g], &cm[g], NIB);
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));
@@ -486,9 +498,9 @@ static void amx_cfg(td_amx_tilecfg *c) {
  * (tile()'s: P = sums - 128 * sum q, c = dw * d, f = fma(c, P, f)) */
 #define AMX_STEP(bb, cb)                                                                                             \
     do {                                                                                                             \
-        if (fmt == TD_Q8R_Q4_K) {                                                                                    \
+        if (td_q8r_kmin(fmt)) {                                                                                      \
             __m512 cs, cm;                                                                                           \
-            k4_coefs(grp, (bb), &cs, &cm);                                                                           \
+            k4_coefs(grp, (bb), &cs, &cm, fmt);                                                                      \
             _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                 \
                 const uint8_t *xr = xs + (size_t)t * rb;                                                             \
                 __m512i nsv = _mm512_set1_epi32(*(const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb)));     \
@@ -541,7 +553,8 @@ TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int 
             for (int b = 0; b < nb; b++)
                 for (int j = 0; j < 8; j++)
                     _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j),
-                                        fmt == TD_Q8R_Q5_0 ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_0, tab)
+                                        fmt == TD_Q8R_Q5_0   ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_0, tab)
+                                        : fmt == TD_Q8R_Q5_K ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_K, tab)
                                                            : vline(grp + rec_values(fmt, b), j, 1, tab));
         for (int m0 = 0; m0 < M; m0 += 16) {
             const uint8_t *xs = xq + (size_t)m0 * rb;
@@ -675,6 +688,7 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
     }
     if (fmt == TD_Q8R_BYTES) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_BYTES, NULL, NULL);
     else if (fmt == TD_Q8R_Q4_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt), ub);
+    else if (fmt == TD_Q8R_Q5_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q5_0) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt), ub);
     else matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt), ub);
 }
@@ -753,6 +767,11 @@ TV static void slab_vnni_6(float *ys, int ldy, const uint8_t *xs, int M, const u
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q6_K,
                 _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
 }
+TV static void slab_vnni_k5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                            int add, int pf_end, const uint8_t *tab) {
+    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_K,
+                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
+}
 TV static void slab_vnni_5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
                            int add, int pf_end, const uint8_t *tab) {
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_0,
@@ -778,6 +797,8 @@ TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const vo
         if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add, fmt, ub);
         if (M > Mt && fmt == TD_Q8R_Q6_K)
             slab_vnni_6(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
+        else if (M > Mt && fmt == TD_Q8R_Q5_K)
+            slab_vnni_k5(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
         else if (M > Mt && fmt == TD_Q8R_Q4_K)
             slab_vnni_k(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
         else if (M > Mt && fmt == TD_Q8R_Q5_0)
@@ -815,7 +836,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
                         /* value + 128: a byte line's byte, or a nibble line's nibble through the table
                            (Q5_0: + 16 where the row's qh has bit 4j + i; Q6_K: + 16 and + 32 by its two bit lines) */
                         int k = 4 * j + i, u = !tab ? v[64 * j + i] : tab[j < 4 ? v[64 * j + i] & 15 : v[64 * (j - 4) + i] >> 4];
-                        if (fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q6_K) u += 16 * (v[256 + k / 8] >> (k % 8) & 1);
+                        if (fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q6_K || fmt == TD_Q8R_Q5_K) u += 16 * (v[256 + k / 8] >> (k % 8) & 1);
                         if (fmt == TD_Q8R_Q6_K) u += 32 * (v[320 + k / 8] >> (k % 8) & 1);
                         if (fmt == TD_Q8R_Q6_K && j >= 4) ph += (int32_t)u * (int32_t)q[32 * b + k];
                         else p += (int32_t)u * (int32_t)q[32 * b + k];
@@ -830,7 +851,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
                     a = fmaf(td_f16_to_f32(h) * (float)sc[16 + l] * d, (float)ph, a);
                     continue;
                 }
-                if (fmt == TD_Q8R_Q4_K) { /* value d sc q - dmin m: P's step, then -S's (ns = -128 S) */
+                if (td_q8r_kmin(fmt)) { /* value d sc q - dmin m: P's step, then -S's (ns = -128 S) */
                     uint16_t hm;
                     const uint8_t *sm = grp + rec_scales(fmt, b);
                     memcpy(&h, grp + td_q8r_rec_head(fmt, b) + 2 * l, 2);
@@ -851,7 +872,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
 
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q6_K && (!td_q8r_super(fmt) || K % 256 == 0));
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q5_K && (!td_q8r_super(fmt) || K % 256 == 0));
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */

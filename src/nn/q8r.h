@@ -69,7 +69,9 @@
  * of every index). Q5_0: the same 4 nibble lines (its values' low 4 bits), then
  * a fifth line of each row's 32-bit qh at byte 4n (bit k: bit 4 of value k,
  * worth 16 more), 22 bytes a block like the file. */
-enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3, TD_Q8R_Q4_K = 4, TD_Q8R_Q6_K = 5 };
+enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3, TD_Q8R_Q4_K = 4, TD_Q8R_Q6_K = 5, TD_Q8R_Q5_K = 6 };
+/* 1 for the formats whose blocks carry a minimum (Q4_K, Q5_K: two f32 steps, scale and minimum) */
+static inline int td_q8r_kmin(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q5_K; }
 /* Q4_K (TD_Q8R_Q4_K): a sub-block of 32 is a block whose values are the
  * nibbles q (0..15, table q + 128), in the nibble records' lines (the repack
  * regroups the file's nibbles: a super-block's byte i holds value i of two
@@ -90,20 +92,25 @@ enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0
  * super-block (the file's 210, plus 2). Its halves' sums are apart:
  *   P_lo = sum_{i<16} w[i] x_q[i],  P_hi = sum_{16<=i<32} w[i] x_q[i]   (exact)
  *   a = fma(d * sc_lo * d_b, (float)P_lo, a);  a = fma(d * sc_hi * d_b, (float)P_hi, a)
- * (d * sc exact in f32). */
+ * (d * sc exact in f32).
+ * Q5_K (TD_Q8R_Q5_K): Q4_K's records and steps, its values 0..31 (the fifth
+ * bit, from the file's qh, in a line after the nibble lines as Q5_0's): 180
+ * bytes a row and super-block (the file's 176, plus 4). */
 /* The record format of dtype's R16 repack, or -1 where R16 does not hold it. */
 int td_q8r_format(int dtype);
 /* 1 for the dtypes whose blocks the R16 records hold exactly: Q8_0, the 4-
  * and 5-bit formats of one f16 scale a block of 32 and no minimum (Q4_0,
- * IQ4_NL, Q5_0), Q4_K and Q6_K. */
+ * IQ4_NL, Q5_0), Q4_K, Q5_K and Q6_K. */
 static inline int td_q8r_dtype_ok(int dtype) { return td_q8r_format(dtype) >= 0; }
 /* The 16 bytes (value + 128 of each index) of a nibble format; NULL for bytes. */
 const uint8_t *td_q8r_table(int fmt);
 /* Value bytes of one block of a group (fmt's), and of two blocks with their scales. */
-static inline size_t td_q8r_vbytes(int fmt) { return fmt == TD_Q8R_Q6_K ? 384 : fmt == TD_Q8R_Q5_0 ? 320 : fmt ? 256 : 512; }
+static inline size_t td_q8r_vbytes(int fmt) {
+    return fmt == TD_Q8R_Q6_K ? 384 : fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q5_K ? 320 : fmt ? 256 : 512;
+}
 static inline size_t td_q8r_pair(int fmt) { return 64 + 2 * td_q8r_vbytes(fmt); }
 /* 1 for the formats of super-blocks of 256 (a line of their rows' d before each 8 blocks) */
-static inline int td_q8r_super(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K; }
+static inline int td_q8r_super(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K || fmt == TD_Q8R_Q5_K; }
 /* a super-block's bytes in a group: its line of d (and dmin), then 4 pairs */
 static inline size_t td_q8r_ksb(int fmt) { return 64 + 4 * td_q8r_pair(fmt); }
 /* Offset, within a group, of block b's pair. */
@@ -121,7 +128,7 @@ static inline size_t td_q8r_rec_values(int fmt, int64_t b) {
 static inline size_t td_q8r_rec_head(int fmt, int64_t b) { return (size_t)(b >> 3) * td_q8r_ksb(fmt); }
 
 /* Bytes of one 16-row group of an [N][K] repack, and of the whole repack
- * (K a multiple of 32; of 256 for Q4_K, Q6_K), in format fmt: both multiples of 64. */
+ * (K a multiple of 32; of 256 for the k-quants), in format fmt: both multiples of 64. */
 size_t td_q8r_group_bytes(int64_t K, int fmt);
 size_t td_q8r_bytes(int64_t N, int64_t K, int fmt);
 /* Repack rows [r0, r1) of W ([N][K] GGUF blocks of dtype, td_q8r_dtype_ok)

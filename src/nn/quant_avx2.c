@@ -504,7 +504,7 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                  int add, int NIB, const uint8_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i tb = NIB ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
-    const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0 || NIB == TD_Q8R_Q6_K, q6 = NIB == TD_Q8R_Q6_K; /* the offsets depend
+    const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0 || NIB == TD_Q8R_Q6_K || NIB == TD_Q8R_Q5_K, q6 = NIB == TD_Q8R_Q6_K; /* the offsets depend
                                                                                                    only on the kind */
     const __m256i rep = _mm256_set_epi64x(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
                                           0x0404040400000000LL),
@@ -578,7 +578,7 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
         }
         if (q6) continue;
         const uint8_t *sc = grp + td_q8r_rec_scales(fmt, b);
-        if (NIB == TD_Q8R_Q4_K) { /* cs = d sc, cm = dmin m (exact); P's step, then -S's (ns = -128 S) */
+        if (td_q8r_kmin(NIB)) { /* cs = d sc, cm = dmin m (exact); P's step, then -S's (ns = -128 S) */
             const uint8_t *h = grp + td_q8r_rec_head(fmt, b);
             __m256 cs[2], cm[2];
 #pragma GCC unroll 2
@@ -642,6 +642,7 @@ void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr
                         int fmt) {
     if (fmt == TD_Q8R_BYTES) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_BYTES, NULL);
     else if (fmt == TD_Q8R_Q4_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt));
+    else if (fmt == TD_Q8R_Q5_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_K, td_q8r_table(fmt));
     else if (fmt == TD_Q8R_Q6_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q6_K, td_q8r_table(fmt));
     else if (fmt == TD_Q8R_Q5_0) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt));
     else r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt));
