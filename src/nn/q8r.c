@@ -55,6 +55,9 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#ifdef __BMI2__
+#include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -149,6 +152,36 @@ static void repack_rec16(uint8_t *sc, uint8_t *v, const uint8_t *blk0, size_t ro
 static int repack_fast(void) { return 0; }
 #endif
 
+/* Row n's 16 bytes of a block's nibble lines (at v = the lines + 4n; line i
+ * holds bytes 4i .. 4i + 3): byte k = value k (low nibble) and value k + 16
+ * (high), where value k is bits sh .. sh + 3 of a[k] and value k + 16 those
+ * of b[k] (k < 16); all zero when a is NULL. Eight bytes at a time. */
+static void nib_lines(uint8_t *v, const uint8_t *a, const uint8_t *b, int sh) {
+    for (int h = 0; h < 2; h++) {
+        uint64_t lo = 0, hi = 0;
+        if (a) memcpy(&lo, a + 8 * h, 8), memcpy(&hi, b + 8 * h, 8);
+        uint64_t o = (lo >> sh & 0x0f0f0f0f0f0f0f0full) | (hi >> sh & 0x0f0f0f0f0f0f0f0full) << 4;
+        memcpy(v + 64 * (2 * h), &o, 4);
+        memcpy(v + 64 * (2 * h + 1), (const uint8_t *)&o + 4, 4);
+    }
+}
+
+/* Bit `bit` of each of the 32 bytes at q, as a word (bit l from byte l). */
+static uint32_t bits_of(const uint8_t *q, int bit) {
+    uint32_t w = 0;
+    for (int c = 0; c < 4; c++) {
+        uint64_t x;
+        memcpy(&x, q + 8 * c, 8);
+        x = x >> bit & 0x0101010101010101ull;
+#ifdef __BMI2__
+        w |= (uint32_t)_pext_u64(x, 0x0101010101010101ull) << 8 * c;
+#else
+        w |= (uint32_t)((x * 0x0102040810204080ull) >> 56) << 8 * c; /* byte i's bit 0 lands on bit 56 + i */
+#endif
+    }
+    return w;
+}
+
 /* Q4_K (fmt; Q5_K alike): super-block s of the group at grp (rows row0 ..
  * row0 + 15; those past N zero) from the file's 144-byte blocks (d, dmin, 12
  * bytes of packed sc / m, 128 qs bytes: byte k of chunk c holds value k of
@@ -175,12 +208,9 @@ static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
             scp[n] = sc[j];
             scp[16 + n] = m[j];
             const uint8_t *qs = blk ? blk + qo + 32 * (j >> 1) : NULL;
-            int sh = 4 * (j & 1);
-            for (int k = 0; k < 16; k++)
-                v[64 * (k >> 2) + 4 * n + (k & 3)] = qs ? (uint8_t)((qs[k] >> sh & 15) | (qs[k + 16] >> sh & 15) << 4) : 0;
+            nib_lines(v + 4 * n, qs, qs ? qs + 16 : NULL, 4 * (j & 1));
             if (five) {
-                uint32_t h = 0;
-                for (int k = 0; blk && k < 32; k++) h |= (uint32_t)(blk[16 + k] >> j & 1) << k;
+                uint32_t h = blk ? bits_of(blk + 16, j) : 0;
                 memcpy(v + 256 + 4 * n, &h, 4);
             }
         }
@@ -203,15 +233,11 @@ static void repack_k6(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
         for (int j = 0; j < 8; j++) {
             uint8_t *scp = grp + rec_scales(TD_Q8R_Q6_K, 8 * s + j), *v = grp + rec_values(TD_Q8R_Q6_K, 8 * s + j);
             int h = j >> 2, k = j & 3;
-            uint8_t q6[32] = {0};
-            if (blk)
-                for (int l = 0; l < 32; l++)
-                    q6[l] = (uint8_t)((blk[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1)) & 15) | (blk[128 + 32 * h + l] >> (2 * k) & 3) << 4);
+            const uint8_t *ql = blk ? blk + 64 * h + 32 * (k & 1) : NULL, *qh = blk ? blk + 128 + 32 * h : NULL;
             scp[n] = blk ? blk[192 + 2 * j] : 0;
             scp[16 + n] = blk ? blk[192 + 2 * j + 1] : 0;
-            uint32_t b4 = 0, b5 = 0;
-            for (int l = 0; l < 32; l++) b4 |= (uint32_t)(q6[l] >> 4 & 1) << l, b5 |= (uint32_t)(q6[l] >> 5 & 1) << l;
-            for (int i = 0; i < 16; i++) v[64 * (i >> 2) + 4 * n + (i & 3)] = (uint8_t)((q6[i] & 15) | (q6[i + 16] & 15) << 4);
+            uint32_t b4 = qh ? bits_of(qh, 2 * k) : 0, b5 = qh ? bits_of(qh, 2 * k + 1) : 0;
+            nib_lines(v + 4 * n, ql, ql ? ql + 16 : NULL, 4 * (k >> 1));
             memcpy(v + 256 + 4 * n, &b4, 4);
             memcpy(v + 320 + 4 * n, &b5, 4);
         }
