@@ -506,31 +506,75 @@ TV static inline __attribute__((always_inline)) void verify_tiles(float *yg, int
 #include <stdlib.h>
 #define TQ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vnni")))
 
-/* tile sets (C, A, B): 0, 1, 2 for even blocks, 3, 4, 5 for odd ones */
-static void amx_cfg(td_amx_tilecfg *c) {
+/* tile sets (C, A, B): 0, 1, 2 and 3, 4, 5 (even and odd blocks; a Q6_K block's halves) */
+static void amx_cfg(td_amx_tilecfg *c, int kb) {
     memset(c, 0, sizeof *c);
     c->palette = 1;
     for (int s = 0; s < 6; s += 3) {
-        c->rows[s] = 16;     /* C: 16 tokens x 16 int32 sums */
+        c->rows[s] = 16;          /* C: 16 tokens x 16 int32 sums */
         c->colsb[s] = 64;
-        c->rows[s + 1] = 16; /* A: 16 tokens x the block's 32 int8 q */
-        c->colsb[s + 1] = 32;
-        c->rows[s + 2] = 8;  /* B: the block's record, 8 quads x 16 outputs */
+        c->rows[s + 1] = 16;      /* A: 16 tokens x kb int8 q (a block's 32, or a Q6_K half's 16) */
+        c->colsb[s + 1] = kb;
+        c->rows[s + 2] = kb / 4;  /* B: as many quads of the record x 16 outputs */
         c->colsb[s + 2] = 64;
     }
+}
+
+/* Load the tile shapes of kb (keeping the thread's in *found), and put them back */
+TQ static inline void amx_enter(td_amx_tilecfg *found, td_amx_tilecfg *want, int kb) {
+    td_amx_store_cfg(found);
+    amx_cfg(want, kb);
+    if (memcmp(want, found, sizeof *want) != 0) td_amx_load_cfg(want);
+}
+/* (amx.c and i8t.c rely on their cached shapes) */
+TQ static inline void amx_leave(const td_amx_tilecfg *found, const td_amx_tilecfg *want) {
+    if (found->palette != 0 && memcmp(found, want, sizeof *want) != 0) td_amx_load_cfg(found);
+}
+/* 16 tokens' outputs f (lanes of km) into ys (+= when add) */
+TQ static inline __attribute__((always_inline)) void amx_out16(float *ys, int ldy, __mmask16 km, const __m512 *f, int add) {
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; t++) {
+        float *yy = ys + (size_t)t * ldy;
+        __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, yy), f[t]) : f[t];
+        _mm512_mask_storeu_ps(yy, km, v);
+    }
+}
+/* A group's nibble records (fmt, a constant) spread into byte records at ub (512 bytes a block) */
+TQ static inline __attribute__((always_inline)) void amx_spread(uint8_t *ub, const uint8_t *grp, int nb, int fmt, __m512i tab) {
+    for (int b = 0; b < nb; b++)
+        for (int j = 0; j < 8; j++)
+            _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j),
+                                fmt == TD_Q8R_Q5_0   ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_0, tab)
+                                : fmt == TD_Q8R_Q5_K ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_K, tab)
+                                : fmt == TD_Q8R_Q6_K ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q6_K, tab)
+                                                     : vline(grp + rec_values(fmt, b), j, 1, tab));
 }
 
 /* 16 tokens' f32 steps for block bb of the group at grp, from its stored sums cb
  * (tile()'s: P = sums - 128 * sum q, c = dw * d, f = fma(c, P, f)) */
 #define AMX_STEP(bb, cb)                                                                                             \
     do {                                                                                                             \
+        if (fmt == TD_Q8R_Q6_K) { /* the halves' steps: sums cb[0], cb[1] from -128 * their sums of q */             \
+            __m512 clo = k6_coef(grp, (bb), 0), chi = k6_coef(grp, (bb), 1);                                         \
+            _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                 \
+                const uint8_t *xr = xs + (size_t)t * rb;                                                             \
+                const int32_t *ns = (const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb));                     \
+                __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * (bb)));                     \
+                __m512i plo = _mm512_add_epi32(_mm512_load_si512((const void *)((cb)[0] + 16 * t)), _mm512_set1_epi32(ns[nb])); \
+                __m512i phi = _mm512_add_epi32(_mm512_load_si512((const void *)((cb)[1] + 16 * t)),                \
+                                               _mm512_set1_epi32(ns[0] - ns[nb]));                                   \
+                f[t] = _mm512_fmadd_ps(_mm512_mul_ps(clo, dx), _mm512_cvtepi32_ps(plo), f[t]);                      \
+                f[t] = _mm512_fmadd_ps(_mm512_mul_ps(chi, dx), _mm512_cvtepi32_ps(phi), f[t]);                      \
+            }                                                                                                        \
+            break;                                                                                                   \
+        }                                                                                                            \
         if (td_q8r_kmin(fmt)) {                                                                                      \
             __m512 cs, cm;                                                                                           \
             k4_coefs(grp, (bb), &cs, &cm, fmt);                                                                      \
             _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                 \
                 const uint8_t *xr = xs + (size_t)t * rb;                                                             \
                 __m512i nsv = _mm512_set1_epi32(*(const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb)));     \
-                __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb) + 16 * t)), nsv);               \
+                __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb)[0] + 16 * t)), nsv);            \
                 __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * (bb)));                     \
                 f[t] = _mm512_fmadd_ps(_mm512_mul_ps(cs, dx), _mm512_cvtepi32_ps(p), f[t]);                          \
                 f[t] = _mm512_fmadd_ps(_mm512_mul_ps(cm, dx), _mm512_cvtepi32_ps(_mm512_srai_epi32(nsv, 7)), f[t]); \
@@ -540,7 +584,7 @@ static void amx_cfg(td_amx_tilecfg *c) {
         __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + rec_scales(fmt, bb))));                  \
         _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                     \
             const uint8_t *xr = xs + (size_t)t * rb;                                                                 \
-            __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb) + 16 * t)),                           \
+            __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb)[0] + 16 * t)),                        \
                                          _mm512_set1_epi32(*(const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb)))); \
             __m512 c = _mm512_mul_ps(sc, _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * (bb))));       \
             f[t] = _mm512_fmadd_ps(c, _mm512_cvtepi32_ps(p), f[t]);                                                  \
@@ -558,7 +602,9 @@ static void amx_cfg(td_amx_tilecfg *c) {
  * Nibble records (fmt) are first spread into byte records in ub (nb * 512
  * bytes), one group at a time, which then serve all its token chunks. fmt is a
  * constant at each call (TD_Q8R_NIB_Q4_0 stands for both nibble formats: the
- * offsets are alike, tabp the format's own table). */
+ * offsets are alike, tabp the format's own table). Q6_K's halves are two
+ * products a block (A: the tokens' 16 q of a half; B: its 4 quads) into two C
+ * tiles, whose sums take the halves' two f32 steps (q8r.h). */
 TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int ldy, const uint8_t *xq, int M,
                                                                     const uint8_t *W, int K, int n0, int n1, int add,
                                                                     int fmt, const uint8_t *tabp, uint8_t *ub) {
@@ -566,22 +612,14 @@ TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int 
     size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
     const __m512i tab = fmt ? _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tabp))
                             : _mm512_setzero_si512();
-    _Alignas(64) int32_t buf[2][16 * 16];
+    _Alignas(64) int32_t buf[2][2][16 * 16]; /* [block parity][Q6_K's half] */
     td_amx_tilecfg found, want;
-    td_amx_store_cfg(&found);
-    amx_cfg(&want);
-    if (memcmp(&want, &found, sizeof want) != 0) td_amx_load_cfg(&want);
+    amx_enter(&found, &want, fmt == TD_Q8R_Q6_K ? 16 : 32);
     for (int n = n0; n < n1; n += 16) {
         int nv = n1 - n < 16 ? n1 - n : 16;
         __mmask16 km = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
         const uint8_t *grp = W + (size_t)(n / 16) * gs;
-        if (fmt)
-            for (int b = 0; b < nb; b++)
-                for (int j = 0; j < 8; j++)
-                    _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j),
-                                        fmt == TD_Q8R_Q5_0   ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_0, tab)
-                                        : fmt == TD_Q8R_Q5_K ? vline(grp + rec_values(fmt, b), j, TD_Q8R_Q5_K, tab)
-                                                           : vline(grp + rec_values(fmt, b), j, 1, tab));
+        if (fmt) amx_spread(ub, grp, nb, fmt, tab);
         for (int m0 = 0; m0 < M; m0 += 16) {
             const uint8_t *xs = xq + (size_t)m0 * rb;
             /* the next group's records toward L2 during the last chunk */
@@ -594,80 +632,7 @@ TQ static inline __attribute__((always_inline)) void matmul_amx_f(float *y, int 
                     for (int i = 0; i < (int)td_q8r_vbytes(fmt) / 64; i++)
                         _mm_prefetch((const char *)(pf + rec_values(fmt, b) + 64 * i), _MM_HINT_T1);
                 const uint8_t *rec = fmt ? ub + 512 * (size_t)b : grp + rec_values(fmt, b);
-                if (b & 1) {
-                    _tile_zero(3);
-                    _tile_loadd(4, xs + 32 * b, (int)rb);
-                    _tile_loadd(5, rec, 64);
-                    _tile_dpbsud(3, 4, 5);
-                    _tile_stored(3, buf[1], 64);
-                } else {
-                    _tile_zero(0);
-                    _tile_loadd(1, xs + 32 * b, (int)rb);
-                    _tile_loadd(2, rec, 64);
-                    _tile_dpbsud(0, 1, 2);
-                    _tile_stored(0, buf[0], 64);
-                }
-                if (b > 0) AMX_STEP(b - 1, buf[(b - 1) & 1]);
-            }
-            AMX_STEP(nb - 1, buf[(nb - 1) & 1]);
-            float *ys = y + (size_t)m0 * ldy + n;
-#pragma GCC unroll 16
-            for (int t = 0; t < 16; t++) {
-                float *yy = ys + (size_t)t * ldy;
-                __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, yy), f[t]) : f[t];
-                _mm512_mask_storeu_ps(yy, km, v);
-            }
-        }
-    }
-    /* put back what this thread had (amx.c and i8t.c rely on their cached shapes) */
-    if (found.palette != 0 && memcmp(&found, &want, sizeof want) != 0) td_amx_load_cfg(&found);
-}
-/* Q6_K on the tiles: as matmul_amx_f, but a block's halves are two products
- * (tiles A: the tokens' 16 q of a half; B: its 4 quads of the spread record)
- * into two C tiles, whose sums take the halves' two f32 steps (q8r.h). The
- * tile shapes are this function's own (amx_cfg6). */
-static void amx_cfg6(td_amx_tilecfg *c) {
-    memset(c, 0, sizeof *c);
-    c->palette = 1;
-    for (int s = 0; s < 6; s += 3) {
-        c->rows[s] = 16;     /* C: 16 tokens x 16 int32 sums */
-        c->colsb[s] = 64;
-        c->rows[s + 1] = 16; /* A: 16 tokens x a half's 16 int8 q */
-        c->colsb[s + 1] = 16;
-        c->rows[s + 2] = 4;  /* B: the half's 4 quads x 16 outputs */
-        c->colsb[s + 2] = 64;
-    }
-}
-TQ static void matmul_amx_6(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
-                            uint8_t *ub) {
-    const int fmt = TD_Q8R_Q6_K;
-    int nb = K / 32;
-    size_t rb = td_q8r_row_bytes(K), gs = td_q8r_group_bytes(K, fmt);
-    const __m512i tab = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)td_q8r_table(fmt)));
-    _Alignas(64) int32_t buf[2][2][16 * 16];
-    td_amx_tilecfg found, want;
-    td_amx_store_cfg(&found);
-    amx_cfg6(&want);
-    if (memcmp(&want, &found, sizeof want) != 0) td_amx_load_cfg(&want);
-    for (int n = n0; n < n1; n += 16) {
-        int nv = n1 - n < 16 ? n1 - n : 16;
-        __mmask16 km = nv >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
-        const uint8_t *grp = W + (size_t)(n / 16) * gs;
-        for (int b = 0; b < nb; b++)
-            for (int j = 0; j < 8; j++)
-                _mm512_storeu_si512((void *)(ub + 512 * (size_t)b + 64 * j), vline(grp + rec_values(fmt, b), j, TD_Q8R_Q6_K, tab));
-        for (int m0 = 0; m0 < M; m0 += 16) {
-            const uint8_t *xs = xq + (size_t)m0 * rb;
-            const uint8_t *pf = m0 + 16 >= M && n + 16 < n1 ? grp + gs : NULL;
-            __m512 f[16];
-#pragma GCC unroll 16
-            for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
-            for (int b = 0; b <= nb; b++) {
-                if (b < nb) {
-                    if (pf)
-                        for (int i = 0; i < (int)td_q8r_vbytes(fmt) / 64; i++)
-                            _mm_prefetch((const char *)(pf + rec_values(fmt, b) + 64 * i), _MM_HINT_T1);
-                    const uint8_t *rec = ub + 512 * (size_t)b;
+                if (fmt == TD_Q8R_Q6_K) { /* the halves: 16 q against 4 quads each */
                     _tile_zero(0);
                     _tile_zero(3);
                     _tile_loadd(1, xs + 32 * b, (int)rb);
@@ -678,43 +643,33 @@ TQ static void matmul_amx_6(float *y, int ldy, const uint8_t *xq, int M, const u
                     _tile_dpbsud(3, 4, 5);
                     _tile_stored(0, buf[b & 1][0], 64);
                     _tile_stored(3, buf[b & 1][1], 64);
+                } else if (b & 1) {
+                    _tile_zero(3);
+                    _tile_loadd(4, xs + 32 * b, (int)rb);
+                    _tile_loadd(5, rec, 64);
+                    _tile_dpbsud(3, 4, 5);
+                    _tile_stored(3, buf[1][0], 64);
+                } else {
+                    _tile_zero(0);
+                    _tile_loadd(1, xs + 32 * b, (int)rb);
+                    _tile_loadd(2, rec, 64);
+                    _tile_dpbsud(0, 1, 2);
+                    _tile_stored(0, buf[0][0], 64);
                 }
-                if (b == 0) continue;
-                int bb = b - 1; /* the previous block's steps, its sums stored meanwhile */
-                __m512 clo = k6_coef(grp, bb, 0), chi = k6_coef(grp, bb, 1);
-#pragma GCC unroll 16
-                for (int t = 0; t < 16; t++) {
-                    const uint8_t *xr = xs + (size_t)t * rb;
-                    const int32_t *ns = (const int32_t *)(const void *)(xr + K + 4 * nb + 4 * bb);
-                    __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xr + K + 4 * bb));
-                    __m512i plo = _mm512_add_epi32(_mm512_load_si512((const void *)(buf[bb & 1][0] + 16 * t)), _mm512_set1_epi32(ns[nb]));
-                    __m512i phi = _mm512_add_epi32(_mm512_load_si512((const void *)(buf[bb & 1][1] + 16 * t)),
-                                                   _mm512_set1_epi32(ns[0] - ns[nb]));
-                    f[t] = _mm512_fmadd_ps(_mm512_mul_ps(clo, dx), _mm512_cvtepi32_ps(plo), f[t]);
-                    f[t] = _mm512_fmadd_ps(_mm512_mul_ps(chi, dx), _mm512_cvtepi32_ps(phi), f[t]);
-                }
+                if (b > 0) AMX_STEP(b - 1, buf[(b - 1) & 1]);
             }
-            float *ys = y + (size_t)m0 * ldy + n;
-#pragma GCC unroll 16
-            for (int t = 0; t < 16; t++) {
-                float *yy = ys + (size_t)t * ldy;
-                __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, yy), f[t]) : f[t];
-                _mm512_mask_storeu_ps(yy, km, v);
-            }
+            AMX_STEP(nb - 1, buf[(nb - 1) & 1]);
+            amx_out16(y + (size_t)m0 * ldy + n, ldy, km, f, add);
         }
     }
-    if (found.palette != 0 && memcmp(&found, &want, sizeof want) != 0) td_amx_load_cfg(&found);
+    amx_leave(&found, &want); /* put back what this thread had */
 }
-
 TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uint8_t *W, int K, int n0, int n1, int add,
                           int fmt, uint8_t *ub) {
-    if (fmt == TD_Q8R_Q6_K) {
-        matmul_amx_6(y, ldy, xq, M, W, K, n0, n1, add, ub);
-        return;
-    }
     if (fmt == TD_Q8R_BYTES) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_BYTES, NULL, NULL);
     else if (fmt == TD_Q8R_Q4_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q4_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q5_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_K, td_q8r_table(fmt), ub);
+    else if (fmt == TD_Q8R_Q6_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q6_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q5_0) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt), ub);
     else matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt), ub);
 }
@@ -778,30 +733,17 @@ TV static void slab_vnni_b(float *ys, int ldy, const uint8_t *xs, int M, const u
                            int add, int pf_end) {
     slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 0, _mm512_setzero_si512());
 }
-TV static void slab_vnni_n(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
-                           int add, int pf_end, const uint8_t *tab) {
-    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 1,
-                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
-}
-TV static void slab_vnni_k(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
-                           int add, int pf_end, const uint8_t *tab) {
-    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q4_K,
-                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
-}
-TV static void slab_vnni_6(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
-                           int add, int pf_end, const uint8_t *tab) {
-    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q6_K,
-                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
-}
-TV static void slab_vnni_k5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
-                            int add, int pf_end, const uint8_t *tab) {
-    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_K,
-                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
-}
-TV static void slab_vnni_5(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
-                           int add, int pf_end, const uint8_t *tab) {
-    slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_0,
-                _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)tab)));
+/* the nibble formats: one copy of the code per format */
+TV static void slab_vnni_t(float *ys, int ldy, const uint8_t *xs, int M, const uint8_t *W, int K, int n0, int n1,
+                           int add, int pf_end, int fmt) {
+    __m512i tab = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(const void *)td_q8r_table(fmt)));
+    switch (fmt) {
+    case TD_Q8R_Q5_0: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_0, tab); break;
+    case TD_Q8R_Q4_K: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q4_K, tab); break;
+    case TD_Q8R_Q5_K: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_K, tab); break;
+    case TD_Q8R_Q6_K: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q6_K, tab); break;
+    default: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 1, tab); break; /* Q4_0, IQ4_NL */
+    }
 }
 
 /* Slabs of tokens: 128 on the VNNI tiles (a slab's activations stay in L2
@@ -821,16 +763,7 @@ TV static void matmul_vnni(float *y, int ldy, const void *xq, int Mall, const vo
         const uint8_t *xs = (const uint8_t *)xq + (size_t)s0 * rb;
         float *ys = y + (size_t)s0 * ldy;
         if (Mt > 0) matmul_amx(ys, ldy, xs, Mt, W, K, n0, n1, add, fmt, ub);
-        if (M > Mt && fmt == TD_Q8R_Q6_K)
-            slab_vnni_6(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
-        else if (M > Mt && fmt == TD_Q8R_Q5_K)
-            slab_vnni_k5(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
-        else if (M > Mt && fmt == TD_Q8R_Q4_K)
-            slab_vnni_k(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
-        else if (M > Mt && fmt == TD_Q8R_Q5_0)
-            slab_vnni_5(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, td_q8r_table(fmt));
-        else if (M > Mt && fmt) slab_vnni_n(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end,
-                                       td_q8r_table(fmt));
+        if (M > Mt && fmt) slab_vnni_t(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end, fmt);
         else if (M > Mt) slab_vnni_b(ys + (size_t)Mt * ldy, ldy, xs + (size_t)Mt * rb, M - Mt, W, K, n0, n1, add, pf_end);
     }
 }

@@ -500,15 +500,26 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
  * every call: TD_Q8R_NIB_Q4_0 for both nibble formats, TD_Q8R_Q5_0; tab: the
  * format's table, q8r.h) give each line's halves from nibble line j % 4 through
  * the table, and Q5_0's add 16 where the row's qh (line 4) has bit 4j + c. */
+/* Add w to the bytes of line j's halves (u0: rows 0-7, u1: 8-15) whose bit is
+ * set in the line of bits at h (row n's word at 4n, bit 4j + c for byte c). */
+AI void r16_bits(__m256i *u0, __m256i *u1, const uint8_t *h, int j, int w) {
+    const __m256i rep = _mm256_set_epi64x(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
+                                          0x0404040400000000LL),
+                  bit4 = _mm256_set1_epi32(0x08040201), add = _mm256_set1_epi8((char)w);
+    for (int i = 0; i < 2; i++) {
+        __m256i x = _mm256_load_si256((const __m256i *)(const void *)(h + 32 * i));
+        x = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(x, 4 * j), rep), bit4);
+        __m256i *u = i ? u1 : u0;
+        *u = _mm256_add_epi8(*u, _mm256_andnot_si256(_mm256_cmpeq_epi8(x, _mm256_setzero_si256()), add));
+    }
+}
+
 AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const uint8_t *grp, int nb, int K, int nv,
                  int add, int NIB, const uint8_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i tb = NIB ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
     const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0 || NIB == TD_Q8R_Q6_K || NIB == TD_Q8R_Q5_K, q6 = NIB == TD_Q8R_Q6_K; /* the offsets depend
                                                                                                    only on the kind */
-    const __m256i rep = _mm256_set_epi64x(0x0c0c0c0c08080808LL, 0x0404040400000000LL, 0x0c0c0c0c08080808LL,
-                                          0x0404040400000000LL),
-                  bit4 = _mm256_set1_epi32(0x08040201), sixteen = _mm256_set1_epi8(16), thirty2 = _mm256_set1_epi8(32);
     __m256 f[2][2];
 #pragma GCC unroll 2
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -529,22 +540,8 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
                 if (j >= 4) n0 = _mm256_srli_epi16(n0, 4), n1 = _mm256_srli_epi16(n1, 4);
                 u0 = _mm256_shuffle_epi8(tb, _mm256_and_si256(n0, m4));
                 u1 = _mm256_shuffle_epi8(tb, _mm256_and_si256(n1, m4));
-                if (q5) { /* byte c of row n's dword: bit 4j + c of its qh */
-                    __m256i h0 = _mm256_load_si256((const __m256i *)(const void *)(v + 256));
-                    __m256i h1 = _mm256_load_si256((const __m256i *)(const void *)(v + 288));
-                    h0 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h0, 4 * j), rep), bit4);
-                    h1 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h1, 4 * j), rep), bit4);
-                    u0 = _mm256_add_epi8(u0, _mm256_andnot_si256(_mm256_cmpeq_epi8(h0, _mm256_setzero_si256()), sixteen));
-                    u1 = _mm256_add_epi8(u1, _mm256_andnot_si256(_mm256_cmpeq_epi8(h1, _mm256_setzero_si256()), sixteen));
-                }
-                if (q6) { /* Q6_K: bit 5 from the next line, worth 32 */
-                    __m256i h0 = _mm256_load_si256((const __m256i *)(const void *)(v + 320));
-                    __m256i h1 = _mm256_load_si256((const __m256i *)(const void *)(v + 352));
-                    h0 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h0, 4 * j), rep), bit4);
-                    h1 = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(h1, 4 * j), rep), bit4);
-                    u0 = _mm256_add_epi8(u0, _mm256_andnot_si256(_mm256_cmpeq_epi8(h0, _mm256_setzero_si256()), thirty2));
-                    u1 = _mm256_add_epi8(u1, _mm256_andnot_si256(_mm256_cmpeq_epi8(h1, _mm256_setzero_si256()), thirty2));
-                }
+                if (q5) r16_bits(&u0, &u1, v + 256, j, 16); /* byte c of row n's dword: bit 4j + c of its qh */
+                if (q6) r16_bits(&u0, &u1, v + 320, j, 32); /* Q6_K: bit 5 from the next line, worth 32 */
             }
             __m256i w0 = _mm256_xor_si256(u0, flip), w1 = _mm256_xor_si256(u1, flip);
             __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
