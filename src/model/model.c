@@ -445,7 +445,8 @@ int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t 
     *arena_out = NULL;
     size_t total = 0;
     for (int i = 0; i < n; i++)
-        if (ts[i]->data && !ts[i]->rp && td_q8r_dtype_ok(ts[i]->dtype) && ts[i]->n_dims == 2 && ts[i]->shape[1] % 32 == 0)
+        if (ts[i]->data && !ts[i]->rp && td_q8r_dtype_ok(ts[i]->dtype) && ts[i]->n_dims == 2 &&
+            ts[i]->shape[1] % td_dtype_block(ts[i]->dtype) == 0) /* whole blocks (k-quants: of 256) */
             total += td_q8r_bytes(ts[i]->shape[0], ts[i]->shape[1], td_q8r_format(ts[i]->dtype));
     if (bytes_out) *bytes_out = total;
     if (!total) return 0;
@@ -454,7 +455,7 @@ int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t 
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         td_tensor *t = ts[i];
-        if (!t->data || t->rp || !td_q8r_dtype_ok(t->dtype) || t->n_dims != 2 || t->shape[1] % 32 != 0) continue;
+        if (!t->data || t->rp || !td_q8r_dtype_ok(t->dtype) || t->n_dims != 2 || t->shape[1] % td_dtype_block(t->dtype) != 0) continue;
         td_q8r_repack(arena + off, t->data, t->dtype, t->shape[0], t->shape[1], 0, t->shape[0]);
         t->rp = arena + off;
         off += td_q8r_bytes(t->shape[0], t->shape[1], td_q8r_format(t->dtype));
