@@ -23,7 +23,7 @@
  * row, into xa, and run td_matmul_bf16a: again one order per K; act_type amx
  * packs that input for td_amx_matmul's tiles, whose order is again one per K;
  * both quantize it once, into xq, for the R16 products of Q8_0, Q4_0, IQ4_NL,
- * Q5_0 and Q4_K weights, nn/q8r.h);
+ * Q5_0, Q4_K, Q5_K and Q6_K weights, nn/q8r.h);
  * attention for a query scores keys 0..pos in order, takes the max, sums
  * exponentials in order and accumulates values in key order — independent of
  * how many queries share the call; threads split outputs, tokens or heads,

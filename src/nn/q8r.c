@@ -17,7 +17,8 @@
  * Q5_0's add a line of fifth bits (22 bytes a block), which a shift, a VPSHUFB
  * and a VPTESTMB turn into a masked add of 16. Q4_K's records are nibble
  * records (its q through the table q + 128) whose block steps take two FMAs,
- * the scale's and the minimum's (k4_coefs: d * sc and dmin * m, exact);
+ * the scale's and the minimum's (k4_coefs: d * sc and dmin * m, exact), and
+ * Q5_K's are Q4_K's plus Q5_0's line of fifth bits;
  * Q6_K's are nibble records of its low 4 bits plus a line of bit 4 and one of
  * bit 5 (two masked adds, as Q5_0's one), its halves of 16 summed apart and
  * stepped apart (k6_coef; on the tiles, two products of K = 16). The
@@ -601,7 +602,7 @@ TQ static inline __attribute__((always_inline)) void amx_spread(uint8_t *ub, con
  * landed meanwhile. The integer sums are exact, so the bits are tile()'s.
  * Nibble records (fmt) are first spread into byte records in ub (nb * 512
  * bytes), one group at a time, which then serve all its token chunks. fmt is a
- * constant at each call (TD_Q8R_NIB_Q4_0 stands for both nibble formats: the
+ * constant at each call (TD_Q8R_NIB_Q4_0 stands for Q4_0 and IQ4_NL: the
  * offsets are alike, tabp the format's own table). Q6_K's halves are two
  * products a block (A: the tokens' 16 q of a half; B: its 4 quads) into two C
  * tiles, whose sums take the halves' two f32 steps (q8r.h). */

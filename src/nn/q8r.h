@@ -8,11 +8,11 @@
  * masked add). Their Q16 kernels (quant.h) unpack nibbles per output row, so
  * that a verify of 8 tokens cost ~1.9x one token and a prefill ran at a third
  * of Q8_0's (0.6B shape, Xeon, 2026-12-06, bench/forward-notes.md "Stop 46");
- * as bytes (34 a block) the records would have slowed their decode. Q4_K
- * and Q6_K take it as well, in records of their own (TD_Q8R_Q4_K and
- * TD_Q8R_Q6_K below): 32 values of a super-block are a block, whose f32 step
- * is two FMAs (Q4_K: its exact scale and minimum per row; Q6_K: its two
- * halves' exact scales); the kq512 order (kq512.h) they had in these modes
+ * as bytes (34 a block) the records would have slowed their decode. Q4_K,
+ * Q5_K and Q6_K take it as well, in records of their own (TD_Q8R_Q4_K,
+ * TD_Q8R_Q5_K, TD_Q8R_Q6_K below): 32 values of a super-block are a block,
+ * whose f32 step is two FMAs (Q4_K, Q5_K: its exact scale and minimum per
+ * row; Q6_K: its two halves' exact scales); the kq512 order (kq512.h) they had in these modes
  * kept a verify of 8 tokens at 2.4-2.6x one token on the 0.6B shape's Q4_K_M
  * file and its prefill below llama.cpp's (bench/forward-notes.md, "Stop 47").
  *

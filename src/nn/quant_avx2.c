@@ -497,7 +497,7 @@ void td_avx2_qmatmul(float *y, int ldy, const char *a, size_t lda, int M, const 
  * (|w| <= 128, |q| <= 127: no saturation). The 8 lines of a block give P_b exact
  * (no -128 * sum q needed: the bytes are signed again); then c = dw * d and one
  * fma per output, as q8r.c's other kernels. Nibble records (NIB, a constant at
- * every call: TD_Q8R_NIB_Q4_0 for both nibble formats, TD_Q8R_Q5_0; tab: the
+ * every call: TD_Q8R_NIB_Q4_0 for Q4_0 and IQ4_NL, or the format's own; tab: the
  * format's table, q8r.h) give each line's halves from nibble line j % 4 through
  * the table, and Q5_0's add 16 where the row's qh (line 4) has bit 4j + c. */
 /* Add w to the bytes of line j's halves (u0: rows 0-7, u1: 8-15) whose bit is
