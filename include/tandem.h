@@ -179,7 +179,11 @@ typedef struct td_model_params {
                         MADV_HUGEPAGE (as llama.cpp's --no-mmap), and the files' pages are
                         released: decode streams the weights through 2 MiB pages whatever the
                         page cache holds; -1 (the default): copy when the weights are at least
-                        TD_MODEL_COPY_MIN bytes, map otherwise (small models start faster). */
+                        TD_MODEL_COPY_MIN bytes, map otherwise (small models start faster).
+                        Either way, once a context repacks a GGUF file's block-quantized
+                        matrices (act_type bf16 / amx, below), the originals' pages go back to
+                        the file (they fault back in if a context in another mode reads them),
+                        so such a model holds about one copy of its weights, not two. */
 } td_model_params;
 #define TD_MODEL_COPY_MIN ((size_t)256 << 20)
 td_model_params td_model_default_params(void);
@@ -245,7 +249,8 @@ typedef struct td_ctx_params {
                         take the "R16" order under bf16 (src/nn/q8r.h: the same Q8 activations
                         as td_matmul's, each 32-value block's integer sum whole before its
                         scale; over a repacked copy of the weights the model builds at the
-                        first such context, the Q8_0 bytes again; the same bits on every
+                        first such context, the Q8_0 bytes again, the originals' pages then
+                        handed back to a GGUF file they came from; the same bits on every
                         kernel path), and so do Q4_0, IQ4_NL, Q5_0, Q4_K and Q6_K weights (their
                         own records of the file's bytes, each block's scale, and Q4_K's
                         minimum, exact); products with f32, f16 or other quantized weights are

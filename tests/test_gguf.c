@@ -19,6 +19,8 @@
 #include "tmodel.h"
 #include "io/gguf.h"
 #include "model/model.h"
+#include "nn/q8r.h"
+#include "nn/quant.h"
 #include "tok/tok_gguf.h"
 #include "tandem.h"
 #include "util/util.h"
@@ -41,8 +43,8 @@ static int write_file(const char *path, const void *p, size_t n) {
     return fclose(f) == 0 && w == n ? 0 : -1;
 }
 
-/* Logits of every position of one row run over toks[n] from position 0. */
-static float *run_logits(const td_model *m, const int32_t *toks, int n, td_err *err) {
+/* Logits of every position of one row run over toks[n] from position 0, act_type act. */
+static float *run_logits_act(const td_model *m, const int32_t *toks, int n, int act, td_err *err) {
     td_model_info info;
     td_model_get_info(m, &info);
     td_ctx_params p = td_ctx_default_params();
@@ -51,6 +53,7 @@ static float *run_logits(const td_model *m, const int32_t *toks, int n, td_err *
     p.max_tokens = n;
     p.max_logits = n;
     p.n_threads = 2;
+    p.act_type = act;
     td_ctx *c = NULL;
     if (td_ctx_open(&c, m, &p, err)) return NULL;
     int row;
@@ -65,6 +68,125 @@ static float *run_logits(const td_model *m, const int32_t *toks, int n, td_err *
     }
     td_ctx_free(c);
     return lg;
+}
+
+static float *run_logits(const td_model *m, const int32_t *toks, int n, td_err *err) {
+    return run_logits_act(m, toks, n, TD_DTYPE_F32, err);
+}
+
+/* 1 when /proc/self/maps maps the page at addr from a file named path (its last component) */
+static int page_from_file(const void *addr, const char *path) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return 0;
+    char line[1024];
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2 || (uintptr_t)addr < lo || (uintptr_t)addr >= hi) continue;
+        char *nl = strchr(line, '\n'), *nm = strrchr(line, '/');
+        if (nl) *nl = 0;
+        found = nm && !strcmp(nm + 1, base);
+    }
+    fclose(f);
+    return found;
+}
+
+/* Resident KiB of the mapping holding addr (/proc/self/smaps), or -1 */
+static long mapping_rss_kib(const void *addr) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[1024];
+    int in = 0;
+    long kib = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char c;
+        if (sscanf(line, "%lx-%lx %c", &lo, &hi, &c) == 3 && strchr(line, ' ') && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+            continue;
+        }
+        if (in && sscanf(line, "Rss: %ld kB", &kib) == 1) break;
+    }
+    fclose(f);
+    return kib;
+}
+
+/* The first act bf16 context repacks a Q8_0 GGUF model's matrices (R16) and hands their originals
+ * back to the file (td_model_repack_q8r): for mapped weights (use_mmap 1) and copied ones (0) every
+ * byte of every matrix must stay the file's and every repack the file bytes' repack; f32 logits
+ * before and after must be memcmp-equal, and the bf16 logits those of the same weights quantized in
+ * memory (nothing handed back). Copied: the interior pages of the largest matrices must then be
+ * mapped from the file. */
+static void case_give_back(int use_mmap) {
+    char name[160], path[512];
+    snprintf(name, sizeof name, "gguf_q8_0_repack_gives_originals_back_%s", use_mmap ? "mapped" : "copied");
+    t_begin(name);
+    td_err err = {0};
+    td_model *a = NULL, *b = NULL;
+    float *f0 = NULL, *f1 = NULL, *ba = NULL, *bb = NULL;
+    char *img = NULL;
+    uint8_t *rp = NULL;
+    tmp_path(path, sizeof path, "give-back-q8_0.gguf");
+    T_REQUIRE(td_model_open(&a, "models/tiny-code/target", &err) == 0, "%s", err.msg);
+    T_REQUIRE(td_model_quantize(a, path, "q8_0", &err) == 0, "save: %s", err.msg);
+    T_REQUIRE(td_model_quantize_weights(a, TD_DTYPE_Q8_0, &err) == 0, "quantize: %s", err.msg);
+    td_model_params mp = td_model_default_params();
+    mp.use_mmap = use_mmap;
+    T_REQUIRE(td_model_open_params(&b, path, &mp, &err) == 0, "open: %s", err.msg);
+    T_REQUIRE(b->copied == !use_mmap && b->gguf && b->gguf->mapped, "copied %d", b->copied);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = (int32_t)((i * 7919 + 5) % b->cfg.n_vocab);
+    size_t nl = (size_t)20 * (size_t)b->cfg.n_vocab * sizeof(float);
+    f0 = run_logits(b, toks, 20, &err);
+    T_REQUIRE(f0, "f32: %s", err.msg);
+    T_CHECK(!td_model_has_repack(b), "repacked before any bf16 context");
+    long before = mapping_rss_kib(use_mmap ? b->gguf->map : b->w.layers[0].w_up.data);
+    bb = run_logits_act(b, toks, 20, TD_DTYPE_BF16, &err);
+    /* mapped: the file mapping's resident pages were all its tensors; now only the rest (norms, the
+       header, the embedding rows looked up) */
+    long after = mapping_rss_kib(use_mmap ? b->gguf->map : b->w.layers[0].w_up.data);
+    if (use_mmap) T_CHECK(before > 0 && after >= 0 && after < before / 4, "file mapping resident %ld -> %ld KiB", before, after);
+    ba = run_logits_act(a, toks, 20, TD_DTYPE_BF16, &err);
+    f1 = run_logits(b, toks, 20, &err);
+    T_REQUIRE(bb && ba && f1, "forward: %s", err.msg);
+    T_CHECK(td_model_has_repack(b), "no repack");
+    T_CHECK(memcmp(f0, f1, nl) == 0, "f32 logits moved after the originals went back to the file");
+    T_CHECK(memcmp(ba, bb, nl) == 0, "bf16 logits differ from the same weights quantized in memory");
+    size_t flen = 0;
+    T_REQUIRE((img = t_slurp(path, &flen)) != NULL, "read %s", path);
+    td_wspec s[TD_WSPEC_MAX];
+    int matrices = 0, from_file = 0;
+    for (int l = -1; l < b->cfg.n_layer; l++) {
+        int n = td_weight_specs(b, l, s);
+        for (int j = 0; j < n; j++) {
+            const td_tensor *t = s[j].t;
+            if (!s[j].when || !t->data || !t->rp) continue;
+            size_t nb = td_dtype_row_bytes(t->dtype, t->shape[1]) * (size_t)t->shape[0];
+            size_t fo = (size_t)((const char *)t->file - (const char *)b->gguf->map);
+            T_CHECK(t->file && fo + nb <= flen && memcmp(t->data, img + fo, nb) == 0, "%s (layer %d): bytes differ from the file", s[j].hf, l);
+            size_t rn = td_q8r_bytes(t->shape[0], t->shape[1], td_q8r_format(t->dtype));
+            free(rp);
+            T_REQUIRE((rp = aligned_alloc(64, (rn + 63) / 64 * 64)) != NULL, "oom"); /* the repack stores whole lines */
+            td_q8r_repack(rp, img + fo, t->dtype, t->shape[0], t->shape[1], 0, t->shape[0]);
+            T_CHECK(memcmp(rp, t->rp, rn) == 0, "%s (layer %d): repack differs", s[j].hf, l);
+            matrices++;
+            /* a page well inside the matrix */
+            if (!use_mmap && nb >= 3 * 4096) from_file += page_from_file((const char *)t->data + nb / 2, path);
+        }
+    }
+    T_CHECK(matrices >= 7 * b->cfg.n_layer, "%d repacked matrices", matrices);
+    if (!use_mmap) T_CHECK(from_file >= 7 * b->cfg.n_layer, "%d of the copied matrices' pages are the file's", from_file);
+done:
+    free(f0);
+    free(f1);
+    free(ba);
+    free(bb);
+    free(img);
+    free(rp);
+    td_model_free(a);
+    td_model_free(b);
+    t_end();
 }
 
 /* HF dir -> GGUF (type) -> logits equal. */
@@ -752,6 +874,8 @@ int main(void) {
     case_quant("models/tiny-code/target", "q4_1", TD_DTYPE_Q4_1);
     case_quant("models/tiny-code/target", "q5_1", TD_DTYPE_Q5_1);
     case_kquant();
+    case_give_back(1);
+    case_give_back(0);
     case_rounding("f16", "tests/fixtures/qwen3-rand-f16");
     case_rounding("bf16", "tests/fixtures/qwen3-rand-bf16");
     case_tok_model();

@@ -418,6 +418,7 @@ static int gg_parse(td_gguf_file *f, td_err *err) {
 void td_gguf_free(td_gguf_file *f) {
     if (!f) return;
     if (f->mapped && f->map) munmap(f->map, f->map_len);
+    if (f->fd >= 0) close(f->fd);
     for (int i = 0; i < f->n_kvs; i++) {
         free(f->kvs[i].key);
         free(f->kvs[i].strs);
@@ -436,6 +437,7 @@ static int gg_new(td_gguf_file **out, const char *name, td_err *err) {
         *out = NULL;
         return td_seterr(err, TD_ENOMEM, "%s: out of memory", name);
     }
+    (*out)->fd = -1;
     return 0;
 }
 
@@ -487,7 +489,7 @@ int td_gguf_open(td_gguf_file **out, const char *path, td_err *err) {
         goto fail;
     }
     f->mapped = 1;
-    close(fd);
+    f->fd = fd; /* kept: td_model_repack_q8r maps pages of it again */
     fd = -1;
     if ((rc = gg_parse(f, err))) goto fail;
     *out = f;

@@ -81,6 +81,8 @@ typedef struct td_gguf_file {
     void *map;              /* mmap base (or the borrowed buffer of td_gguf_open_mem) */
     size_t map_len;
     int mapped;             /* 1: map is this file's own mmap */
+    int fd;                 /* the mapped file, open until td_gguf_free (a caller may map pages of it
+                               again: td_model_repack_q8r); -1 when not mapped */
     uint32_t version;
     uint32_t alignment;
     td_gguf_kv *kvs;        /* [n_kvs] in file order, owned */

@@ -373,23 +373,66 @@ static size_t md_tensor_bytes(const td_tensor *t) {
                           : td_dtype_row_bytes(t->dtype, t->shape[0]);
 }
 
-/* Copy every bound tensor into one anonymous arena (td_model_alloc_huge: 2 MiB
- * aligned, MADV_HUGEPAGE), rebind the tensors to it, then drop the files'
- * pages from this process (MADV_DONTNEED on a private read-only file mapping
- * only unmaps them; the mapping stays valid, so header views into it do too).
+/* The whole pages of [p, p + nb) as [*a0, *a1); 0 when there is none. */
+static int md_pages(const void *p, size_t nb, uintptr_t *a0, uintptr_t *a1) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    *a0 = ((uintptr_t)p + pg - 1) & ~(pg - 1);
+    *a1 = ((uintptr_t)p + nb) & ~(pg - 1);
+    return *a1 > *a0;
+}
+
+/* 1 when [p, p + nb) lies in one of the model's file mappings (GGUF, safetensors shards) */
+static int md_in_files(const td_model *m, const void *p, size_t nb) {
+    const char *q = p;
+    if (m->gguf && m->gguf->mapped && q >= (const char *)m->gguf->map && (size_t)(q - (const char *)m->gguf->map) <= m->gguf->map_len &&
+        nb <= m->gguf->map_len - (size_t)(q - (const char *)m->gguf->map))
+        return 1;
+    for (int i = 0; i < m->n_files; i++) {
+        const char *b = m->files[i]->map;
+        if (b && q >= b && (size_t)(q - b) <= m->files[i]->map_len && nb <= m->files[i]->map_len - (size_t)(q - b)) return 1;
+    }
+    return 0;
+}
+
+/* n bytes (a multiple of 2 MiB) of anonymous memory at a 2 MiB-aligned address,
+ * advised MADV_HUGEPAGE: the load's copy, a mapping of its own so that pages of
+ * it can be replaced by file pages later (a heap block could not). NULL when out
+ * of memory. */
+static char *md_map_huge(size_t n) {
+    size_t al = (size_t)2 << 20;
+    if (n > SIZE_MAX - al) return NULL;
+    char *r = mmap(NULL, n + al, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)r + al - 1) & ~(uintptr_t)(al - 1));
+    if (a > r) munmap(r, (size_t)(a - r));
+    if (r + al > a) munmap(a + n, (size_t)(r + al - a));
+#ifdef MADV_HUGEPAGE
+    madvise(a, n, MADV_HUGEPAGE); /* advice only */
+#endif
+    return a;
+}
+
+/* Copy every bound tensor into one anonymous 2 MiB-aligned MADV_HUGEPAGE
+ * mapping (m->copy_map), rebind the tensors to it, then drop the files' pages
+ * from this process (MADV_DONTNEED on a private read-only file mapping only
+ * unmaps them; the mapping stays valid, so header views into it do too). A
+ * block-quantized matrix from the GGUF mapping lands at its file offset modulo
+ * the page size (t->file keeps where it came from), so td_model_repack_q8r can
+ * later put the file's pages in place of the copy's.
  * Runs after md_open: every size and offset was checked against the files. */
 static int md_copy_weights(td_model *m, td_err *err) {
     const td_config *c = &m->cfg;
     td_wspec s[TD_WSPEC_MAX];
-    size_t total = 0;
+    size_t total = 0, pg = (size_t)sysconf(_SC_PAGESIZE);
+    const char *gmap = m->gguf && m->gguf->mapped ? m->gguf->map : NULL;
     for (int pass = 0; pass < 2; pass++) {
         char *arena = NULL;
         if (pass == 1) {
-            void **no = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *no);
-            if (no) m->owned = no;
-            arena = no ? td_model_alloc_huge(total) : NULL;
-            if (!arena) return td_seterr(err, TD_ENOMEM, "out of memory copying %zu bytes of weights", total);
-            m->owned[m->n_owned++] = arena;
+            size_t len = (total + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+            if (!(arena = md_map_huge(len)))
+                return td_seterr(err, TD_ENOMEM, "out of memory copying %zu bytes of weights", total);
+            m->copy_map = arena;
+            m->copy_len = len;
         }
         size_t off = 0;
         for (int l = -1; l < c->n_layer; l++) {
@@ -398,8 +441,15 @@ static int md_copy_weights(td_model *m, td_err *err) {
                 td_tensor *t = s[j].t;
                 if (!s[j].when || !t->data) continue;
                 size_t nb = md_tensor_bytes(t);
+                /* a matrix an R16 repack may take: at its file offset modulo the page size (others
+                   keep 64-byte alignment: bf16 rows are read in place) */
+                if (gmap && t->file == t->data && t->n_dims == 2 && td_q8r_dtype_ok(t->dtype))
+                    off += ((size_t)((const char *)t->file - gmap) - off) & (pg - 1);
                 if (pass == 1) {
+                    uintptr_t a0, a1;
                     memcpy(arena + off, t->data, nb);
+                    if (md_in_files(m, t->data, nb) && md_pages(t->data, nb, &a0, &a1)) /* not needed now: peak RSS */
+                        madvise((void *)a0, a1 - a0, MADV_DONTNEED);
                     t->data = arena + off;
                 }
                 off += (nb + 63) & ~(size_t)63;
@@ -409,9 +459,31 @@ static int md_copy_weights(td_model *m, td_err *err) {
     }
     if (c->tied) m->w.lm_head = m->w.tok_embd;
     for (int i = 0; i < m->n_files; i++) td_st_release(m->files[i]);
-    if (m->gguf && m->gguf->mapped) madvise(m->gguf->map, m->gguf->map_len, MADV_DONTNEED);
+    if (gmap) madvise(m->gguf->map, m->gguf->map_len, MADV_DONTNEED);
     m->copied = 1;
     return 0;
+}
+
+/* See td_model_repack_q8r: t's original back to the GGUF file, once t has its repack. */
+static void md_release_original(td_model *m, const td_tensor *t) {
+    if (!m->gguf || !m->gguf->mapped || !t->rp || !t->file || !t->data) return;
+    const char *gmap = m->gguf->map, *d = t->data, *f = t->file;
+    size_t glen = m->gguf->map_len, nb = md_tensor_bytes(t);
+    uintptr_t a0, a1;
+    if (f < gmap || (size_t)(f - gmap) > glen || nb > glen - (size_t)(f - gmap) || !md_pages(d, nb, &a0, &a1)) return;
+    if (d == f) { /* the mapping itself: its pages fault back in from the file */
+        madvise((void *)a0, a1 - a0, MADV_DONTNEED);
+        return;
+    }
+    if (!m->copy_map || d < m->copy_map || (size_t)(d - m->copy_map) > m->copy_len ||
+        nb > m->copy_len - (size_t)(d - m->copy_map) || m->gguf->fd < 0)
+        return;
+    size_t fo = (size_t)(f - gmap) + (size_t)(a0 - (uintptr_t)d);
+    if (fo % (size_t)sysconf(_SC_PAGESIZE)) return; /* not laid out at its file offset (md_copy_weights does) */
+    if (mmap((void *)a0, a1 - a0, PROT_READ, MAP_PRIVATE | MAP_FIXED, m->gguf->fd, (off_t)fo) != MAP_FAILED) return;
+    /* the kernel may have unmapped the range before failing: put memory and the bytes back */
+    if (mmap((void *)a0, a1 - a0, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED)
+        memcpy((void *)a0, f + (a0 - (uintptr_t)d), a1 - a0);
 }
 
 td_model_params td_model_default_params(void) {
@@ -441,7 +513,8 @@ int td_model_open_params(td_model **out, const char *dir, const td_model_params 
     return 0;
 }
 
-int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t *bytes_out, td_err *err) {
+/* td_tensors_repack_q8r; with m, each original goes back to m's file right after its repack */
+static int md_repack(td_model *m, td_tensor *const *ts, int n, void **arena_out, size_t *bytes_out, td_err *err) {
     *arena_out = NULL;
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -458,10 +531,15 @@ int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t 
         if (!t->data || t->rp || !td_q8r_dtype_ok(t->dtype) || t->n_dims != 2 || t->shape[1] % td_dtype_block(t->dtype) != 0) continue;
         td_q8r_repack(arena + off, t->data, t->dtype, t->shape[0], t->shape[1], 0, t->shape[0]);
         t->rp = arena + off;
+        if (m) md_release_original(m, t);
         off += td_q8r_bytes(t->shape[0], t->shape[1], td_q8r_format(t->dtype));
     }
     *arena_out = arena;
     return 0;
+}
+
+int td_tensors_repack_q8r(td_tensor *const *ts, int n, void **arena_out, size_t *bytes_out, td_err *err) {
+    return md_repack(NULL, ts, n, arena_out, bytes_out, err);
 }
 
 void td_layer_matrices(td_layer_w *L, td_tensor *out[TD_LAYER_MATRICES]) {
@@ -492,7 +570,7 @@ int td_model_repack_q8r(td_model *m, td_err *err) {
         for (int l = 0; ts && l < m->cfg.n_layer; l++, n += TD_LAYER_MATRICES) td_layer_matrices(&m->w.layers[l], ts + n);
         if (ts) {
             ts[n++] = &m->w.lm_head;
-            rc = td_tensors_repack_q8r(ts, n, &m->q8r_arena, &m->q8r_bytes, err);
+            rc = md_repack(m, ts, n, &m->q8r_arena, &m->q8r_bytes, err);
         }
         free(ts);
         if (!rc) m->q8r_done = 1;
@@ -510,6 +588,7 @@ void td_model_free(td_model *m) {
     free(m->w.layers);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    if (m->copy_map) munmap(m->copy_map, m->copy_len);
     free(m->q8r_arena);
     free(m);
 }

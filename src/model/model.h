@@ -27,6 +27,10 @@ typedef struct td_tensor {
                            same values requantized to int8 rows with one f32 scale a row (nn/i8t.h:
                            [N][K] int8, then [N] f32), owned by the drafter's arena; else NULL.
                            Written once like rp; products of TD_MM_I8T_MIN_M tokens or more use it */
+    const void *file;   /* where data's bytes lie in the model's GGUF mapping (data itself, or the
+                           source of the load's copy); NULL when they came from anywhere else. Whoever
+                           rebinds data clears it. td_model_repack_q8r hands the pages of repacked
+                           originals back to the file through it */
 } td_tensor;
 
 /* Row r of a 2-D tensor of n values per row, any dtype (quantized ones too),
@@ -96,6 +100,9 @@ struct td_model {
                               the copy of td_model_params.use_mmap = 0), owned */
     int n_owned;
     int copied;            /* 1: the weights were copied out of the files (use_mmap = 0) */
+    char *copy_map;        /* the copy: an anonymous mapping of copy_len bytes, owned (munmap); NULL when
+                              the weights stay mapped. Pages of it may be file pages (td_model_repack_q8r) */
+    size_t copy_len;
     int q8r_done;          /* 1: td_model_repack_q8r has run (guarded by its process-wide lock) */
     void *q8r_arena;       /* owned: the repacks it made (q8r_bytes), or NULL. A drafter's view of a model
                               (a struct copy) that gets its own frees it itself */

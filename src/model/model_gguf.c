@@ -270,6 +270,7 @@ static int mg_bind(td_model *m, const td_gguf_file *f, td_err *err) {
                     size_t row = t->nbytes / (size_t)s[j].d0;
                     mg_unpermute(dst, t->data, s[j].qk == TD_WSPEC_Q ? c->n_head : c->n_kv_head, c->head_dim, row);
                     s[j].t->data = dst;
+                    s[j].t->file = NULL; /* rewritten: no longer the file's bytes */
                     used += (t->nbytes + 63) / 64 * 64;
                     continue;
                 }
@@ -290,6 +291,7 @@ static int mg_bind(td_model *m, const td_gguf_file *f, td_err *err) {
                                      f->path, nm, t->type->name, t->type->dtype >= 0 ? " in a 1-D tensor" : "");
                 memset(s[j].t, 0, sizeof *s[j].t);
                 s[j].t->data = t->data;
+                s[j].t->file = f->mapped ? t->data : NULL;
                 s[j].t->dtype = t->type->dtype;
                 s[j].t->n_dims = s[j].nd;
                 s[j].t->shape[0] = s[j].d0;

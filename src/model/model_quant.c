@@ -89,6 +89,7 @@ int td_tensors_quantize(td_tensor *const *ts, const int *dts, int n, void **aren
             td_quantize_row(dts[i], row, arena + off + (size_t)r * rb, K);
         }
         t->data = arena + off;
+        t->file = NULL;
         t->dtype = dts[i];
         kept += rb * (size_t)rows;
         off += (rb * (size_t)rows + 63) & ~(size_t)63;
