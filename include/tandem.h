@@ -251,9 +251,9 @@ typedef struct td_ctx_params {
                         scale; over a repacked copy of the weights the model builds at the
                         first such context, the Q8_0 bytes again, the originals' pages then
                         handed back to a GGUF file they came from; the same bits on every
-                        kernel path), and so do Q4_0, IQ4_NL, Q5_0, Q4_K and Q6_K weights (their
-                        own records of the file's bytes, each block's scale, and Q4_K's
-                        minimum, exact); products with f32, f16 or other quantized weights are
+                        kernel path), and so do Q4_0, IQ4_NL, Q5_0, Q4_K, Q5_K, Q6_K and IQ4_XS
+                        weights (their own records of the file's bytes, each block's scale,
+                        and Q4_K's minimum, exact); products with f32, f16 or other quantized weights are
                         unchanged. TD_ACT_AMX: bf16-rounded activations and R16 as with
                         TD_DTYPE_BF16, the bf16 products on Intel AMX tiles (TDPBF16PS,
                         src/nn/amx.h, "AMX"): batch invariant and exact like the others, but

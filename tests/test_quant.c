@@ -621,8 +621,8 @@ static void test_q8r_4bit(void) {
                 td_q8r_format(TD_DTYPE_Q4_K) == TD_Q8R_Q4_K && td_q8r_format(TD_DTYPE_Q6_K) == TD_Q8R_Q6_K &&
                 td_q8r_format(TD_DTYPE_Q5_K) == TD_Q8R_Q5_K && !td_q8r_dtype_ok(TD_DTYPE_Q4_1) &&
                 !td_q8r_dtype_ok(TD_DTYPE_Q5_1) && !td_q8r_dtype_ok(TD_DTYPE_Q3_K) && !td_q8r_dtype_ok(TD_DTYPE_Q2_K) &&
-                !td_q8r_dtype_ok(TD_DTYPE_IQ4_XS) && !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
-            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, Q5_K, Q6_K, nothing else");
+                td_q8r_format(TD_DTYPE_IQ4_XS) == TD_Q8R_IQ4_XS && !td_q8r_dtype_ok(TD_DTYPE_BF16) && !td_q8r_table(TD_Q8R_BYTES),
+            "R16 holds Q8_0 as bytes, Q4_0 and IQ4_NL as nibbles, Q5_0 as nibbles and bits, Q4_K, Q5_K, Q6_K, IQ4_XS, nothing else");
     for (int k = 0; k < 16; k++)
         T_CHECK(td_q8r_table(TD_Q8R_NIB_Q4_0)[k] == k - 8 + 128 && td_q8r_table(TD_Q8R_NIB_IQ4_NL)[k] == td_iq4_values[k] + 128 &&
                     td_q8r_table(TD_Q8R_Q5_0)[k] == k - 16 + 128,
@@ -721,11 +721,29 @@ static void k6_decode(const unsigned char *blk, float *d, int sc[16], int q[256]
     }
 }
 
-/* Q4_K, Q5_K and Q6_K in the R16 order (q8r.h): on every kernel path and for every
+/* One IQ4_XS super-block decoded as GGUF defines it (dequantize_row_iq4_xs): d, the
+ * 8 scales ls - 32 and the values td_iq4_values[nibble] (sub-block j's 16 qs
+ * bytes at 8 + 16j: value l the low nibble of byte l, value l + 16 the high). */
+static void xs_decode(const unsigned char *blk, float *d, int sc[8], int q[256]) {
+    uint16_t h, sh;
+    memcpy(&h, blk, 2);
+    memcpy(&sh, blk + 2, 2);
+    *d = td_f16_to_f32(h);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = ((blk[4 + j / 2] >> 4 * (j % 2) & 15) | (sh >> 2 * j & 3) << 4) - 32;
+        for (int l = 0; l < 16; l++) {
+            q[32 * j + l] = td_iq4_values[blk[8 + 16 * j + l] & 15];
+            q[32 * j + l + 16] = td_iq4_values[blk[8 + 16 * j + l] >> 4];
+        }
+    }
+}
+
+/* Q4_K, Q5_K, Q6_K and IQ4_XS in the R16 order (q8r.h): on every kernel path and for every
  * M (AMX tiles from 16 tokens), each output is bit for bit q8r.h's statement
  * of it, computed here from the file's bytes (Q4_K, Q5_K: P and S per block of 32,
  * then fma(d sc d_b, P) and fma(dmin m d_b, -S); Q6_K: the sums of the two
- * halves of 16, then fma(d sc_lo d_b, P_lo) and fma(d sc_hi d_b, P_hi)), and
+ * halves of 16, then fma(d sc_lo d_b, P_lo) and fma(d sc_hi d_b, P_hi); IQ4_XS: P
+ * per block of 32 of the table's values, then fma(d sc d_b, P)), and
  * within a stated bound of the product over the dequantized weights. Rows
  * with random scale and quant bytes (every code), ragged row counts, 1 and 3
  * super-blocks, output ranges split on a group. */
@@ -733,14 +751,16 @@ static void test_q8r_kq(int dt) {
     char name[64];
     snprintf(name, sizeof name, "matmul_r16_%s", td_dtype_name(dt));
     t_begin(name);
-    int fmt = td_q8r_format(dt), six = dt == TD_DTYPE_Q6_K, five = dt == TD_DTYPE_Q5_K, sbb = six ? 210 : five ? 176 : 144;
+    int fmt = td_q8r_format(dt), six = dt == TD_DTYPE_Q6_K, five = dt == TD_DTYPE_Q5_K, xs = dt == TD_DTYPE_IQ4_XS;
+    int sbb = six ? 210 : five ? 176 : xs ? 136 : 144;
     static const int Ns[] = {1, 17, 45}, Ks[] = {256, 768}, Ms[] = {1, 2, 3, 5, 8, 16, 35};
     enum { MMAX = 35 };
     int checked = 0, fails = 0;
     double worst = 0;
     int deflt = td_kernels_path();
-    T_CHECK(td_q8r_table(fmt) && td_q8r_table(fmt)[0] == (six ? 96 : 128) && td_q8r_table(fmt)[15] == (six ? 111 : 143),
-            "the table: Q4_K's q + 128 (Q5_K's low 4 bits), Q6_K's low 4 bits + 96");
+    T_CHECK(td_q8r_table(fmt) && td_q8r_table(fmt)[0] == (six ? 96 : xs ? 1 : 128) &&
+                td_q8r_table(fmt)[15] == (six ? 111 : xs ? 241 : 143),
+            "the table: Q4_K's q + 128 (Q5_K's low 4 bits), Q6_K's low 4 bits + 96, IQ4_XS's IQ4_NL values + 128");
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
         for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
             int K = Ks[ki], N = Ns[ni], nb = K / 32, nsb = K / 256, ldy = N + 1;
@@ -756,7 +776,7 @@ static void test_q8r_kq(int dt) {
                 td_quantize_row(dt, W + (size_t)n * K, Wq + n * rb, K);
                 if (n % 3 == 1) /* random scale, minimum and quant bytes (d, dmin kept) */
                     for (int sb = 0; sb < nsb; sb++)
-                        for (int i = six ? 0 : 4; i < (six ? 208 : sbb); i++)
+                        for (int i = six ? 0 : xs ? 2 : 4; i < (six ? 208 : sbb); i++)
                             Wq[n * rb + (size_t)sbb * sb + i] = (unsigned char)(tm_rng(&g_rng) >> 24);
             }
             td_q8r_repack(R, Wq, dt, N, K, 0, N);
@@ -772,6 +792,7 @@ static void test_q8r_kq(int dt) {
                         float d, dmin = 0;
                         int sc[16], mn[8], qv[256];
                         if (six) k6_decode(Wq + n * rb + (size_t)sbb * sb, &d, sc, qv);
+                        else if (xs) xs_decode(Wq + n * rb + (size_t)sbb * sb, &d, sc, qv);
                         else k4_decode(Wq + n * rb + (size_t)sbb * sb, five, &d, &dmin, sc, mn, qv);
                         for (int j = 0; j < 8; j++) {
                             int b = 8 * sb + j;
@@ -786,6 +807,8 @@ static void test_q8r_kq(int dt) {
                             if (six) {
                                 a = fmaf(d * (float)sc[2 * j] * db, (float)P, a);
                                 a = fmaf(d * (float)sc[2 * j + 1] * db, (float)P2, a);
+                            } else if (xs) {
+                                a = fmaf(d * (float)sc[j] * db, (float)P, a);
                             } else {
                                 a = fmaf(d * (float)sc[j] * db, (float)P, a);
                                 a = fmaf(dmin * (float)mn[j] * db, (float)-S, a);
@@ -1671,6 +1694,7 @@ int main(void) {
     test_q8r_kq(TD_DTYPE_Q4_K);
     test_q8r_kq(TD_DTYPE_Q6_K);
     test_q8r_kq(TD_DTYPE_Q5_K);
+    test_q8r_kq(TD_DTYPE_IQ4_XS);
     test_invariance(TD_DTYPE_Q4_0, 1);
     test_reject_k();
     test_spec(TD_DTYPE_Q8_0);
@@ -1682,8 +1706,8 @@ int main(void) {
     test_spec(TD_DTYPE_Q3_K);
     test_spec(TD_DTYPE_Q2_K);
     test_spec(TD_DTYPE_Q4_1);
-    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K, Q5_K, Q6_K in the R16 order
-     * (Q4_1: Q16) */
+    /* act_type bf16, and amx where the tiles are: Q8_0, Q4_0, IQ4_NL, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_XS in the R16
+     * order (Q4_1: Q16) */
     tc_act = TD_DTYPE_BF16;
     test_invariance(TD_DTYPE_Q8_0, 0);
     test_invariance(TD_DTYPE_Q5_0, 1);
@@ -1692,9 +1716,11 @@ int main(void) {
     test_invariance(TD_DTYPE_Q4_K, 1);
     test_invariance(TD_DTYPE_Q6_K, 0);
     test_invariance(TD_DTYPE_Q5_K, 0);
+    test_invariance(TD_DTYPE_IQ4_XS, 1);
     test_spec(TD_DTYPE_Q8_0);
     test_spec(TD_DTYPE_Q4_0);
     test_spec(TD_DTYPE_Q4_K);
+    test_spec(TD_DTYPE_IQ4_XS);
     if (td_amx_available()) {
         tc_act = TD_ACT_AMX;
         test_invariance(TD_DTYPE_Q8_0, 1);
@@ -1705,12 +1731,14 @@ int main(void) {
         test_invariance(TD_DTYPE_Q4_K, 0);
         test_invariance(TD_DTYPE_Q6_K, 1);
         test_invariance(TD_DTYPE_Q5_K, 1);
+        test_invariance(TD_DTYPE_IQ4_XS, 0);
         test_spec(TD_DTYPE_Q8_0);
         test_spec(TD_DTYPE_Q4_0);
         test_spec(TD_DTYPE_Q5_0);
         test_spec(TD_DTYPE_Q4_K);
         test_spec(TD_DTYPE_Q6_K);
         test_spec(TD_DTYPE_Q5_K);
+        test_spec(TD_DTYPE_IQ4_XS);
     }
     tc_act = TD_DTYPE_F32;
     test_tiny_target();

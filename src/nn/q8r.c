@@ -21,7 +21,8 @@
  * Q5_K's are Q4_K's plus Q5_0's line of fifth bits;
  * Q6_K's are nibble records of its low 4 bits plus a line of bit 4 and one of
  * bit 5 (two masked adds, as Q5_0's one), its halves of 16 summed apart and
- * stepped apart (k6_coef; on the tiles, two products of K = 16). The
+ * stepped apart (kd_coef; on the tiles, two products of K = 16); IQ4_XS's are
+ * IQ4_NL's nibble records stepped once a block with d * sc (kd_coef). The
  * weights of a group are read once per token tile, from cache after the first;
  * during the last token tile over a chunk of groups, the next chunk's records
  * are prefetched toward L2, so that DRAM keeps streaming while the tile
@@ -76,6 +77,7 @@ int td_q8r_format(int dtype) {
     case TD_DTYPE_Q4_K: return TD_Q8R_Q4_K;
     case TD_DTYPE_Q5_K: return TD_Q8R_Q5_K;
     case TD_DTYPE_Q6_K: return TD_Q8R_Q6_K;
+    case TD_DTYPE_IQ4_XS: return TD_Q8R_IQ4_XS;
     default: return -1;
     }
 }
@@ -90,7 +92,10 @@ static const uint8_t TAB[5][16] __attribute__((aligned(16))) = {
     {128, 129, 130, 131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 141, 142, 143},
     {96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111}};
 const uint8_t *td_q8r_table(int fmt) {
-    return fmt == TD_Q8R_Q5_K ? TAB[TD_Q8R_Q4_K - 1] : fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q6_K ? TAB[fmt - 1] : NULL;
+    return fmt == TD_Q8R_Q5_K     ? TAB[TD_Q8R_Q4_K - 1]
+           : fmt == TD_Q8R_IQ4_XS ? TAB[TD_Q8R_NIB_IQ4_NL - 1]
+           : fmt >= TD_Q8R_NIB_Q4_0 && fmt <= TD_Q8R_Q6_K ? TAB[fmt - 1]
+                                                          : NULL;
 }
 
 #define rec_scales td_q8r_rec_scales
@@ -245,6 +250,32 @@ static void repack_k6(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
     }
 }
 
+/* IQ4_XS: super-block s of the group at grp from the file's 136-byte blocks (f16
+ * d, scales_h, 4 bytes scales_l, 128 qs bytes: sub-block j's 16 at 8 + 16j, byte
+ * k its value k (low nibble) and k + 16 (high), as an IQ4_NL block's): the d line,
+ * each block's sc (ls - 32, ls = scales_l's nibble j | scales_h's bits 2j, 2j + 1
+ * << 4) and its nibble lines as IQ4_NL's (line i: the qs dword i). */
+static void repack_xs(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int64_t s) {
+    uint8_t *hd = grp + td_q8r_rec_head(TD_Q8R_IQ4_XS, 8 * s);
+    memset(hd + 32, 0, 32);
+    for (int n = 0; n < 16; n++) {
+        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 136 : NULL;
+        uint16_t sh = 0;
+        memset(hd + 2 * n, 0, 2);
+        if (blk) memcpy(hd + 2 * n, blk, 2), memcpy(&sh, blk + 2, 2); /* d, scales_h */
+        for (int j = 0; j < 8; j++) {
+            uint8_t *scp = grp + rec_scales(TD_Q8R_IQ4_XS, 8 * s + j), *v = grp + rec_values(TD_Q8R_IQ4_XS, 8 * s + j);
+            int ls = blk ? (blk[4 + j / 2] >> 4 * (j & 1) & 15) | (sh >> 2 * j & 3) << 4 : 32;
+            scp[n] = (uint8_t)(int8_t)(ls - 32);
+            scp[16 + n] = 0;
+            for (int i = 0; i < 4; i++) {
+                if (blk) memcpy(v + 64 * i + 4 * n, blk + 8 + 16 * j + 4 * i, 4);
+                else memset(v + 64 * i + 4 * n, 0, 4);
+            }
+        }
+    }
+}
+
 void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, int64_t r0, int64_t r1) {
     int fmt = td_q8r_format(dtype);
     TD_ASSERT(fmt >= 0 && K % 32 == 0 && r0 % 16 == 0 && (!td_q8r_super(fmt) || K % 256 == 0));
@@ -255,6 +286,7 @@ void td_q8r_repack(void *dst, const void *W, int dtype, int64_t N, int64_t K, in
         for (int64_t g = r0 / 16; g * 16 < r1; g++)
             for (int64_t sb = 0; sb < K / 256; sb++)
                 if (fmt == TD_Q8R_Q6_K) repack_k6((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb);
+                else if (fmt == TD_Q8R_IQ4_XS) repack_xs((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb);
                 else repack_k4((uint8_t *)dst + (size_t)g * td_q8r_group_bytes(K, fmt), src, rowb, N, g * 16, sb, fmt);
         return;
     }
@@ -342,18 +374,22 @@ TV static inline __attribute__((always_inline)) void k4_coefs(const uint8_t *grp
     *cm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(h + 32))), mn);
 }
 
-/* Q6_K: block b's exact coefficients d * sc of its two halves (hi: 0 for the
- * first 16 values, 1 for the last), the group at grp */
-TV static inline __attribute__((always_inline)) __m512 k6_coef(const uint8_t *grp, int b, int hi) {
-    const uint8_t *sc = grp + rec_scales(TD_Q8R_Q6_K, b) + 16 * hi;
-    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + td_q8r_rec_head(TD_Q8R_Q6_K, b)))),
+/* Q6_K, IQ4_XS (fmt): block b's exact coefficients d * sc of the group at grp
+ * (Q6_K: of its half hi, 0 for the first 16 values, 1 for the last) */
+TV static inline __attribute__((always_inline)) __m512 kd_coef(const uint8_t *grp, int b, int hi, int fmt) {
+    const uint8_t *sc = grp + rec_scales(fmt, b) + 16 * hi;
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + td_q8r_rec_head(fmt, b)))),
                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(const void *)sc))));
 }
+/* a block's 16 f32 scale coefficients: the f16 scales widened, or IQ4_XS's d * sc */
+#define BLK_COEF(grp, b, fmt)                                                                                  \
+    ((fmt) == TD_Q8R_IQ4_XS ? kd_coef((grp), (b), 0, TD_Q8R_IQ4_XS)                                          \
+                            : _mm512_cvtph_ps(_mm256_load_si256((const void *)((grp) + rec_scales((fmt), (b))))))
 /* Q6_K: f[t][g] += (d sc * d_b) * P for the half just summed in a[t][g] */
 #define K6_STEP(hi)                                                                                                \
     do {                                                                                                           \
         __m512 c6[8];                                                                                              \
-        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) c6[g] = k6_coef(wr + g * gs, b, (hi));                \
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) c6[g] = kd_coef(wr + g * gs, b, (hi), TD_Q8R_Q6_K);                \
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                                     \
             __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));                  \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) f[t][g] =                                          \
@@ -376,7 +412,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
 #pragma GCC unroll 8
         for (int g = 0; g < G; g++) f[t][g] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *rec = wr + rec_values(NIB, b), *sc = wr + rec_scales(NIB, b);
+        const uint8_t *rec = wr + rec_values(NIB, b);
         for (int g = 0; g < pfg; g++) { /* the next groups' block b, toward L2, while these compute */
             for (int i = 0; i < (int)td_q8r_vbytes(NIB) / 64; i++)
                 _mm_prefetch((const char *)(pf + g * gs + rec_values(NIB, b) + 64 * i), _MM_HINT_T1);
@@ -437,7 +473,7 @@ TV static inline __attribute__((always_inline)) void tile(float *y, int ldy, con
             __m512 dx = _mm512_set1_ps(*(const float *)(const void *)(xq + t * rb + K + 4 * b));
 #pragma GCC unroll 8
             for (int g = 0; g < G; g++) {
-                __m512 c = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const void *)(sc + g * gs))), dx);
+                __m512 c = _mm512_mul_ps(BLK_COEF(wr + g * gs, b, NIB), dx);
                 f[t][g] = _mm512_fmadd_ps(c, _mm512_cvtepi32_ps(a[t][g]), f[t][g]);
             }
         }
@@ -556,7 +592,7 @@ TQ static inline __attribute__((always_inline)) void amx_spread(uint8_t *ub, con
 #define AMX_STEP(bb, cb)                                                                                             \
     do {                                                                                                             \
         if (fmt == TD_Q8R_Q6_K) { /* the halves' steps: sums cb[0], cb[1] from -128 * their sums of q */             \
-            __m512 clo = k6_coef(grp, (bb), 0), chi = k6_coef(grp, (bb), 1);                                         \
+            __m512 clo = kd_coef(grp, (bb), 0, TD_Q8R_Q6_K), chi = kd_coef(grp, (bb), 1, TD_Q8R_Q6_K);                                         \
             _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                 \
                 const uint8_t *xr = xs + (size_t)t * rb;                                                             \
                 const int32_t *ns = (const int32_t *)(const void *)(xr + K + 4 * nb + 4 * (bb));                     \
@@ -582,7 +618,7 @@ TQ static inline __attribute__((always_inline)) void amx_spread(uint8_t *ub, con
             }                                                                                                        \
             break;                                                                                                   \
         }                                                                                                            \
-        __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const void *)(grp + rec_scales(fmt, bb))));                  \
+        __m512 sc = BLK_COEF(grp, (bb), fmt);                                                                        \
         _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {                                                     \
             const uint8_t *xr = xs + (size_t)t * rb;                                                                 \
             __m512i p = _mm512_add_epi32(_mm512_load_si512((const void *)((cb)[0] + 16 * t)),                        \
@@ -672,6 +708,7 @@ TQ static void matmul_amx(float *y, int ldy, const uint8_t *xq, int M, const uin
     else if (fmt == TD_Q8R_Q5_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q6_K) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q6_K, td_q8r_table(fmt), ub);
     else if (fmt == TD_Q8R_Q5_0) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt), ub);
+    else if (fmt == TD_Q8R_IQ4_XS) matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_IQ4_XS, td_q8r_table(fmt), ub);
     else matmul_amx_f(y, ldy, xq, M, W, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt), ub);
 }
 
@@ -743,6 +780,7 @@ TV static void slab_vnni_t(float *ys, int ldy, const uint8_t *xs, int M, const u
     case TD_Q8R_Q4_K: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q4_K, tab); break;
     case TD_Q8R_Q5_K: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q5_K, tab); break;
     case TD_Q8R_Q6_K: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_Q6_K, tab); break;
+    case TD_Q8R_IQ4_XS: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, TD_Q8R_IQ4_XS, tab); break;
     default: slab_vnni_f(ys, ldy, xs, M, W, K, n0, n1, add, pf_end, 1, tab); break; /* Q4_0, IQ4_NL */
     }
 }
@@ -821,6 +859,11 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
                     a = fmaf(cm * d, (float)(ns / 128), a);
                     continue;
                 }
+                if (fmt == TD_Q8R_IQ4_XS) { /* d * sc exact */
+                    memcpy(&h, grp + td_q8r_rec_head(fmt, b) + 2 * l, 2);
+                    a = fmaf(td_f16_to_f32(h) * (float)(int8_t)grp[rec_scales(fmt, b) + l] * d, (float)p, a);
+                    continue;
+                }
                 memcpy(&h, grp + rec_scales(fmt, b) + 2 * l, 2);
                 a = fmaf(td_f16_to_f32(h) * d, (float)p, a);
             }
@@ -832,7 +875,7 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
 
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
-    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_Q5_K && (!td_q8r_super(fmt) || K % 256 == 0));
+    TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_IQ4_XS && (!td_q8r_super(fmt) || K % 256 == 0));
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */

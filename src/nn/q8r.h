@@ -69,7 +69,10 @@
  * of every index). Q5_0: the same 4 nibble lines (its values' low 4 bits), then
  * a fifth line of each row's 32-bit qh at byte 4n (bit k: bit 4 of value k,
  * worth 16 more), 22 bytes a block like the file. */
-enum { TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3, TD_Q8R_Q4_K = 4, TD_Q8R_Q6_K = 5, TD_Q8R_Q5_K = 6 };
+enum {
+    TD_Q8R_BYTES = 0, TD_Q8R_NIB_Q4_0 = 1, TD_Q8R_NIB_IQ4_NL = 2, TD_Q8R_Q5_0 = 3, TD_Q8R_Q4_K = 4, TD_Q8R_Q6_K = 5,
+    TD_Q8R_Q5_K = 6, TD_Q8R_IQ4_XS = 7
+};
 /* 1 for the formats whose blocks carry a minimum (Q4_K, Q5_K: two f32 steps, scale and minimum) */
 static inline int td_q8r_kmin(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q5_K; }
 /* Q4_K (TD_Q8R_Q4_K): a sub-block of 32 is a block whose values are the
@@ -95,12 +98,19 @@ static inline int td_q8r_kmin(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_
  * (d * sc exact in f32).
  * Q5_K (TD_Q8R_Q5_K): Q4_K's records and steps, its values 0..31 (the fifth
  * bit, from the file's qh, in a line after the nibble lines as Q5_0's): 180
- * bytes a row and super-block (the file's 176, plus 4). */
+ * bytes a row and super-block (the file's 176, plus 4).
+ * IQ4_XS (TD_Q8R_IQ4_XS): a sub-block of 32 is a block whose values are
+ * IQ4_NL's (the file's nibbles through IQ4_NL's table, in nibble lines as
+ * IQ4_NL's records), its 32 bytes of "scales" [16 sc][16 zero] (int8: the
+ * file's 6-bit code ls - 32), and each super-block opens with a line of its
+ * rows' [16 f16 d] (then 32 zero bytes), as Q6_K's: 148 bytes a row and
+ * super-block (the file's 136, plus 12). A block's step, with P_b the sum of
+ * value * x_q (exact): a = fma(d * sc * d_b, (float)P_b, a) (d * sc exact). */
 /* The record format of dtype's R16 repack, or -1 where R16 does not hold it. */
 int td_q8r_format(int dtype);
 /* 1 for the dtypes whose blocks the R16 records hold exactly: Q8_0, the 4-
  * and 5-bit formats of one f16 scale a block of 32 and no minimum (Q4_0,
- * IQ4_NL, Q5_0), Q4_K, Q5_K and Q6_K. */
+ * IQ4_NL, Q5_0), Q4_K, Q5_K, Q6_K and IQ4_XS. */
 static inline int td_q8r_dtype_ok(int dtype) { return td_q8r_format(dtype) >= 0; }
 /* The 16 bytes (value + 128 of each index) of a nibble format; NULL for bytes. */
 const uint8_t *td_q8r_table(int fmt);
@@ -110,7 +120,9 @@ static inline size_t td_q8r_vbytes(int fmt) {
 }
 static inline size_t td_q8r_pair(int fmt) { return 64 + 2 * td_q8r_vbytes(fmt); }
 /* 1 for the formats of super-blocks of 256 (a line of their rows' d before each 8 blocks) */
-static inline int td_q8r_super(int fmt) { return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K || fmt == TD_Q8R_Q5_K; }
+static inline int td_q8r_super(int fmt) {
+    return fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K || fmt == TD_Q8R_Q5_K || fmt == TD_Q8R_IQ4_XS;
+}
 /* a super-block's bytes in a group: its line of d (and dmin), then 4 pairs */
 static inline size_t td_q8r_ksb(int fmt) { return 64 + 4 * td_q8r_pair(fmt); }
 /* Offset, within a group, of block b's pair. */

@@ -600,8 +600,17 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
             }
             continue;
         }
-        __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)sc));
-        __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(sc + 16)));
+        __m256 s0, s1;
+        if (NIB == TD_Q8R_IQ4_XS) { /* d * sc (exact) */
+            const uint8_t *h = grp + td_q8r_rec_head(fmt, b);
+            s0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h)),
+                               _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)sc))));
+            s1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(h + 16))),
+                               _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 8)))));
+        } else {
+            s0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)sc));
+            s1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(sc + 16)));
+        }
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
             float d;
@@ -642,6 +651,7 @@ void td_avx2_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr
     else if (fmt == TD_Q8R_Q5_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_K, td_q8r_table(fmt));
     else if (fmt == TD_Q8R_Q6_K) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q6_K, td_q8r_table(fmt));
     else if (fmt == TD_Q8R_Q5_0) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_Q5_0, td_q8r_table(fmt));
+    else if (fmt == TD_Q8R_IQ4_XS) r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_IQ4_XS, td_q8r_table(fmt));
     else r16_run(y, ldy, xq, M, Wr, K, n0, n1, add, TD_Q8R_NIB_Q4_0, td_q8r_table(fmt));
 }
 
