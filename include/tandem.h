@@ -183,7 +183,9 @@ typedef struct td_model_params {
                         Either way, once a context repacks a GGUF file's block-quantized
                         matrices (act_type bf16 / amx, below), the originals' pages go back to
                         the file (they fault back in if a context in another mode reads them),
-                        so such a model holds about one copy of its weights, not two. */
+                        so such a model holds about one copy of its weights, not two. Then,
+                        as with mapped weights, the file must not be changed in place while
+                        the model is open (replacing it by a rename is safe). */
 } td_model_params;
 #define TD_MODEL_COPY_MIN ((size_t)256 << 20)
 td_model_params td_model_default_params(void);
