@@ -109,13 +109,18 @@ struct td_model {
     size_t q8r_bytes;
 };
 
-/* Give every Q8_0, Q4_0, IQ4_NL or Q5_0 matrix the forward multiplies (layers'
+/* Give every matrix the forward multiplies that R16 holds (td_q8r_dtype_ok) (layers'
  * projections, lm_head) its R16 repack (nn/q8r.h) in one arena, m->q8r_arena; the first call
  * does it, later ones return at once (a process-wide lock orders concurrent
  * callers, so contexts on one model may open from several threads). Called by
  * td_ctx_open for act_type amx and bf16: the model is otherwise read-only once open, and
- * a context in another mode never reads rp. The mmapped views stay (the
- * embedding lookup reads them). */
+ * a context in another mode never reads rp. The originals stay readable (the
+ * embedding lookup and contexts in other modes read them), but right after each
+ * matrix's repack its whole pages go back to a GGUF file it came from, every byte
+ * kept: dropped from the file mapping (MADV_DONTNEED), or, in the load's copy,
+ * replaced by a MAP_FIXED mapping of the same file bytes (md_copy_weights lays
+ * such matrices out at their file offset modulo the page size); a range the
+ * kernel refuses keeps its memory. */
 int td_model_repack_q8r(td_model *m, td_err *err);
 /* The seven matrices of a layer (q, k, v, o, gate, up, down) into out[TD_LAYER_MATRICES]. */
 enum { TD_LAYER_MATRICES = 7 };
