@@ -223,6 +223,17 @@ static void repack_k4(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
     }
 }
 
+/* Row n of a 16-row group's super-block s in a format of one f16 d a row and
+ * super-block (Q6_K, IQ4_XS): the file's block of bs bytes (NULL past N, the
+ * row then zero), its d (at byte doff) written into the super-block's d line hd. */
+static const uint8_t *ksb_row(uint8_t *hd, const uint8_t *src, size_t rowb, int64_t N, int64_t row0, int n, int64_t s,
+                              int bs, int doff) {
+    const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * (size_t)bs : NULL;
+    memset(hd + 2 * n, 0, 2);
+    if (blk) memcpy(hd + 2 * n, blk + doff, 2);
+    return blk;
+}
+
 /* Q6_K: super-block s of the group at grp from the file's 210-byte blocks (ql
  * [128], qh [64], 16 int8 scales, f16 d): value l of block j (half h = j / 4,
  * quarter k = j % 4) has its low 4 bits in ql[64h + 32(k & 1) + l] (high
@@ -233,9 +244,7 @@ static void repack_k6(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
     uint8_t *hd = grp + td_q8r_rec_head(TD_Q8R_Q6_K, 8 * s);
     memset(hd + 32, 0, 32);
     for (int n = 0; n < 16; n++) {
-        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 210 : NULL;
-        memset(hd + 2 * n, 0, 2);
-        if (blk) memcpy(hd + 2 * n, blk + 208, 2); /* d */
+        const uint8_t *blk = ksb_row(hd, src, rowb, N, row0, n, s, 210, 208);
         for (int j = 0; j < 8; j++) {
             uint8_t *scp = grp + rec_scales(TD_Q8R_Q6_K, 8 * s + j), *v = grp + rec_values(TD_Q8R_Q6_K, 8 * s + j);
             int h = j >> 2, k = j & 3;
@@ -259,10 +268,9 @@ static void repack_xs(uint8_t *grp, const uint8_t *src, size_t rowb, int64_t N, 
     uint8_t *hd = grp + td_q8r_rec_head(TD_Q8R_IQ4_XS, 8 * s);
     memset(hd + 32, 0, 32);
     for (int n = 0; n < 16; n++) {
-        const uint8_t *blk = row0 + n < N ? src + (size_t)(row0 + n) * rowb + (size_t)s * 136 : NULL;
+        const uint8_t *blk = ksb_row(hd, src, rowb, N, row0, n, s, 136, 0);
         uint16_t sh = 0;
-        memset(hd + 2 * n, 0, 2);
-        if (blk) memcpy(hd + 2 * n, blk, 2), memcpy(&sh, blk + 2, 2); /* d, scales_h */
+        if (blk) memcpy(&sh, blk + 2, 2); /* scales_h */
         for (int j = 0; j < 8; j++) {
             uint8_t *scp = grp + rec_scales(TD_Q8R_IQ4_XS, 8 * s + j), *v = grp + rec_values(TD_Q8R_IQ4_XS, 8 * s + j);
             int ls = blk ? (blk[4 + j / 2] >> 4 * (j & 1) & 15) | (sh >> 2 * j & 3) << 4 : 32;
