@@ -15,6 +15,8 @@
  * row; Q6_K: its two halves' exact scales); the kq512 order (kq512.h) they had in these modes
  * kept a verify of 8 tokens at 2.4-2.6x one token on the 0.6B shape's Q4_K_M
  * file and its prefill below llama.cpp's (bench/forward-notes.md, "Stop 47").
+ * IQ4_XS too (TD_Q8R_IQ4_XS: IQ4_NL's values, an int8 scale a block and a d a
+ * super-block; "Stop 48").
  *
  * Why a second Q8_0 order: the Q16 order (quant.h) keeps 8 partial sums per
  * block and output, which suits a vector of one output's 32 bytes, but makes
