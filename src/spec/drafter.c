@@ -227,6 +227,7 @@ int td_draft_bind(const struct td_st_file *f, struct td_tensor *t, const char *n
                          path, name, (long long)d0);
     }
     t->data = st->data;
+    t->file = NULL; /* a safetensors view: nothing to hand back to a GGUF file */
     t->dtype = st->dtype;
     t->n_dims = nd;
     t->shape[0] = d0;

@@ -84,7 +84,8 @@ int td_draft_vocab_open(td_draft_vocab *v, const char *dir, int n_sub, td_tensor
     }
     v->ranked = 1;
     head->data = v->rows;
-    head->rp = NULL; /* a gathered copy: the full matrix's repacks do not describe it */
+    head->file = NULL; /* a gathered copy: neither the file's bytes */
+    head->rp = NULL; /* nor the full matrix's repacks describe it */
     head->ip = NULL;
     head->shape[0] = n_sub;
     return 0;
