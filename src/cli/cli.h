@@ -24,10 +24,11 @@ int cli_parse_float(const char *s, const char *opt, double lo, double hi, double
 #define CLI_KV_AUTO (-2)
 int cli_parse_kv_type(const char *s, const char *opt, int *out);
 /* The cache type kv (from cli_parse_kv_type) for activations act: auto is bf16
- * under act bf16 and amx (with bf16 K/V the target's attention runs on the AMX
- * tiles: the fastest configuration there; under bf16, half the bytes to read:
- * bench/forward-notes.md) and f32 otherwise (the cache that matches
- * transformers closest). */
+ * under act amx (with bf16 K/V the target's attention runs on the AMX tiles: the
+ * fastest configuration there) and under act bf16 where the CPU has AVX-512 BF16
+ * (half the bytes to read: bench/forward-notes.md), and f32 otherwise (the cache
+ * that matches transformers closest; on AVX2 a bf16 cache's attention is the C
+ * emulation of the A32 order). */
 int cli_kv_type(int kv, int act);
 /* --act-type's value: f32 | bf16 -> TD_DTYPE_* in *out; 0 (message printed)
  * for anything else. */

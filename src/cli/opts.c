@@ -106,7 +106,10 @@ int cli_parse_kv_type(const char *s, const char *opt, int *out) {
 }
 int cli_kv_type(int kv, int act) {
     if (kv != CLI_KV_AUTO) return kv;
-    return act == TD_ACT_AMX || act == TD_DTYPE_BF16 ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+    /* bf16 K/V under act bf16 takes the A32 order, which only AVX-512 BF16 runs fast: elsewhere (AVX2)
+       it is the C emulation, 3x the time of an f32 cache (bench/forward-notes.md, "Stop 49") */
+    if (act == TD_ACT_AMX || (act == TD_DTYPE_BF16 && td_act_type_parse("auto") != TD_DTYPE_F32)) return TD_DTYPE_BF16;
+    return TD_DTYPE_F32;
 }
 int cli_parse_act_type(const char *s, const char *opt, int *out) { return parse_type(s, opt, td_act_type_parse, "f32, bf16, amx or auto", out); }
 
@@ -142,8 +145,8 @@ void cli_gen_opts_help(void) {
            "      --stop STR         stop at STR (repeatable, at most 16)\n"
            "      --ignore-eos       keep going past end-of-sequence tokens\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type bf16 or amx\n"
-           "                         (amx: attention then runs on the tiles); else f32) | f32 | bf16 | f16\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, and under\n"
+           "                         bf16 on CPUs with AVX-512 BF16; else f32) | f32 | bf16 | f16\n"
            "                         (half the bytes) | q8_0 (blocks of 32 int8 and a scale: 0.53x\n"
            "                         bf16's bytes); a model drafter's cache follows it\n"
            "      --act-type T       activations entering bf16-weight products: f32 (default) |\n"

@@ -51,8 +51,8 @@ static void serve_help(void) {
            "      --fixed-depth      always draft --draft-depth tokens (no depth controller)\n"
            "      --accept RULE      match (exact, default) | rejection\n"
            "      --ctx N            KV positions per row (default: the model's, at most 4096)\n"
-           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, else\n"
-           "                         f32) | f32 | bf16 | f16 | q8_0\n"
+           "      --kv-type T        KV cache storage: auto (default: bf16 under --act-type amx, and under\n"
+           "                         bf16 on CPUs with AVX-512 BF16; else f32) | f32 | bf16 | f16 | q8_0\n"
            "      --act-type T       activations of bf16-weight products: f32 (default) | bf16 | amx\n"
            "  -t, --threads N        threads per context (default: physical cores)\n"
            CLI_MMAP_HELP
