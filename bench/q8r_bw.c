@@ -6,13 +6,16 @@
  * threads, outputs split in 16-row groups as the forward splits them):
  *   read — a STREAM-like sum over a buffer as large as the repacked weights;
  *   M    — td_q8r_matmul of M = 1, 2, 4, 8 activation rows over [N][1024]
- *          weights (random bytes, f16 scales 2^-15) in R16 records.
+ *          weights (random bytes, f16 scales 2^-15) in R16 records;
+ *   q16  — td_quant_matmul (the f32 mode's Q16 order) of M = 1 and 8 over the
+ *          same weights in the file's blocks (its own activation quantization
+ *          included).
  * Prints one JSON object: the read bandwidth (median GB/s), the floor (bytes /
  * that bandwidth, ms) and the median ms of each M.
  * Build and run (from the repository root, after make):
  *   cc -std=c11 -O2 -march=native -Iinclude -Isrc bench/q8r_bw.c build/libtandem.a -o /tmp/q8r_bw \
  *      -lpcre2-8 -lutf8proc -lcjson -lmicrohttpd -lm -pthread
- *   /tmp/q8r_bw [N=585728] [THREADS=2] [ROUNDS=8] [DTYPE=q8_0]   (AVX-512 machines; the kernel path in force) */
+ *   /tmp/q8r_bw [N=585728] [THREADS=2] [ROUNDS=8] [DTYPE=q8_0]   (AVX2 or AVX-512 machines; the kernel path in force) */
 #define _GNU_SOURCE
 #include "nn/pool.h"
 #include "nn/q8r.h"
@@ -23,9 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef __AVX512F__
+#ifndef __AVX2__
 int main(void) {
-    fprintf(stderr, "q8r_bw: needs an AVX-512 build (-march=native on an AVX-512 machine)\n");
+    fprintf(stderr, "q8r_bw: needs an AVX2 or AVX-512 build (-march=native on such a machine)\n");
     return 2;
 }
 #else
@@ -36,7 +39,17 @@ typedef struct {
     const uint8_t *R, *xq; /* repack; MMAX activation rows */
     float *y;              /* [MMAX][N] */
     int N, M, fmt;
+    const uint8_t *W; /* the file's blocks (Q16 rounds) */
+    const float *x;   /* [MMAX][K] */
+    int dt;
 } job;
+
+/* the Q16 order of the f32 mode (td_quant_matmul) over the file's blocks, split as q_run */
+static void q16_run(void *arg, int i, int n) {
+    job *j = arg;
+    int g = (j->N + 15) / 16, g0 = g * i / n, g1 = g * (i + 1) / n;
+    td_quant_matmul(j->y, j->N, j->x, K, j->M, j->W, j->dt, K, g0 * 16, g1 * 16 < j->N ? g1 * 16 : j->N, 0);
+}
 
 static void q_run(void *arg, int i, int n) {
     job *j = arg;
@@ -53,10 +66,10 @@ int main(int argc, char **argv) {
     }
     size_t rowb = td_dtype_row_bytes(dt, K), rbytes = td_q8r_bytes(N, K, fmt);
     size_t bsb = fmt == TD_Q8R_Q4_K ? 144 : rowb / (K / 32); /* bytes of a block (a super-block) */
-    uint8_t *W = malloc(rowb * (size_t)N), *Rp = bw_big(rbytes), *xq = aligned_alloc(64, td_q8r_row_bytes(K) * MMAX);
+    uint8_t *W = bw_big(rowb * (size_t)N), *Rp = bw_big(rbytes), *xq = aligned_alloc(64, td_q8r_row_bytes(K) * MMAX);
     uint64_t *buf = bw_big(rbytes);
     float *x = malloc(sizeof(float) * K * MMAX), *y = malloc(sizeof(float) * (size_t)N * MMAX);
-    double *t = malloc(sizeof(double) * (size_t)R * 5);
+    double *t = malloc(sizeof(double) * (size_t)R * 7);
     td_pool *pool = NULL;
     if (!W || !Rp || !xq || !buf || !x || !y || !t || td_pool_open(&pool, T) != 0) {
         fprintf(stderr, "q8r_bw: out of memory\n");
@@ -71,11 +84,10 @@ int main(int argc, char **argv) {
         for (size_t b = 0; b < rowb / bsb; b++)
             for (int h = 0; h < (fmt == TD_Q8R_Q4_K ? 2 : 1); h++) memcpy(W + (size_t)n * rowb + b * bsb + 2 * h, &(uint16_t){0x0400}, 2);
     td_q8r_repack(Rp, W, dt, N, K, 0, N); /* every page written: no faults in the rounds */
-    free(W);
     for (size_t i = 0; i < rbytes / 8; i++) buf[i] = i;
     for (int k = 0; k < K * MMAX; k++) x[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
     td_q8r_act(xq, x, K, MMAX, K);
-    job j = {Rp, xq, y, N, 1, fmt};
+    job j = {Rp, xq, y, N, 1, fmt, W, x, dt};
     bw_read rj = {buf, rbytes / 8, {0}};
     static const int Ms[4] = {1, 2, 4, 8};
     for (int r = 0; r < R; r++) {
@@ -88,14 +100,20 @@ int main(int argc, char **argv) {
             td_pool_run(pool, q_run, &j);
             t[(size_t)(i + 1) * R + r] = (bw_now() - t1) * 1e3;
         }
+        for (int i = 0; i < 2; i++) { /* Q16, M = 1 and 8 */
+            j.M = i ? 8 : 1;
+            double t1 = bw_now();
+            td_pool_run(pool, q16_run, &j);
+            t[(size_t)(i + 5) * R + r] = (bw_now() - t1) * 1e3;
+        }
     }
     double bw = bw_med(t, R);
     printf("{\"dtype\": \"%s\", \"N\": %d, \"K\": %d, \"threads\": %d, \"rounds\": %d, \"weight_mb\": %.1f, \"read_gbs\": %.2f, "
-           "\"floor_ms\": %.2f, \"ms\": {\"1\": %.2f, \"2\": %.2f, \"4\": %.2f, \"8\": %.2f}}\n",
+           "\"floor_ms\": %.2f, \"ms\": {\"1\": %.2f, \"2\": %.2f, \"4\": %.2f, \"8\": %.2f}, \"q16_ms\": {\"1\": %.2f, \"8\": %.2f}}\n",
            td_dtype_name(dt), N, K, T, R, rbytes / 1e6, bw, rbytes / bw / 1e6, bw_med(t + R, R), bw_med(t + 2 * R, R), bw_med(t + 3 * R, R),
-           bw_med(t + 4 * R, R));
+           bw_med(t + 4 * R, R), bw_med(t + 5 * R, R), bw_med(t + 6 * R, R));
     td_pool_free(pool);
-    free(Rp), free(xq), free(buf), free(x), free(y), free(t);
+    free(W), free(Rp), free(xq), free(buf), free(x), free(y), free(t);
     return 0;
 }
 #endif

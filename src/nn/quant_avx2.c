@@ -514,8 +514,14 @@ AI void r16_bits(__m256i *u0, __m256i *u1, const uint8_t *h, int j, int w) {
     }
 }
 
+/* How far ahead a tile's first token pair prefetches its group's bytes (into
+ * the next groups). Zen 3, 0.6B shape Q8_0 under act bf16, old and new
+ * alternating in one process (bench/forward-notes.md, "Stop 49"): none before;
+ * 4096 bytes: T = 1 35.2 -> 33.3, T = 4 51.2 -> 43.9, T = 16 154 -> 130 ms
+ * (medians); 2048 and 8192 measured alike in bench/q8r_bw.c. */
+enum { R16_PF = 4096 };
 AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const uint8_t *grp, int nb, int K, int nv,
-                 int add, int NIB, const uint8_t *tab) {
+                 int add, int NIB, const uint8_t *tab, int pf_on) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i tb = NIB ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tab)) : flip;
     const int fmt = NIB, q5 = NIB == TD_Q8R_Q5_0 || NIB == TD_Q8R_Q6_K || NIB == TD_Q8R_Q5_K, q6 = NIB == TD_Q8R_Q6_K; /* the offsets depend
@@ -523,8 +529,13 @@ AI void r16_tile(int T, float *y, int ldy, const uint8_t *xq, size_t rb, const u
     __m256 f[2][2];
 #pragma GCC unroll 2
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
+    const size_t gs = td_q8r_group_bytes(K, fmt), bpb = gs / (size_t)nb; /* bytes a block, on average */
     for (int b = 0; b < nb; b++) {
         const uint8_t *v = grp + td_q8r_rec_values(fmt, b);
+        if (pf_on) { /* the group's bytes R16_PF ahead, into the next groups (prefetches never fault) */
+            const uint8_t *pf = grp + (size_t)b * bpb + R16_PF;
+            for (size_t o = 0; o < bpb; o += 64) _mm_prefetch((const char *)(pf + o), _MM_HINT_T0);
+        }
         __m256i p[2][2];
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) p[t][0] = p[t][1] = _mm256_setzero_si256();
@@ -639,8 +650,8 @@ AI void r16_run(float *y, int ldy, const uint8_t *xs, int M, const uint8_t *W, i
         const uint8_t *grp = W + (size_t)(n / 16) * gs;
         int m = 0;
         for (; m + 2 <= M; m += 2)
-            r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, NIB, tab);
-        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, NIB, tab);
+            r16_tile(2, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, NIB, tab, m == 0);
+        if (m < M) r16_tile(1, y + (size_t)m * ldy + n, ldy, xs + (size_t)m * rb, rb, grp, nb, K, nv, add, NIB, tab, m == 0);
     }
 }
 
