@@ -951,6 +951,8 @@ int main(void) {
         ts_exact("block_exact_act_amx_kv_bf16", g_m, "block:" BLK ",quant=q8_0", TD_DTYPE_BF16, cJSON_GetObjectItem(fx, "prompts"));
         ts_act = TD_DTYPE_F32;
     }
+    /* quant=q8_0 under an f32 target: the drafter's own matrices in the R16 order, the rest f32 */
+    test_rounds_act(fx, "block:" BLK ",quant=q8_0", "block_near_reference_act_f32_q8_0", TD_DTYPE_F32);
     /* and under act_type bf16 (vdpbf16ps where the CPU runs it, else its emulation) */
     test_rounds_act(fx, "block:" BLK, "block_near_reference_act_bf16", TD_DTYPE_BF16);
     test_rounds_act(fx, "block:" BLK ",quant=q8_0", "block_near_reference_act_bf16_q8_0", TD_DTYPE_BF16);

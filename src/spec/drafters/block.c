@@ -1004,11 +1004,15 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
         return td_seterr(err, TD_ENOMEM, "out of memory");
     }
     int tact = target_ctx ? td_ctx_get_params(target_ctx).act_type : TD_DTYPE_F32;
-    if (tact == TD_ACT_AMX || tact == TD_DTYPE_BF16) { /* the target's products run on AMX or bf16: so do these */
+    /* quant= under an f32 target: the drafter's own (quantized) matrices take the R16 order all the same, its
+       bf16 ones (the target's LM head) the f32 kernels (no xa), attention f32. Its drafts need not match any
+       other mode's, and R16 costs less than Q16 for a block of entries (Zen 3, bench/forward-notes.md "Stop 49") */
+    int r16 = tact == TD_DTYPE_F32 && p->qarena;
+    if (tact == TD_ACT_AMX || tact == TD_DTYPE_BF16 || r16) { /* the target's products run on AMX or bf16: so do these */
         int kmax = p->n_taps * D;
         int ks[] = {W, p->F, p->rank, 2 * D, p->C};
         for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
-        g->act = tact;
+        g->act = r16 ? TD_DTYPE_BF16 : tact;
         g->amx_att = tact == TD_ACT_AMX && p->hd % 32 == 0;
         g->b32_att = tact == TD_DTYPE_BF16 && p->hd % 32 == 0;
         g->capp = (g->cap + 31) / 32 * 32;
@@ -1019,7 +1023,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
             int ne = own_matrices(p, extra);
             rc = td_draft_repack_q8r(&p->repacked, p->L, p->n_layer, extra, ne, &p->rarena, &p->iarena, err);
         }
-        if (rc || !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax))) ||
+        if (rc || (!r16 && !(g->xa = malloc(sizeof(uint16_t) * td_mm_xa_elems(g->max_tok, kmax)))) ||
             (g->b32_att && !(g->bscr = malloc(sizeof(uint16_t) * nt * TD_ATTEND_QMAX * ((size_t)g->capb + p->hd)))) ||
             (g->amx_att && (!(g->ascr = malloc(sizeof(float) * nt * (nqm * p->hd + TD_AMX_ATTEND_QMAX * (size_t)g->capp))) ||
                             !(g->apk = calloc(nt * (nqm * p->hd + TD_AMX_ATTEND_QMAX * (size_t)g->capp + 2 * (size_t)BLK_TAIL * p->hd),
