@@ -61,7 +61,9 @@
  * multiple of 32: the A32 order (td_attend_b32) over a bf16 mirror of each
  * row's keys and values, the block entries written into the mirror only
  * (fixed depth 7, 20 code prompts, Zen 5: 142 -> 99-107 us of attention a
- * round against the f32 td_attend; bench/forward-notes.md, "Stop 38"). A checkpoint
+ * round against the f32 td_attend; bench/forward-notes.md, "Stop 38"). Under an
+ * f32 target the quantized matrices take their R16 repacks as well (the rest
+ * stays f32): a block of entries costs less there than in the Q16 order. A checkpoint
  * holds projected K/V, so one taken under another quant= restores fine but
  * drafts slightly differently until its rows are re-projected (the output
  * stays exact either way).
