@@ -1010,7 +1010,7 @@ static int blk_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
        bf16 ones (the target's LM head) the f32 kernels (no xa), attention f32. Its drafts need not match any
        other mode's, and R16 costs less than Q16 for a block of entries (Zen 3, bench/forward-notes.md "Stop 49") */
     int r16 = tact == TD_DTYPE_F32 && p->qarena;
-    if (tact == TD_ACT_AMX || tact == TD_DTYPE_BF16 || r16) { /* the target's products run on AMX or bf16: so do these */
+    if (tact == TD_ACT_AMX || tact == TD_DTYPE_BF16 || r16) { /* the target's products run on AMX or bf16 (so do these), or r16 (above) */
         int kmax = p->n_taps * D;
         int ks[] = {W, p->F, p->rank, 2 * D, p->C};
         for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
