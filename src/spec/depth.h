@@ -39,8 +39,13 @@
  * nor while the caller says
  * probes have cost more than their budget (allow_probe = 0: the group keeps
  * the time spent in probe rounds, their drafting and their verify beyond a
- * plain round's, under TD_PROBE_BUDGET of its verify time, so a drafter that
- * never pays costs at most that). */
+ * plain round's, with the last probe's cost added as the next one's price,
+ * under TD_PROBE_BUDGET of its verify time, so a drafter that never pays costs
+ * at most that; pricing the next probe matters where one probe costs more than
+ * the budget of a whole window: at batch 8 the block drafter's joint probe,
+ * 8 rows 7 deep after a catch-up, took 12-16 ms against 1.3 ms plain rounds,
+ * and probing whenever the spent sum had decayed under the budget lost 3-11%;
+ * bench/forward-notes.md, "Stop 50"). */
 #ifndef TD_DEPTH_H
 #define TD_DEPTH_H
 
@@ -52,6 +57,7 @@
 #define TD_DEPTH_BROAD_MAX 256 /* rows a broad move considers (the first ones of larger groups) */
 #define TD_COST_POINTS 32
 #define TD_PROBE_BUDGET 0.01 /* probe rounds' drafting and extra verify time / verify time, at most */
+#define TD_PROBE_DECAY 0.999 /* per round, of both sums (a window of about a thousand rounds) */
 #define TD_OFFER_STRONG 6    /* an offer behind a context match this long or longer is tracked apart
                                 (measured on bench/prompts: copies behind an 8-token match were
                                 accepted 98% of the time, behind a 1-3-token match 40-65% at the

@@ -107,6 +107,9 @@ struct td_spec {
                                   beyond a plain round's estimate (decaying sum) */
     double verify_spent;       /* seconds verifying (the same decay): probes may cost
                                   TD_PROBE_BUDGET of it */
+    double probe_cost;         /* seconds the last probe round cost (its drafting and its verify
+                                  beyond a plain round's): the price of the next one */
+    double probe_now;          /* the same for this round, while it runs */
     td_spec_stats total;
 };
 
@@ -557,7 +560,8 @@ int td_spec_step(td_spec *g, td_err *err) {
     if (n_dr > 0) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
         else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->price.s, extra,
-                                      g->free_row, g->probe_spent <= TD_PROBE_BUDGET * g->verify_spent, g->depth);
+                                      g->free_row, g->probe_spent + g->probe_cost <= TD_PROBE_BUDGET * g->verify_spent,
+                                      g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
@@ -583,6 +587,7 @@ int td_spec_step(td_spec *g, td_err *err) {
         for (int d = 0; d < n_dr; d++) drafting += g->ddepth[d] > 0;
         if (n_probes >= drafting) { /* a round of probes only */
             g->probe_spent += dt;
+            g->probe_now = dt;
             probe_round = 1;
         }
         long nd = 0;
@@ -644,11 +649,15 @@ int td_spec_step(td_spec *g, td_err *err) {
     double vdt = td_now() - t0;
     g->total.t_verify += vdt;
     if (g->debug) fprintf(stderr, "tandem: verify%s %d rows %d tokens %.3f ms\n", g->dr.vt ? "" : " (plain)", nb, nt, vdt * 1e3);
-    g->verify_spent = 0.995 * g->verify_spent + vdt; /* a window of some hundred rounds */
+    g->verify_spent = TD_PROBE_DECAY * g->verify_spent + vdt; /* a window of about a thousand rounds */
     /* a probe's verify tokens cost too (8 rows probing 7 deep verify 64 tokens
      * instead of 8): what the forward took beyond the plain round's estimate */
-    if (probe_round && g->cv.n > 0 && vdt > td_cost_at(&g->cv, nb)) g->probe_spent += vdt - td_cost_at(&g->cv, nb);
-    g->probe_spent *= 0.995;
+    if (probe_round) {
+        double over = g->cv.n > 0 && vdt > td_cost_at(&g->cv, nb) ? vdt - td_cost_at(&g->cv, nb) : 0;
+        g->probe_spent += over;
+        g->probe_cost = g->probe_now + over;
+    }
+    g->probe_spent *= TD_PROBE_DECAY;
     /* keep the cost curve current: the startup measurement may have been taken
      * on a busier (or quieter) machine, at a shorter context and on one row,
      * unlike the forwards running now; the rounds fit an offset and a factor
