@@ -774,15 +774,18 @@ static void test_matmul_bf16a(void) {
             for (int m = 0; m < MMAX; m++)
                 for (int n = 0; n < N; n++) r[(size_t)m * N + n] = ref_b32(x + (size_t)m * K, W + (size_t)n * K, K);
             for (int M = 1; M <= MMAX && ok; M++)
-                for (int add = 0; add < 2 && ok; add++) {
+                for (int v = 0; v < 6 && ok; v++) { /* add 0 / 1; cached, streamed with and without prefetch */
+                    int add = v & 1, st = v >> 1;
                     int sp = (M + add) % 3 ? N / 2 + 1 : 0;
                     memcpy(y, base, sizeof(float) * M * N);
-                    td_matmul_bf16a(y, N, x, K, M, W, K, 0, sp, add);
-                    td_matmul_bf16a(y, N, x, K, M, W, K, sp, N, add);
+                    td_kernels_set_hw_stream(st == 2);
+                    td_matmul_bf16a_stream(y, N, x, K, M, W, K, 0, sp, add, st > 0);
+                    td_matmul_bf16a_stream(y, N, x, K, M, W, K, sp, N, add, st > 0);
+                    td_kernels_set_hw_stream(-1);
                     for (int i = 0; i < M * N && ok; i++) {
                         float e = add ? base[i] + r[i] : r[i];
                         if (memcmp(&e, y + i, 4) != 0) {
-                            T_CHECK(0, "K=%d N=%d M=%d add=%d: element %d: %a vs %a", K, N, M, add, i, y[i], e);
+                            T_CHECK(0, "K=%d N=%d M=%d add=%d stream %d: element %d: %a vs %a", K, N, M, add, st, i, y[i], e);
                             ok = 0;
                         }
                     }

@@ -574,7 +574,7 @@ static void test_q8r(void) {
                 for (int add = 0; add < 2; add++)
                     for (int st = 0; st < 3; st++) { /* weights in cache, then streamed on either one-token path */
                         int pfe = st ? N : 0;
-                        td_q8r_set_near1(st == 2);
+                        td_kernels_set_hw_stream(st == 2);
                         init_got(got, MMAX * ldy);
                         /* one call, or two ranges split on a 16-output group, the later first */
                         if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, TD_Q8R_BYTES);
@@ -584,10 +584,10 @@ static void test_q8r(void) {
                         }
                         checked++;
                         if (!same_as_ref(got, ref, M, N, ldy, MMAX, add) && fails++ < 5)
-                            T_CHECK(0, "M %d N %d K %d add %d pf_end %d near1 %d: not the R16 order's bits", M, N, K, add, pfe,
+                            T_CHECK(0, "M %d N %d K %d add %d pf_end %d hw %d: not the R16 order's bits", M, N, K, add, pfe,
                                     st == 2);
                     }
-                td_q8r_set_near1(-1);
+                td_kernels_set_hw_stream(-1);
             }
             if (K == 96 && N == 45) { /* a NaN in row 2's second block: that row NaN, the others unchanged */
                 x[2 * K + 40] = NAN;
@@ -839,7 +839,7 @@ static void test_q8r_kq(int dt) {
                     for (int add = 0; add < 2; add++)
                         for (int st = 0; st < 3; st++) { /* cached, streamed on either one-token path */
                             int M = Ms[mi], pfe = st ? N : 0;
-                            td_q8r_set_near1(st == 2);
+                            td_kernels_set_hw_stream(st == 2);
                             init_got(got, MMAX * ldy);
                             if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, fmt);
                             else {
@@ -848,10 +848,10 @@ static void test_q8r_kq(int dt) {
                             }
                             checked++;
                             if (!same_as_ref(got, want, M, N, ldy, MMAX, add) && fails++ < 5)
-                                T_CHECK(0, "path %d M %d N %d K %d add %d pf_end %d near1 %d: not the order's bits", path, M, N, K,
+                                T_CHECK(0, "path %d M %d N %d K %d add %d pf_end %d hw %d: not the order's bits", path, M, N, K,
                                         add, pfe, st == 2);
                         }
-                td_q8r_set_near1(-1);
+                td_kernels_set_hw_stream(-1);
             }
             td_kernels_set_path(deflt);
             free(W), free(x), free(dq), free(want), free(got), free(Wq), free(xq), free(R);

@@ -506,7 +506,7 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
  * run only when the CPU has it (bf16_ok). */
 #define TBF __attribute__((target("avx512bf16")))
 TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, int ldx, const char *w, size_t wrow,
-                  int K, int add, int k0, int k1, float *accs) {
+                  int K, int add, int k0, int k1, float *accs, int pfon) {
     (void)dt;
     __m512 acc[8][8];
     acc_load(MR, NR, acc, k0, accs);
@@ -515,7 +515,7 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
     for (; k + 32 <= k1; k += 32) {
         __m512i wv[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
+        for (int j = 0; j < NR && pfon; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_si512(w + j * wrow + (size_t)k * 2);
 #pragma GCC unroll 8
@@ -582,7 +582,7 @@ typedef void (*tile_fn)(float *y, int ldy, const void *x, int ldx, const char *w
 #define TK_f32 tile
 #define TK_f16 tile
 #define TK_bf16 tile
-#define TK_ba tileb
+#define TK_ba(...) tileb(__VA_ARGS__, 1) /* with its software prefetch */
 #define TA_f32
 #define TA_f16
 #define TA_bf16
@@ -626,6 +626,11 @@ typedef struct { tile_fn t[9][2]; tile_fn gemv8; tile_fn w[9]; } tile_set; /* t[
                   TNX(5, NR_WIDE, SUF), TNX(6, NR_WIDE, SUF), TNX(7, NR_WIDE, SUF), TNX(8, NR_WIDE, SUF)}}
 static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
 static const tile_set TILES_BA = TS(ba); /* bf16 activations x bf16 weights */
+/* The one-token 1 x 8 tile without software prefetch (td_kernels_hw_stream) */
+TBF static void tile_1x8_ba_hw(float *y, int ldy, const void *x, int ldx, const char *w, size_t wrow, int K, int add,
+                               int k0, int k1, float *accs) {
+    tileb(1, 8, TD_DTYPE_BF16, y, ldy, x, ldx, w, wrow, K, add, k0, k1, accs, 0);
+}
 
 /* M >= 8 (prefill, verify): the outputs are taken in panels of about PANEL_BYTES
  * of weights, which stay in L2 while every 8-token tile of the whole batch runs
@@ -691,8 +696,18 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
     matmul_t(y, ldy, (const char *)x, 4, ldx, M, W, (size_t)K * (dt == TD_DTYPE_F32 ? 4 : 2), &TILES[dt], 16, K, n0,
              n1, add);
 }
+/* hw: a one-token product over weights streamed from memory on a CPU whose
+ * hardware prefetchers stream it better alone (td_kernels_hw_stream): its 1 x 8
+ * tiles issue no prefetch (the same bits) */
 static void matmul_bv(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
-                      int add) {
+                      int add, int hw) {
+    if (M == 1 && hw) {
+        size_t wrow = (size_t)K * 2;
+        int n = n0;
+        for (; n + 8 <= n1; n += 8) tile_1x8_ba_hw(y + n, ldy, x, ldx, (const char *)W + n * wrow, wrow, K, add, 0, K, NULL);
+        for (; n < n1; n++) TILES_BA.t[1][0](y + n, ldy, x, ldx, (const char *)W + n * wrow, wrow, K, add, 0, K, NULL);
+        return;
+    }
     matmul_t(y, ldy, (const char *)x, 2, ldx, M, (const char *)W, (size_t)K * 2, &TILES_BA, 32, K, n0, n1, add);
 }
 
@@ -1313,11 +1328,37 @@ void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int
     td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
 }
 
+static _Atomic int hw_stream_choice = -1; /* -1: not chosen yet */
+int td_kernels_hw_stream(void) {
+    int r = atomic_load_explicit(&hw_stream_choice, memory_order_relaxed);
+    if (r < 0) {
+        const char *e = getenv("TD_HW_STREAM");
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+        __builtin_cpu_init();
+        r = e && *e ? strcmp(e, "0") != 0 : __builtin_cpu_is("amd");
+#else
+        r = e && *e && strcmp(e, "0") != 0;
+#endif
+        atomic_store_explicit(&hw_stream_choice, r, memory_order_relaxed);
+    }
+    return r;
+}
+void td_kernels_set_hw_stream(int v) { atomic_store_explicit(&hw_stream_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
+
 void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
                      int add) {
+    td_matmul_bf16a_stream(y, ldy, x, ldx, M, W, K, n0, n1, add, 0);
+}
+
+void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
+                            int n1, int add, int stream) {
     if (M <= 0 || n0 >= n1) return;
+    (void)stream; /* read only by the AVX-512 tiles */
 #ifdef TD_HAVE_AVX512
-    if (FAST() && bf16_ok()) { matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add); return; }
+    if (FAST() && bf16_ok()) {
+        matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && M == 1 && td_kernels_hw_stream());
+        return;
+    }
 #endif
 #ifdef TD_HAVE_AVX2_PATH
     /* AVX2 (or AVX-512 without its BF16 extension: every such CPU has AVX2) */

@@ -85,6 +85,22 @@ void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W,
  * bits of row m do not depend on M, [n0, n1), the tiling or the path. */
 void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
                      int add);
+/* The same, stream: 1 when W streams from memory (td_mm_in.stream): a
+ * one-token product then leaves the prefetching to the hardware where
+ * td_kernels_hw_stream says so. A prefetch choice only: the same bits. */
+void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
+                            int n1, int add, int stream);
+/* 1 where a decode's one-token products over weights streamed from memory run
+ * faster without the kernels' software prefetch, the hardware prefetchers
+ * alone following their streams: AMD's cores (Zen 5: the 0.6B shape's Q8_0
+ * decode 16.1-16.5 -> 13.4-14.3 ms a token, bf16 under act bf16 5-7% faster),
+ * not Intel's (Sapphire Rapids: the R16 product 12% slower without it;
+ * bench/forward-notes.md, "Stop 45", "Stop 50"). Read by td_matmul_bf16a_stream
+ * and the R16 VNNI tiles (nn/q8r.h). TD_HW_STREAM=0|1 overrides it;
+ * td_kernels_set_hw_stream(1 / 0, or -1 for the default) for tests and A/B
+ * runs. Never changes a bit. */
+int td_kernels_hw_stream(void);
+void td_kernels_set_hw_stream(int v);
 /* One lane of the B32 step, the portable definition of vdpbf16ps (see above):
  * fz(fma(x0, w0, fz(fma(x1, w1, daz(acc))))) over DAZ-read bf16 inputs. */
 float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1);

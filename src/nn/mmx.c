@@ -75,7 +75,7 @@ void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w,
         td_q8r_matmul(y, ldy, in->xq, M, w->rp, K, n0, n1, add, in->stream ? (int)w->shape[0] : 0, td_q8r_format(w->dtype));
     else if (in->xp && w->dtype == TD_DTYPE_BF16)
         td_amx_matmul(y, ldy, in->xp, M, w->data, K, n0, n1, add, in->stream ? (int)w->shape[0] : 0);
-    else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a(y, ldy, in->xa, K, M, w->data, K, n0, n1, add);
+    else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a_stream(y, ldy, in->xa, K, M, w->data, K, n0, n1, add, in->stream);
     else td_matmul(y, ldy, in->x, in->ldx, M, w->data, w->dtype, K, n0, n1, add);
 }
 

@@ -353,25 +353,14 @@ static int vnni_ok(void) {
 
 /* 1 where a one-token product of Q8_0, Q4_0 or IQ4_NL records over weights
  * streamed from memory (pf_end > 0) runs the cached path all the same: 8 groups
- * side by side, no software prefetch. AMD's cores follow those 8 streams with
- * their hardware prefetchers, and the verify path's prefetches only cost there
- * (Zen 5, 2026-12-07, bench/q8r_bw.c, 0.6B shape: Q8_0's product alone 0.94 /
- * 0.81 of the read against 0.83 / 0.67, its decode 16.1-16.5 -> 13.4-14.3 ms;
- * Q4_0 and IQ4_NL 5-6% faster; Q5_0 (its fifth-bit line) 35% and Q4_K 5%
- * slower, so they keep the verify path). Intel's cores (Sapphire Rapids) stream
- * faster on the verify path (bench/forward-notes.md, "Stop 45", "Stop 50").
- * Neither path changes a bit. TD_Q8R_NEAR1=0|1 overrides the choice (A/B runs). */
-static _Atomic int near1_choice = -1; /* -1: not chosen yet */
-static int stream1_near(void) {
-    int r = atomic_load_explicit(&near1_choice, memory_order_relaxed);
-    if (r < 0) {
-        const char *e = getenv("TD_Q8R_NEAR1");
-        __builtin_cpu_init();
-        r = e && *e ? strcmp(e, "0") != 0 : __builtin_cpu_is("amd");
-        atomic_store_explicit(&near1_choice, r, memory_order_relaxed);
-    }
-    return r;
-}
+ * side by side, no software prefetch, on CPUs whose hardware prefetchers follow
+ * those 8 streams better alone (td_kernels_hw_stream: AMD's). Zen 5,
+ * 2026-12-07, bench/q8r_bw.c, 0.6B shape: Q8_0's product alone 0.94 / 0.81 of
+ * the read against 0.83 / 0.67, its decode 16.1-16.5 -> 13.4-14.3 ms; Q4_0 and
+ * IQ4_NL 5-6% faster; Q5_0 (its fifth-bit line) 35% and Q4_K 5% slower, so they
+ * keep the verify path. Intel's cores (Sapphire Rapids) stream faster on the
+ * verify path (bench/forward-notes.md, "Stop 45", "Stop 50"). */
+static int stream1_near(int fmt) { return fmt <= TD_Q8R_NIB_IQ4_NL && td_kernels_hw_stream(); }
 
 /* value line j (0..7) of a block's record at rec: the 64 bytes themselves, or
  * (NIB) from nibble line j % 4, the low nibbles for j < 4, the high ones after,
@@ -904,14 +893,6 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
     }
 }
 
-void td_q8r_set_near1(int v) {
-#ifdef HAVE_VNNI_TILES
-    atomic_store_explicit(&near1_choice, v < 0 ? -1 : v != 0, memory_order_relaxed);
-#else
-    (void)v;
-#endif
-}
-
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
     TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_IQ4_XS && (!td_q8r_super(fmt) || K % 256 == 0));
@@ -924,7 +905,7 @@ void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int
     int v = atomic_load_explicit(&vnni, memory_order_relaxed);
     if (v < 0) atomic_store_explicit(&vnni, v = vnni_ok(), memory_order_relaxed);
     if (path == TD_KPATH_AVX512 && v) {
-        if (M == 1 && pf_end > 0 && fmt <= TD_Q8R_NIB_IQ4_NL && stream1_near()) pf_end = 0;
+        if (M == 1 && pf_end > 0 && stream1_near(fmt)) pf_end = 0;
         matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end, fmt);
         return;
     }

@@ -162,14 +162,10 @@ void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, in
  * the repack Wr (record format fmt), for n in [n0, n1), m in [0, M); n0 a
  * multiple of 16.
  * pf_end: 0 where Wr is expected in cache; where it streams from memory, the
- * repack's row count (rows below it may be prefetched, past n1). A prefetch
- * choice only: it never changes a bit. */
+ * repack's row count (rows below it may be prefetched, past n1; a one-token
+ * product of Q8_0, Q4_0 or IQ4_NL records leaves that to the hardware where
+ * td_kernels_hw_stream says so). A prefetch choice only: it never changes a bit. */
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt);
-/* Whether a streamed one-token product of Q8_0, Q4_0 or IQ4_NL records runs the
- * cached path on the VNNI tiles (q8r.c, stream1_near): 1 or 0, or -1 for the
- * default (AMD: 1; TD_Q8R_NEAR1 overrides). For tests and A/B runs; it never
- * changes a bit. */
-void td_q8r_set_near1(int v);
 
 #endif
