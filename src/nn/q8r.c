@@ -34,7 +34,9 @@
  * L2, past the end of the range up to pf_end (Xeon, 2026-12-06: the 0.6B shape's
  * product alone 0.86-0.89 of the time, its Q8_0 decode 0.91-0.94; but the tiny
  * target's decode from L3 1.06: hence the choice; bench/forward-notes.md,
- * "Stop 45"). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
+ * "Stop 45"); on AMD's cores a streamed Q8_0, Q4_0 or IQ4_NL token keeps the 8
+ * unprefetched groups, which their hardware prefetchers stream faster
+ * (stream1_near, td_kernels_hw_stream; "Stop 50"). Tiles are 4 tokens x 3 groups (their 24 accumulators fit the
  * registers), except for a verify's M <= 16 tokens: one tile of M tokens, or two
  * of about M / 2 (up to 8 x 3, the f32 chains then partly in L1), so each chunk
  * is read in one or two passes that compute while the next chunk streams in,
