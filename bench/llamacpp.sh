@@ -40,7 +40,8 @@ node -e '
   console.log(JSON.stringify({ model, threads: +threads, load_avg: [+load0, +load1],
     tandem: { act_type: t.act_type, prefill_tps: t.prefill_tps, decode_tps: t.decode_tps, verify_ms_1: tv["1"], verify_ms_8: tv["8"],
               verify8_over_1: tv["1"] ? +(tv["8"] / tv["1"]).toFixed(2) : null, floor_fraction: t.floor_fraction, bandwidth_gbs: t.bandwidth_gbs,
-              floor_fraction_paired: t.floor_fraction_paired, floor_fraction_interleaved: t.floor_fraction_interleaved },
+              floor_fraction_paired: t.floor_fraction_paired, floor_fraction_interleaved: t.floor_fraction_interleaved,
+              verify8_over_1_paired: t.verify_ratio_8_1_paired },
     llamacpp: { prefill_tps: best.prefill_tps, decode_tps: best.decode_tps, verify_ms_1: best.verify_ms["1"], verify_ms_8: best.verify_ms["8"],
                 verify8_over_1: best.verify8_over_1 },
     prefill_ratio: +(t.prefill_tps / best.prefill_tps).toFixed(2), decode_ratio: +(t.decode_tps / best.decode_tps).toFixed(2) }));

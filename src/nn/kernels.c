@@ -503,19 +503,35 @@ AI void tile(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx,
  * the pair 2l, 2l+1), a masked zero-padded final step, the fold16 tree — so
  * its bits do not depend on M, the tile or the K blocks (k0, k1 multiples of 32
  * except k1 = K). Compiled for AVX512_BF16 whatever the build's -march (TBF);
- * run only when the CPU has it (bf16_ok). */
+ * run only when the CPU has it (bf16_ok). pfm, the software prefetch: 0 none,
+ * PFM_NEAR the rows pf_ahead gives toward L1, PFM_FAR those and the rows two
+ * tiles further toward L2 (matmul_bv says where each is used). */
 #define TBF __attribute__((target("avx512bf16")))
+enum { PFM_NONE, PFM_NEAR, PFM_FAR };
 TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, int ldx, const char *w, size_t wrow,
-                  int K, int add, int k0, int k1, float *accs, int pfon) {
+                  int K, int add, int k0, int k1, float *accs, int pfm) {
     (void)dt;
     __m512 acc[8][8];
     acc_load(MR, NR, acc, k0, accs);
     int k = k0;
-    const char *pf = pf_ahead(w, NR, wrow);
+    const char *pf = pf_ahead(w, NR, wrow), *pf2 = pf + 2 * (size_t)NR * wrow;
+    /* far: a value the compiler cannot see, so the far tiles keep this loop
+     * with its branch. The loop specialised for PFM_FAR (the same prefetches
+     * in the same order, same addresses) was slower on Zen 5: a T = 8 forward
+     * of the 0.6B shape in bf16 took 1.04 of the near-only tiles' time, this
+     * one 0.87-0.88 (bench/forward-notes.md, "Stop 51"). */
+    int far = pfm == PFM_FAR;
+    if (far) __asm__("" : "+r"(far));
     for (; k + 32 <= k1; k += 32) {
         __m512i wv[8];
+        if (far) {
 #pragma GCC unroll 8
-        for (int j = 0; j < NR && pfon; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf2 + j * wrow + (size_t)k * 2, _MM_HINT_T1);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
+        } else
+#pragma GCC unroll 8
+            for (int j = 0; j < NR && pfm != PFM_NONE; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_si512(w + j * wrow + (size_t)k * 2);
 #pragma GCC unroll 8
@@ -582,11 +598,15 @@ typedef void (*tile_fn)(float *y, int ldy, const void *x, int ldx, const char *w
 #define TK_f32 tile
 #define TK_f16 tile
 #define TK_bf16 tile
-#define TK_ba(...) tileb(__VA_ARGS__, 1) /* with its software prefetch */
+#define TK_ba(...) tileb(__VA_ARGS__, PFM_NEAR) /* with its software prefetch */
+#define TK_bn(...) tileb(__VA_ARGS__, PFM_NONE)
+#define TK_bf(...) tileb(__VA_ARGS__, PFM_FAR)
 #define TA_f32
 #define TA_f16
 #define TA_bf16
 #define TA_ba TBF
+#define TA_bn TBF
+#define TA_bf TBF
 /* Tiles for 2 <= M < 5: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end
  * of a block, one output at the end of the range); M >= 5: min(M, 8) x NR_WIDE, so
  * every weight vector converted serves up to 8 tokens (measured in L2, K=1024 bf16,
@@ -613,6 +633,8 @@ TILE_SET(TD_DTYPE_F32, f32)
 TILE_SET(TD_DTYPE_F16, f16)
 TILE_SET(TD_DTYPE_BF16, bf16)
 TILE_SET(TD_DTYPE_BF16, ba)
+TILE_SET(TD_DTYPE_BF16, bn)
+TILE_SET(TD_DTYPE_BF16, bf)
 
 #define TN(MR, NR, SUF) tile_##MR##x##NR##_##SUF
 #define TNX(MR, NR, SUF) TN(MR, NR, SUF)
@@ -626,11 +648,8 @@ typedef struct { tile_fn t[9][2]; tile_fn gemv8; tile_fn w[9]; } tile_set; /* t[
                   TNX(5, NR_WIDE, SUF), TNX(6, NR_WIDE, SUF), TNX(7, NR_WIDE, SUF), TNX(8, NR_WIDE, SUF)}}
 static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(f16), [TD_DTYPE_BF16] = TS(bf16)};
 static const tile_set TILES_BA = TS(ba); /* bf16 activations x bf16 weights */
-/* The one-token 1 x 8 tile without software prefetch (td_kernels_hw_stream) */
-TBF static void tile_1x8_ba_hw(float *y, int ldy, const void *x, int ldx, const char *w, size_t wrow, int K, int add,
-                               int k0, int k1, float *accs) {
-    tileb(1, 8, TD_DTYPE_BF16, y, ldy, x, ldx, w, wrow, K, add, k0, k1, accs, 0);
-}
+static const tile_set TILES_BN = TS(bn); /* the same without software prefetch */
+static const tile_set TILES_BF = TS(bf); /* the same with the far prefetch too */
 
 /* M >= 8 (prefill, verify): the outputs are taken in panels of about PANEL_BYTES
  * of weights, which stay in L2 while every 8-token tile of the whole batch runs
@@ -696,19 +715,21 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
     matmul_t(y, ldy, (const char *)x, 4, ldx, M, W, (size_t)K * (dt == TD_DTYPE_F32 ? 4 : 2), &TILES[dt], 16, K, n0,
              n1, add);
 }
-/* hw: a one-token product over weights streamed from memory on a CPU whose
- * hardware prefetchers stream it better alone (td_kernels_hw_stream): its 1 x 8
- * tiles issue no prefetch (the same bits) */
+/* hw: a product over weights streamed from memory on a CPU whose hardware
+ * prefetchers stream its one-token tiles better alone (td_kernels_hw_stream).
+ * There, by the number of tokens (Zen 5, 0.6B shape, bf16, context 512,
+ * forwards alternating in one process; bench/forward-notes.md, "Stop 51"):
+ *   1 and 2 tokens: no software prefetch (T = 2: 0.87-0.95 of the time);
+ *   3 and 4 tokens: the near prefetch (without it, or with the far one too,
+ *   faster at ~45 GB/s and slower at ~75, or the other way round);
+ *   5 to 8 tokens, one pass over the weights: the near prefetch toward L1 and
+ *   the far one toward L2 (T = 8: 0.87-0.88 at 57-76 GB/s, 0.97-0.98 at
+ *   42-48; T = 6: 0.95-0.96 / 0.97-1.0; the tiny-code target, mostly in L3:
+ *   0.99-1.01). The prefetch changes no bit. */
 static void matmul_bv(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
                       int add, int hw) {
-    if (M == 1 && hw) {
-        size_t wrow = (size_t)K * 2;
-        int n = n0;
-        for (; n + 8 <= n1; n += 8) tile_1x8_ba_hw(y + n, ldy, x, ldx, (const char *)W + n * wrow, wrow, K, add, 0, K, NULL);
-        for (; n < n1; n++) TILES_BA.t[1][0](y + n, ldy, x, ldx, (const char *)W + n * wrow, wrow, K, add, 0, K, NULL);
-        return;
-    }
-    matmul_t(y, ldy, (const char *)x, 2, ldx, M, (const char *)W, (size_t)K * 2, &TILES_BA, 32, K, n0, n1, add);
+    const tile_set *ts = !hw || (M > 2 && M < 5) || M > 8 ? &TILES_BA : M <= 2 ? &TILES_BN : &TILES_BF;
+    matmul_t(y, ldy, (const char *)x, 2, ldx, M, (const char *)W, (size_t)K * 2, ts, 32, K, n0, n1, add);
 }
 
 AI __m512 exp_v(__m512 x) { return td_exp512(x); }
@@ -1356,7 +1377,7 @@ void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M
     (void)stream; /* read only by the AVX-512 tiles */
 #ifdef TD_HAVE_AVX512
     if (FAST() && bf16_ok()) {
-        matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && M == 1 && td_kernels_hw_stream());
+        matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && td_kernels_hw_stream());
         return;
     }
 #endif

@@ -85,9 +85,10 @@ void td_matmul(float *y, int ldy, const float *x, int ldx, int M, const void *W,
  * bits of row m do not depend on M, [n0, n1), the tiling or the path. */
 void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
                      int add);
-/* The same, stream: 1 when W streams from memory (td_mm_in.stream): a
- * one-token product then leaves the prefetching to the hardware where
- * td_kernels_hw_stream says so. A prefetch choice only: the same bits. */
+/* The same, stream: 1 when W streams from memory (td_mm_in.stream): where
+ * td_kernels_hw_stream says so, a product of 1 or 2 tokens then leaves the
+ * prefetching to the hardware, and one of 5 to 8 tokens adds a prefetch toward
+ * L2 further ahead (kernels.c, matmul_bv). A prefetch choice only: the same bits. */
 void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
                             int n1, int add, int stream);
 /* 1 where a decode's one-token products over weights streamed from memory run
