@@ -719,9 +719,10 @@ static void matmul_v(float *y, int ldy, const float *x, int ldx, int M, const vo
  * prefetchers stream its one-token tiles better alone (td_kernels_hw_stream).
  * There, by the number of tokens (Zen 5, 0.6B shape, bf16, context 512,
  * forwards alternating in one process; bench/forward-notes.md, "Stop 51"):
- *   1 and 2 tokens: no software prefetch (T = 2: 0.87-0.95 of the time);
- *   3 and 4 tokens: the near prefetch (without it, or with the far one too,
- *   faster at ~45 GB/s and slower at ~75, or the other way round);
+ *   1 and 2 tokens: no software prefetch (T = 2: 0.94-0.95 of the time at
+ *   ~45 GB/s, 0.97-1.0 at ~75);
+ *   3 and 4 tokens: the near prefetch (the far one added, T = 4 took
+ *   0.92-1.01 at ~75 GB/s but 1.02-1.08 at ~45);
  *   5 to 8 tokens, one pass over the weights: the near prefetch toward L1 and
  *   the far one toward L2 (T = 8: 0.87-0.88 at 57-76 GB/s, 0.97-0.98 at
  *   42-48; T = 6: 0.95-0.96 / 0.97-1.0; the tiny-code target, mostly in L3:
