@@ -712,9 +712,10 @@ static float ref_b32(const uint16_t *a, const uint16_t *w, int n) {
  * exercised inside the kernel. Finite results equal bits, NaN where ref_b32 is. */
 static void test_matmul_bf16a_edges(void) {
     tb("kernels_matmul_bf16a_edge_values_equal_b32_definition");
-    enum { M = 2, N = 3, K = 64 };
+    enum { M = 8, N = 3, K = 64 }; /* 8 tokens: the fma tiles where td_kernels_bf16_fma (M >= 5) */
     long bad = 0, nan = 0;
     for (int it = 0; it < 6000; it++) {
+        td_kernels_set_bf16_fma(it & 1); /* both ways of computing the 3+ token tiles */
         uint16_t x[M][K], w[N][K];
         for (int r = 0; r < M || r < N; r++)
             for (int l = 0; l < 16; l++) {
@@ -734,6 +735,7 @@ static void test_matmul_bf16a_edges(void) {
                 if (memcmp(&e, &g, 4) != 0 && bad++ < 3) printf("  it %d (%d,%d): %a vs %a\n", it, m, n, g, e);
             }
     }
+    td_kernels_set_bf16_fma(-1);
     T_CHECK(bad == 0, "%ld of %d dots differ (%ld NaN)", bad, 6000 * M * N, nan);
     t_end();
 }
@@ -774,18 +776,21 @@ static void test_matmul_bf16a(void) {
             for (int m = 0; m < MMAX; m++)
                 for (int n = 0; n < N; n++) r[(size_t)m * N + n] = ref_b32(x + (size_t)m * K, W + (size_t)n * K, K);
             for (int M = 1; M <= MMAX && ok; M++)
-                for (int v = 0; v < 6 && ok; v++) { /* add 0 / 1; cached, streamed with and without prefetch */
-                    int add = v & 1, st = v >> 1;
+                for (int v = 0; v < 12 && ok; v++) { /* add 0 / 1; cached, streamed with and without
+                                                         prefetch; vdpbf16ps or the fma tiles (bf16_fma) */
+                    int add = v & 1, st = (v >> 1) % 3, fma = v / 6;
                     int sp = (M + add) % 3 ? N / 2 + 1 : 0;
                     memcpy(y, base, sizeof(float) * M * N);
                     td_kernels_set_hw_stream(st == 2);
+                    td_kernels_set_bf16_fma(fma);
                     td_matmul_bf16a_stream(y, N, x, K, M, W, K, 0, sp, add, st > 0);
                     td_matmul_bf16a_stream(y, N, x, K, M, W, K, sp, N, add, st > 0);
                     td_kernels_set_hw_stream(-1);
+                    td_kernels_set_bf16_fma(-1);
                     for (int i = 0; i < M * N && ok; i++) {
                         float e = add ? base[i] + r[i] : r[i];
                         if (memcmp(&e, y + i, 4) != 0) {
-                            T_CHECK(0, "K=%d N=%d M=%d add=%d stream %d: element %d: %a vs %a", K, N, M, add, st, i, y[i], e);
+                            T_CHECK(0, "K=%d N=%d M=%d add=%d stream %d fma %d: element %d: %a vs %a", K, N, M, add, st, fma, i, y[i], e);
                             ok = 0;
                         }
                     }

@@ -526,7 +526,7 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
         __m512i wv[8];
         if (far) {
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf2 + j * wrow + (size_t)k * 2, _MM_HINT_T1);
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf2 + j * wrow + (size_t)k * 2, _MM_HINT_T2);
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
         } else
@@ -559,6 +559,102 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
         }
     }
     acc_fold(MR, NR, acc, y, ldy, add);
+}
+
+/* The B32 tile without vdpbf16ps (bf16_fma: CPUs where that instruction is
+ * slow — on an Intel Xeon of model 207, 0.5 a cycle against two f32 fmas a
+ * cycle; bench/forward-notes.md, "Stop 52"): the two fmas of each lane step as
+ * dp_lane defines them, odd element first, on operands widened to f32, with
+ * MXCSR's FTZ and DAZ on for the k loop only. DAZ reads a zero-exponent bf16
+ * (a subnormal once widened) as the zero of its sign (bfz, ftz of acc); FTZ's
+ * x86 rule, tininess after rounding to 24 bits with an unbounded exponent, is
+ * fz24's. The fold and the add into y run under the caller's MXCSR, as
+ * everywhere else. x is split_b32's layout (ldx unused): per 32-element step
+ * the tile's tokens' widened halves, 1 KiB in a row. Each step widens the NR
+ * weight vectors into 2 NR registers, then loads each token's two halves once
+ * (loading x in every fma instead ran at 108 GFLOP/s a core from L2 against
+ * 168; the fma peak is 176). The weights are prefetched toward L2, not L1
+ * (the 0.6B shape's T = 8 forward: 0.91-0.94 of the time). Same K blocking
+ * and fold as tileb, so the same bits. */
+#define MXCSR_FTZ_DAZ 0x8040u
+/* one 32-element step of tilem: row j's weights v[j] (32 bf16) widened into the
+ * odd and even halves, each token's split x at xk read by its fmas */
+AI void mstep(int MR, int NR, __m512 acc[8][8], const float *xk, const __m512i *v) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 wo[8], we[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) {
+        wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v[j], hi));
+        we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v[j], 16));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        __m512 xo = _mm512_loadu_ps(xk + 32 * i), xe = _mm512_loadu_ps(xk + 32 * i + 16);
+        __asm__("" : "+v"(xo), "+v"(xe)); /* one load each, kept in a register */
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            acc[i][j] = _mm512_fmadd_ps(xo, wo[j], acc[i][j]);
+            acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+        }
+    }
+}
+/* Ties the accumulators to this point of the instruction stream: a volatile
+ * asm stays in order with the MXCSR writes, and the fmas (after) or the fold
+ * (before) cannot cross it, so every fma of tilem runs under FTZ|DAZ and no
+ * fold add does. */
+AI void acc_pin(int MR, int NR, __m512 acc[8][8]) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) __asm__ volatile("" : "+v"(acc[i][j]));
+}
+AI void tilem(int MR, int NR, int dt, float *y, int ldy, const float *x, int ldx, const char *w, size_t wrow, int K,
+              int add, int k0, int k1, float *accs) {
+    (void)dt, (void)ldx;
+    __m512 acc[8][8];
+    __m512i v[8];
+    acc_load(MR, NR, acc, k0, accs);
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | MXCSR_FTZ_DAZ);
+    acc_pin(MR, NR, acc);
+    const char *pf = pf_ahead(w, NR, wrow);
+    int k = k0;
+    for (; k + 32 <= k1; k += 32) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, _MM_HINT_T1);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) v[j] = _mm512_loadu_si512(w + j * wrow + (size_t)k * 2);
+        mstep(MR, NR, acc, x + 8 * (size_t)k, v);
+    }
+    if (k < k1) { /* k1 = K: the last, partial step (x is zero past K) */
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++)
+            v[j] = _mm512_maskz_loadu_epi16((__mmask32)((1u << (K - k)) - 1u), w + j * wrow + (size_t)k * 2);
+        mstep(MR, NR, acc, x + 8 * (size_t)k, v);
+    }
+    acc_pin(MR, NR, acc);
+    _mm_setcsr(csr);
+    acc_pin(MR, NR, acc);
+    if (k1 < K) acc_save(MR, NR, acc, accs);
+    else acc_fold(MR, NR, acc, y, ldy, add);
+}
+
+/* x (M tokens of K bf16, ldx apart) in tilem's split layout: blocks of 8
+ * tokens, 8 * kp floats each (kp = K rounded up to 32); in a block, step by
+ * step, the 8 tokens' 32 floats (16 odd elements, 16 even; zero past K), so a
+ * tile's step reads one run of 1 KiB. Block b holds tokens 8b .. 8b+7: it
+ * starts at float b * 8 * kp, where matmul_t's x + m * ldx puts a tile of the
+ * tokens from m (a multiple of 8 there, or 0) with ldx = kp. */
+static void split_b32(float *xs, int kp, const uint16_t *x, int ldx, int M, int K) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < kp; k += 32) {
+            __mmask32 mk = K - k >= 32 ? (__mmask32)~0u : (__mmask32)((1u << (K - k)) - 1u);
+            __m512i v = _mm512_maskz_loadu_epi16(mk, x + (size_t)m * ldx + k);
+            float *o = xs + (size_t)(m / 8) * 8 * kp + (size_t)k * 8 + (size_t)(m % 8) * 32;
+            _mm512_storeu_ps(o, _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
+            _mm512_storeu_ps(o + 16, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        }
 }
 
 TBF static int bf16_conforms(void) {
@@ -601,12 +697,14 @@ typedef void (*tile_fn)(float *y, int ldy, const void *x, int ldx, const char *w
 #define TK_ba(...) tileb(__VA_ARGS__, PFM_NEAR) /* with its software prefetch */
 #define TK_bn(...) tileb(__VA_ARGS__, PFM_NONE)
 #define TK_bf(...) tileb(__VA_ARGS__, PFM_FAR)
+#define TK_bm tilem
 #define TA_f32
 #define TA_f16
 #define TA_bf16
 #define TA_ba TBF
 #define TA_bn TBF
 #define TA_bf TBF
+#define TA_bm
 /* Tiles for 2 <= M < 5: MR_MAIN tokens x NR_MAIN outputs (fewer tokens at the end
  * of a block, one output at the end of the range); M >= 5: min(M, 8) x NR_WIDE, so
  * every weight vector converted serves up to 8 tokens (measured in L2, K=1024 bf16,
@@ -635,6 +733,7 @@ TILE_SET(TD_DTYPE_BF16, bf16)
 TILE_SET(TD_DTYPE_BF16, ba)
 TILE_SET(TD_DTYPE_BF16, bn)
 TILE_SET(TD_DTYPE_BF16, bf)
+TILE_SET(TD_DTYPE_BF16, bm)
 
 #define TN(MR, NR, SUF) tile_##MR##x##NR##_##SUF
 #define TNX(MR, NR, SUF) TN(MR, NR, SUF)
@@ -650,6 +749,7 @@ static const tile_set TILES[3] = {[TD_DTYPE_F32] = TS(f32), [TD_DTYPE_F16] = TS(
 static const tile_set TILES_BA = TS(ba); /* bf16 activations x bf16 weights */
 static const tile_set TILES_BN = TS(bn); /* the same without software prefetch */
 static const tile_set TILES_BF = TS(bf); /* the same with the far prefetch too */
+static const tile_set TILES_BM = TS(bm); /* the same bits without vdpbf16ps (tilem) */
 
 /* M >= 8 (prefill, verify): the outputs are taken in panels of about PANEL_BYTES
  * of weights, which stay in L2 while every 8-token tile of the whole batch runs
@@ -731,6 +831,18 @@ static void matmul_bv(float *y, int ldy, const uint16_t *x, int ldx, int M, cons
                       int add, int hw) {
     const tile_set *ts = !hw || (M > 2 && M < 5) || M > 8 ? &TILES_BA : M <= 2 ? &TILES_BN : &TILES_BF;
     matmul_t(y, ldy, (const char *)x, 2, ldx, M, (const char *)W, (size_t)K * 2, ts, 32, K, n0, n1, add);
+}
+
+/* The B32 product on tilem (no vdpbf16ps): x split once into this thread's
+ * scratch. Returns 0, or -1 (nothing done) when the scratch cannot be had. */
+static int matmul_bm(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
+                     int add) {
+    int kp = (K + 31) & ~31;
+    float *xs = td_thread_scratch(sizeof(float) * (size_t)((M + 7) & ~7) * (size_t)kp);
+    if (!xs) return -1;
+    split_b32(xs, kp, x, ldx, M, K);
+    matmul_t(y, ldy, (const char *)xs, 4, kp, M, (const char *)W, (size_t)K * 2, &TILES_BM, 32, K, n0, n1, add);
+    return 0;
 }
 
 AI __m512 exp_v(__m512 x) { return td_exp512(x); }
@@ -1367,6 +1479,23 @@ int td_kernels_hw_stream(void) {
 }
 void td_kernels_set_hw_stream(int v) { atomic_store_explicit(&hw_stream_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
 
+static _Atomic int bf16_fma_choice = -1; /* -1: not chosen yet */
+int td_kernels_bf16_fma(void) {
+    int r = atomic_load_explicit(&bf16_fma_choice, memory_order_relaxed);
+    if (r < 0) {
+        const char *e = getenv("TD_BF16_FMA");
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+        __builtin_cpu_init();
+        r = e && *e ? strcmp(e, "0") != 0 : __builtin_cpu_is("intel");
+#else
+        r = e && *e && strcmp(e, "0") != 0;
+#endif
+        atomic_store_explicit(&bf16_fma_choice, r, memory_order_relaxed);
+    }
+    return r;
+}
+void td_kernels_set_bf16_fma(int v) { atomic_store_explicit(&bf16_fma_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
+
 void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
                      int add) {
     td_matmul_bf16a_stream(y, ldy, x, ldx, M, W, K, n0, n1, add, 0);
@@ -1377,9 +1506,14 @@ void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M
     if (M <= 0 || n0 >= n1) return;
     (void)stream; /* read only by the AVX-512 tiles */
 #ifdef TD_HAVE_AVX512
-    if (FAST() && bf16_ok()) {
-        matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && td_kernels_hw_stream());
-        return;
+    if (FAST()) {
+        int dp = bf16_ok();
+        if ((!dp || (M >= 5 && td_kernels_bf16_fma())) && matmul_bm(y, ldy, x, ldx, M, W, K, n0, n1, add) == 0)
+            return;
+        if (dp) {
+            matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && td_kernels_hw_stream());
+            return;
+        }
     }
 #endif
 #ifdef TD_HAVE_AVX2_PATH

@@ -102,6 +102,16 @@ void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M
  * runs. Never changes a bit. */
 int td_kernels_hw_stream(void);
 void td_kernels_set_hw_stream(int v);
+/* 1 where td_matmul_bf16a's products of 5 or more tokens run each B32 step as
+ * two f32 fmas under MXCSR FTZ|DAZ instead of vdpbf16ps (kernels.c, tilem):
+ * Intel's cores, whose vdpbf16ps gives half the flops of their f32 fmas (Xeon
+ * model 207: 86 against 176 GFLOP/s a core), not AMD's (Zen 5: the 0.6B
+ * shape's prefill 2.5x llama.cpp's on vdpbf16ps). CPUs with AVX-512 but no
+ * conforming vdpbf16ps run those tiles for every M. TD_BF16_FMA=0|1 overrides
+ * it; td_kernels_set_bf16_fma(1 / 0, or -1 for the default) for tests and A/B
+ * runs. Never changes a bit. */
+int td_kernels_bf16_fma(void);
+void td_kernels_set_bf16_fma(int v);
 /* One lane of the B32 step, the portable definition of vdpbf16ps (see above):
  * fz(fma(x0, w0, fz(fma(x1, w1, daz(acc))))) over DAZ-read bf16 inputs. */
 float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1);
@@ -110,7 +120,8 @@ float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t
 float td_bf16_fz24(float a, float b, float c);
 /* 1 when td_matmul_bf16a runs on vdpbf16ps (AVX-512 path in force, the CPU has
  * AVX512_BF16, and the instruction computes the lanes of td_bf16_probe_lanes as
- * td_bf16_dp_lane does), 0 when it runs the emulation. */
+ * td_bf16_dp_lane does; products of 5+ tokens may still take the fma tiles,
+ * td_kernels_bf16_fma), 0 when it runs an emulation. */
 int td_kernels_bf16_native(void);
 /* The operands of one vdpbf16ps whose first TD_BF16_PROBES lanes are those on
  * which a CPU's instruction has been seen to differ from td_bf16_dp_lane
