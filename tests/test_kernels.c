@@ -502,7 +502,9 @@ static void test_attend(void) {
 }
 
 /* td_attend_b32 (the A32 order, kernels.h): on the path in force, the bits of
- * the portable emulation, each query's alone or among others; rows from max
+ * the portable emulation, each query's alone or among others, also with values
+ * scaled near FLT_MIN and probabilities down to subnormal bf16 (the flushes of
+ * the A32 steps); rows from max
  * n_keys on hold NaN (never read: a last odd key pairs with zeros); and close to
  * attention in double over the same bf16 queries, keys and values (the
  * probabilities' rounding to bf16 moves outputs by ~2^-9 of max |v|). */
@@ -529,11 +531,33 @@ static void test_attend_b32(void) {
             float *o = malloc(sizeof(float) * nq * hd), *op = malloc(sizeof(float) * nq * hd), *o1 = malloc(sizeof(float) * hd);
             float *sc = malloc(sizeof(float) * nq * ps);
             uint16_t *pr = malloc(2 * nq * ps);
-            td_attend_b32(o, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
             td_kernels_set_path(TD_KPATH_PORTABLE);
             td_attend_b32(op, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
             td_kernels_set_path(path);
+            td_attend_b32(o, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
             T_CHECK(memcmp(o, op, sizeof(float) * nq * hd) == 0, "hd=%d nq=%d: %s differs from portable", hd, nq, td_kernels_path_name());
+            /* values near FLT_MIN and probabilities down to subnormal bf16 (every flush of the A32 steps in play) */
+            uint16_t *Vs = malloc(2 * ne), *qs = malloc(2 * (size_t)nq * hd);
+            memcpy(Vs, Vh, 2 * ne), memcpy(qs, qh, 2 * (size_t)nq * hd);
+            for (size_t i = 0; i < ne; i++) { /* x 2^-120, exponents that would fall below 1 -> signed zero */
+                int e = Vh[i] >> 7 & 0xff;
+                if (e != 0xff) Vh[i] = (uint16_t)(e > 120 ? Vh[i] - (120 << 7) : Vh[i] & 0x8000);
+            }
+            for (int i = 0; i < nq * hd; i++) qh[i] = (uint16_t)(qh[i] + (qh[i] & 0x7f80 ? 0x0280 : 0)); /* x 32 */
+            float *ot = malloc(sizeof(float) * nq * hd), *otp = malloc(sizeof(float) * nq * hd);
+            td_kernels_set_path(TD_KPATH_PORTABLE);
+            td_attend_b32(otp, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
+            td_kernels_set_path(path);
+            int tiny = 0;
+            for (int i = 0; i < nq * hd; i++) tiny += fabsf(otp[i]) < 0x1p-120f;
+            td_attend_b32(ot, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
+            T_CHECK(memcmp(ot, otp, sizeof(float) * nq * hd) == 0, "hd=%d nq=%d, tiny values: %s differs from portable", hd, nq,
+                    td_kernels_path_name());
+            T_CHECK(tiny > 0, "hd=%d nq=%d: the tiny case reached no output under 2^-120", hd, nq);
+            free(ot); free(otp);
+            memcpy(Vh, Vs, 2 * ne), memcpy(qh, qs, 2 * (size_t)nq * hd);
+            free(Vs); free(qs);
+            td_attend_b32(o, hd, qh, hd, nq, nk, Kh, Vh, ld, hd, sc, pr);
             float *qw = malloc(sizeof(float) * hd), *Kw = malloc(4 * ne), *Vw = malloc(4 * ne);
             double *r = malloc(sizeof(double) * hd), worst = 0;
             td_to_f32(Kw, Kh, TD_DTYPE_BF16, ne); td_to_f32(Vw, Vh, TD_DTYPE_BF16, ne);
