@@ -1462,38 +1462,28 @@ void td_matmul_rows(float *y, int ldy, const float *x, int M, const void *W, int
     td_matmul(y, ldy, x, K, M, W, dtype, K, n0, n1, 0);
 }
 
-static _Atomic int hw_stream_choice = -1; /* -1: not chosen yet */
-int td_kernels_hw_stream(void) {
-    int r = atomic_load_explicit(&hw_stream_choice, memory_order_relaxed);
+/* A speed choice by CPU vendor (intel: 1 for Intel's cores, 0 for AMD's), read
+ * once into *slot (-1: not chosen yet); the environment variable env = 0|1
+ * overrides it. */
+static int vendor_knob(_Atomic int *slot, const char *env, int intel) {
+    int r = atomic_load_explicit(slot, memory_order_relaxed);
     if (r < 0) {
-        const char *e = getenv("TD_HW_STREAM");
+        const char *e = getenv(env);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
         __builtin_cpu_init();
-        r = e && *e ? strcmp(e, "0") != 0 : __builtin_cpu_is("amd");
+        r = e && *e ? strcmp(e, "0") != 0 : intel ? __builtin_cpu_is("intel") != 0 : __builtin_cpu_is("amd") != 0;
 #else
+        (void)intel;
         r = e && *e && strcmp(e, "0") != 0;
 #endif
-        atomic_store_explicit(&hw_stream_choice, r, memory_order_relaxed);
+        atomic_store_explicit(slot, r, memory_order_relaxed);
     }
     return r;
 }
+static _Atomic int hw_stream_choice = -1, bf16_fma_choice = -1;
+int td_kernels_hw_stream(void) { return vendor_knob(&hw_stream_choice, "TD_HW_STREAM", 0); }
 void td_kernels_set_hw_stream(int v) { atomic_store_explicit(&hw_stream_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
-
-static _Atomic int bf16_fma_choice = -1; /* -1: not chosen yet */
-int td_kernels_bf16_fma(void) {
-    int r = atomic_load_explicit(&bf16_fma_choice, memory_order_relaxed);
-    if (r < 0) {
-        const char *e = getenv("TD_BF16_FMA");
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-        __builtin_cpu_init();
-        r = e && *e ? strcmp(e, "0") != 0 : __builtin_cpu_is("intel");
-#else
-        r = e && *e && strcmp(e, "0") != 0;
-#endif
-        atomic_store_explicit(&bf16_fma_choice, r, memory_order_relaxed);
-    }
-    return r;
-}
+int td_kernels_bf16_fma(void) { return vendor_knob(&bf16_fma_choice, "TD_BF16_FMA", 1); }
 void td_kernels_set_bf16_fma(int v) { atomic_store_explicit(&bf16_fma_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
 
 void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
