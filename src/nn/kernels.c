@@ -526,7 +526,7 @@ TBF AI void tileb(int MR, int NR, int dt, float *y, int ldy, const uint16_t *x, 
         __m512i wv[8];
         if (far) {
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) _mm_prefetch(pf2 + j * wrow + (size_t)k * 2, _MM_HINT_T2);
+            for (int j = 0; j < NR; j++) _mm_prefetch(pf2 + j * wrow + (size_t)k * 2, _MM_HINT_T1);
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++) _mm_prefetch(pf + j * wrow + (size_t)k * 2, PF_HINT);
         } else
