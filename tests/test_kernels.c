@@ -739,7 +739,7 @@ static void test_matmul_bf16a_edges(void) {
     enum { M = 8, N = 3, K = 64 }; /* 8 tokens: the fma tiles where td_kernels_bf16_fma (M >= 5) */
     long bad = 0, nan = 0;
     for (int it = 0; it < 6000; it++) {
-        td_kernels_set_bf16_fma(it & 1); /* both ways of computing the 3+ token tiles */
+        td_kernels_set_bf16_fma(it & 1); /* both ways of computing the 5+ token tiles */
         uint16_t x[M][K], w[N][K];
         for (int r = 0; r < M || r < N; r++)
             for (int l = 0; l < 16; l++) {
