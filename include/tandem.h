@@ -320,7 +320,9 @@ typedef struct td_batch {
     int n_taps;
     const float *embd;         /* [sum n_tokens][n_embd] input vectors used instead of
                                   the token embeddings (tokens may then be NULL) */
-    int skip_logits;           /* 1 = only taps are wanted; logits may be NULL */
+    int skip_logits;           /* 1 = only taps are wanted; logits may be NULL, and the
+                                  wanted positions are then bounded by max_tokens only
+                                  (not max_logits) */
 } td_batch;
 
 /* Run the batch. logits: [n_out][n_vocab] float, one row per wanted position in

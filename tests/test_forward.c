@@ -411,6 +411,54 @@ done:
     t_end();
 }
 
+/* Taps alone (skip_logits): max_logits bounds the positions with logits, not
+ * those with taps, so a prompt's taps come in chunks of max_tokens (the
+ * speculative group's prefill). A forward of 20 tapped positions on a context
+ * of max_logits 4 succeeds, and its taps are the bits of 20 one-token
+ * forwards; wanting logits at those 20 positions is still refused. */
+static void test_taps_past_max_logits(const tm_shape *s, const char *dir) {
+    t_begin("forward_taps_past_max_logits");
+    td_model *m = open_model(dir, s);
+    td_ctx *c = NULL;
+    float *tp = NULL, *tp1 = NULL, *lg = NULL;
+    T_REQUIRE(m != NULL, "model");
+    td_ctx_params p = td_ctx_default_params();
+    p.max_rows = 2; p.max_ctx = 64; p.max_tokens = 32; p.max_logits = 4; p.n_threads = 2; p.act_type = tc_act;
+    td_err err = {0};
+    T_REQUIRE(td_ctx_open(&c, m, &p, &err) == 0, "ctx: %s", err.msg);
+    enum { N = 20 };
+    int taps[2] = {1, s->layers};
+    size_t tr = (size_t)2 * s->hidden; /* floats of one position's taps */
+    tp = malloc(sizeof(float) * N * tr);
+    tp1 = malloc(sizeof(float) * N * tr);
+    lg = malloc(sizeof(float) * N * s->vocab);
+    T_REQUIRE(tp && tp1 && lg, "alloc");
+    int32_t toks[N];
+    uint8_t want[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 7 + 3) % s->vocab), want[i] = 1;
+    int r0, r1, n = N;
+    T_REQUIRE(td_ctx_row_add(c, &r0) == 0 && td_ctx_row_add(c, &r1) == 0, "rows");
+    td_batch b = {.n_rows = 1, .rows = &r0, .n_tokens = &n, .tokens = toks, .want = want, .taps = taps, .n_taps = 2, .skip_logits = 1};
+    T_REQUIRE(td_ctx_forward(c, &b, NULL, tp, &err) == 0, "20 tapped positions with max_logits 4: %s", err.msg);
+    T_CHECK(td_ctx_row_len(c, r0) == N, "row holds the 20 positions");
+    int one = 1;
+    for (int i = 0; i < N; i++) {
+        td_batch b1 = {.n_rows = 1, .rows = &r1, .n_tokens = &one, .tokens = toks + i, .want = want, .taps = taps, .n_taps = 2, .skip_logits = 1};
+        T_REQUIRE(td_ctx_forward(c, &b1, NULL, tp1 + (size_t)i * tr, &err) == 0, "step %d: %s", i, err.msg);
+    }
+    T_CHECK(memcmp(tp, tp1, sizeof(float) * N * tr) == 0, "taps of one forward of 20 differ from 20 one-token forwards");
+    T_CHECK(tp[(size_t)(N - 1) * tr + s->hidden] != 0.0f, "last position's last tap written");
+    td_ctx_row_trim(c, r0, 0);
+    b.skip_logits = 0;
+    T_CHECK(td_ctx_forward(c, &b, lg, tp, &err) == TD_ERANGE && strstr(err.msg, "max_logits"), "logits past max_logits: %s", err.msg);
+    T_CHECK(td_ctx_row_len(c, r0) == 0, "refused forward leaves the row");
+done:
+    free(tp); free(tp1); free(lg);
+    td_ctx_free(c);
+    td_model_free(m);
+    t_end();
+}
+
 /* act_type amx. Where the machine has AMX-BF16 tiles: on a bf16 model whose
  * widths are multiples of 32 except the down projection's (100: it takes the
  * bf16 order), the logits move from f32's by no more than bf16 activations
@@ -533,6 +581,7 @@ int main(void) {
     }
     test_bad_batches(&qf, d3);
     test_taps(&qf, d3);
+    test_taps_past_max_logits(&qf, d3);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) return 1;

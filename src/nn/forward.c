@@ -111,7 +111,8 @@ struct td_ctx {
                                td_q8r_matmul; else NULL */
     int *tok_row;           /* [T] row id of each token */
     int *tok_pos;           /* [T] absolute position of each token */
-    int *out_tok;           /* [max_logits] token index of each wanted position */
+    int *out_tok;           /* [max(max_tokens, max_logits)] token index of each wanted position (taps
+                               alone, skip_logits, may want every token) */
     float *wbuf;            /* [n_threads][wbuf_stride] weight-row scratch */
     int wbuf_stride;        /* max(n_embd, n_ff, q_dim) */
     int att_qmax;           /* queries an attention call takes: TD_AMX_ATTEND_QMAX on the tiles
@@ -332,7 +333,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     c->xo = alloc_f((size_t)p.max_logits, (size_t)cfg->n_embd, &fail);
     c->tok_row = calloc(T, sizeof(int));
     c->tok_pos = calloc(T, sizeof(int));
-    c->out_tok = calloc((size_t)p.max_logits, sizeof(int));
+    c->out_tok = calloc(T > (size_t)p.max_logits ? T : (size_t)p.max_logits, sizeof(int));
     if (!c->tok_row || !c->tok_pos || !c->out_tok) fail = 1;
     int wmax = cfg->n_embd;
     if (cfg->n_ff > wmax) wmax = cfg->n_ff;
@@ -866,12 +867,12 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
     if (b->want) {
         for (int t = 0; t < T; t++)
             if (b->want[t]) {
-                if (n_out >= c->p.max_logits)
+                if (n_out >= c->p.max_logits && !b->skip_logits)
                     return td_seterr(err, TD_ERANGE, "batch: more than max_logits=%d positions want logits", c->p.max_logits);
                 c->out_tok[n_out++] = t;
             }
     } else {
-        if (b->n_rows > c->p.max_logits)
+        if (b->n_rows > c->p.max_logits && !b->skip_logits)
             return td_seterr(err, TD_ERANGE, "batch: more than max_logits=%d positions want logits", c->p.max_logits);
         int t = 0;
         for (int i = 0; i < b->n_rows; i++) { t += b->n_tokens[i]; c->out_tok[n_out++] = t - 1; }

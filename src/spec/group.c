@@ -449,8 +449,11 @@ static int emit(td_spec *g, sp_row *r, int32_t t, int from_draft, const float *l
 static int prefill(td_spec *g, sp_row *r, td_err *err) {
     td_ctx_params cp = td_ctx_get_params(g->ctx);
     int chunk = cp.max_tokens, rc;
+    /* a tapping drafter wants every position's taps and no logits: with
+     * skip_logits max_logits does not bound them, so its chunks are as long
+     * as the plain prefill's (chunks of max_logits read every weight again
+     * each 34 positions at batch 1) */
     int tapping = r->drafting && g->n_taps > 0;
-    if (tapping && cp.max_logits < chunk) chunk = cp.max_logits; /* taps of every position */
     size_t tap_row = (size_t)g->n_taps * (size_t)g->m->cfg.n_embd;
     double t0 = td_now();
     for (int done = 0; done < r->n_prompt - 1;) {
