@@ -318,6 +318,28 @@ done:
     t_end();
 }
 
+/* The last-level cache figure the stream choice compares a model with: AMD's
+ * reported L3 is capped at 96 MiB (a CCX's most; a VM may report the socket's
+ * sum), smaller figures and other vendors' pass unchanged; td_llc_bytes is
+ * that cap applied to sysconf's figure, so never more than it. */
+static void test_llc_cap(void) {
+    tb("pool_llc_cap");
+    const size_t MiB = (size_t)1 << 20;
+    T_CHECK(td_llc_cap(508 * MiB, 1) == 96 * MiB, "AMD 508 MiB -> %zu", td_llc_cap(508 * MiB, 1));
+    T_CHECK(td_llc_cap(97 * MiB, 1) == 96 * MiB, "AMD 97 MiB -> %zu", td_llc_cap(97 * MiB, 1));
+    T_CHECK(td_llc_cap(96 * MiB, 1) == 96 * MiB && td_llc_cap(32 * MiB, 1) == 32 * MiB, "AMD figures up to 96 MiB kept");
+    T_CHECK(td_llc_cap(508 * MiB, 0) == 508 * MiB && td_llc_cap(260 * MiB, 0) == 260 * MiB, "other vendors' kept");
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t llc = td_llc_bytes();
+    printf("  last-level cache: sysconf L3 %ld bytes, td_llc_bytes %zu\n", l3, llc);
+    T_CHECK(llc > 0 && (l3 <= 0 || llc <= (size_t)l3), "td_llc_bytes %zu above sysconf's %ld", llc, l3);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) T_CHECK(llc <= 96 * MiB, "AMD CPU: td_llc_bytes %zu over 96 MiB", llc);
+#endif
+    t_end();
+}
+
 static double ulp_err(float got, double want) {
     if (want == 0) return got == 0 ? 0 : INFINITY;
     int e;
@@ -1986,6 +2008,7 @@ int main(void) {
     test_threads();
     test_pool_chunks();
     test_default_threads();
+    test_llc_cap();
     test_exp();
     test_norm_swiglu();
     test_attend();

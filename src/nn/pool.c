@@ -231,9 +231,20 @@ static int first_sibling_in(int cpu, const cpu_set_t *set) {
     return -1;
 }
 
+size_t td_llc_cap(size_t reported, int amd) {
+    const size_t amd_max = (size_t)96 << 20;
+    return amd && reported > amd_max ? amd_max : reported;
+}
+
 size_t td_llc_bytes(void) {
     long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l3 > 0 ? (size_t)l3 : l2 > 0 ? (size_t)l2 : (size_t)32 << 20;
+    size_t r = l3 > 0 ? (size_t)l3 : l2 > 0 ? (size_t)l2 : (size_t)32 << 20;
+    int amd = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    amd = __builtin_cpu_is("amd") != 0;
+#endif
+    return td_llc_cap(r, amd);
 }
 
 int td_pool_default_size(void) {

@@ -58,7 +58,19 @@ void td_pool_run_n(td_pool *p, td_pool_fn fn, void *arg, int n_chunks);
  * number of CPUs it may run on (or online). At least 1. */
 int td_pool_default_size(void);
 /* Bytes of the last-level cache (sysconf's L3, else L2), or 32 MiB where the
- * system does not say. Forward contexts compare a model's weights with it. */
+ * system does not say; on AMD's CPUs at most td_llc_cap's 96 MiB. Forward
+ * contexts compare a model's weights with it (td_ctx_set_stream). */
 size_t td_llc_bytes(void);
+/* The reported last-level cache bytes as td_llc_bytes takes them: on AMD (amd
+ * != 0) at most 96 MiB. An AMD core shares its L3 with the cores of its CCX
+ * only (16 or 32 MiB; 96 with 3D V-Cache), but a hypervisor may report the
+ * socket's sum through CPUID 0x80000006, which sysconf passes on: 508 MiB on
+ * this project's 2-vCPU Zen 5 VMs, whose 0x8000001D leaf (the per-CCX sizes)
+ * reads all zero. Taken at its word, models of 96-508 MiB ran the cached
+ * products' prefetch there; streamed, a decode step of the 0.6B shape took
+ * 0.59-0.89 of the time in Q5_K, Q6_K, Q5_0, IQ4_XS, Q4_K and bf16 (one layer),
+ * 1.00 in Q4_0 (bench/forward-notes.md, "Stop 54"). 96 MiB keeps the tiny-code
+ * target (50 MB of bf16, faster cached: stop 53) cached. */
+size_t td_llc_cap(size_t reported, int amd);
 
 #endif
