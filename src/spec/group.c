@@ -452,7 +452,7 @@ static int prefill(td_spec *g, sp_row *r, td_err *err) {
     /* a tapping drafter wants every position's taps and no logits: with
      * skip_logits max_logits does not bound them, so its chunks are as long
      * as the plain prefill's (chunks of max_logits read every weight again
-     * each 34 positions at batch 1) */
+     * every 34 positions in bench spec at batch 1) */
     int tapping = r->drafting && g->n_taps > 0;
     size_t tap_row = (size_t)g->n_taps * (size_t)g->m->cfg.n_embd;
     double t0 = td_now();
