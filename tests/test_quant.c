@@ -837,9 +837,9 @@ static void test_q8r_kq(int dt) {
                 td_kernels_set_path(path);
                 for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
                     for (int add = 0; add < 2; add++)
-                        for (int st = 0; st < 3; st++) { /* cached, streamed on either one-token path */
-                            int M = Ms[mi], pfe = st ? N : 0;
-                            td_kernels_set_hw_stream(st == 2);
+                        for (int st = 0; st < 4; st++) { /* cached, streamed, on either one-token path */
+                            int M = Ms[mi], pfe = st == 1 || st == 2 ? N : 0;
+                            td_kernels_set_hw_stream(st >= 2);
                             init_got(got, MMAX * ldy);
                             if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, fmt);
                             else {
@@ -849,7 +849,7 @@ static void test_q8r_kq(int dt) {
                             checked++;
                             if (!same_as_ref(got, want, M, N, ldy, MMAX, add) && fails++ < 5)
                                 T_CHECK(0, "path %d M %d N %d K %d add %d pf_end %d hw %d: not the order's bits", path, M, N, K,
-                                        add, pfe, st == 2);
+                                        add, pfe, st >= 2);
                         }
                 td_kernels_set_hw_stream(-1);
             }

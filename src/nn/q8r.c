@@ -363,6 +363,17 @@ static int vnni_ok(void) {
  * keep the verify path. Intel's cores (Sapphire Rapids) stream faster on the
  * verify path (bench/forward-notes.md, "Stop 45", "Stop 50"). */
 static int stream1_near(int fmt) { return fmt <= TD_Q8R_NIB_IQ4_NL && td_kernels_hw_stream(); }
+/* 1 where a one-token product of Q5_0, Q4_K or Q6_K records in cache (pf_end
+ * <= 0) runs the verify path's tiles of 1 token x 3 groups, with their
+ * prefetch of the next groups in its range, instead of 8 groups side by side:
+ * on AMD's cores (td_kernels_hw_stream). Zen 5, 2026-12-07, a decode step of
+ * the tiny-code target quantized (19-26 MB, in L3), in-process A/B: all Q5_0
+ * 0.79 of the time, Q5_0 with Q4_K down projections 0.77, Q8_0 with Q6_K ones
+ * 0.91; Q5_K's and IQ4_XS's measured the same either way, so they keep 8 groups
+ * (bench/forward-notes.md, "Stop 54"). The tile shape never changes a bit. */
+static int cached1_tiles(int fmt) {
+    return (fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K) && td_kernels_hw_stream();
+}
 
 /* value line j (0..7) of a block's record at rec: the 64 bytes themselves, or
  * (NIB) from nibble line j % 4, the low nibbles for j < 4, the high ones after,
@@ -908,6 +919,7 @@ void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int
     if (v < 0) atomic_store_explicit(&vnni, v = vnni_ok(), memory_order_relaxed);
     if (path == TD_KPATH_AVX512 && v) {
         if (M == 1 && pf_end > 0 && stream1_near(fmt)) pf_end = 0;
+        else if (M == 1 && pf_end <= 0 && cached1_tiles(fmt)) pf_end = n1; /* the 3-group tiles, no prefetch past n1 */
         matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end, fmt);
         return;
     }
