@@ -661,8 +661,9 @@ static void test_q8r_4bit(void) {
                     if (path != TD_KPATH_PORTABLE && !td_kernels_supported(path)) continue;
                     td_kernels_set_path(path);
                     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
-                        for (int pfe = 0; pfe <= N; pfe += N) {
-                            int M = Ms[mi];
+                        for (int st = 0; st < 4; st++) { /* cached, streamed, on either one-token path */
+                            int M = Ms[mi], pfe = st == 1 || st == 2 ? N : 0;
+                            td_kernels_set_hw_stream(st >= 2);
                             init_got(got, MMAX * ldy);
                             if (N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, 0, pfe, fmt);
                             else {
@@ -671,9 +672,10 @@ static void test_q8r_4bit(void) {
                             }
                             checked++;
                             if (!same_as_ref(got, want, M, N, ldy, MMAX, 0) && fails++ < 5)
-                                T_CHECK(0, "%s path %d M %d N %d K %d pf_end %d: not the Q8_0 matrix's bits", td_dtype_name(dt),
-                                        path, M, N, K, pfe);
+                                T_CHECK(0, "%s path %d M %d N %d K %d pf_end %d hw %d: not the Q8_0 matrix's bits", td_dtype_name(dt),
+                                        path, M, N, K, pfe, st >= 2);
                         }
+                    td_kernels_set_hw_stream(-1);
                 }
                 free(W), free(x), free(want), free(got), free(Wq), free(W8), free(xq), free(R), free(R8);
             }
