@@ -332,6 +332,58 @@ done:
     t_end();
 }
 
+/* The prefetch choice made per forward size by measured time (nn/hwsel.h):
+ * a streamed context's decode steps and verify blocks, choosing (its first
+ * steps alternate between the two, then it picks), give the bits of contexts
+ * whose choice is fixed either way; once seeded it reports a choice, and none
+ * with adaptation off or the choice fixed. */
+static void test_hw_adapt(const tm_shape *s, const char *dir) {
+    t_begin(tc_act == TD_DTYPE_BF16 ? "forward_hw_adapt_act_bf16" : "forward_hw_adapt");
+    td_model *m = open_model(dir, s);
+    td_ctx *c = NULL;
+    float *lg[3] = {0};
+    T_REQUIRE(m != NULL, "model did not open");
+    int V = s->vocab, r;
+    enum { NS = 20 };
+    int32_t seq[NS];
+    uint64_t st = 11;
+    for (int i = 0; i < NS; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    for (int k = 0; k < 3; k++) T_REQUIRE((lg[k] = malloc(sizeof(float) * NS * V)) != NULL, "memory");
+    int fixed = td_kernels_hw_stream_fixed();
+    for (int k = 0; k < 3; k++) { /* k = 0: choosing (unless the environment fixes it), 1: fixed 0, 2: fixed 1 */
+        if (k) td_kernels_set_hw_stream(k - 1);
+        c = tc_open_ctx(m, 1, 2, TD_DTYPE_BF16);
+        T_REQUIRE(c != NULL, "context");
+        td_ctx_set_stream(c, 1);
+        td_ctx_row_add(c, &r);
+        int ok = tc_feed(c, r, seq, 4, lg[k]) == 0;
+        for (int i = 4; i < 12; i++) ok &= tc_feed(c, r, seq + i, 1, lg[k] + (size_t)(i - 4) * V) == 0; /* 8 steps */
+        for (int i = 12; i + 2 <= NS; i += 2) ok &= tc_feed(c, r, seq + i, 2, lg[k] + (size_t)(i - 4) * V) == 0;
+        T_REQUIRE(ok, "forwards (k %d)", k);
+        int ch = td_ctx_hw_choice(c, 1);
+        if (k == 0 && !fixed) {
+            T_CHECK(ch == 0 || ch == 1, "8 one-token forwards: choice %d", ch);
+            T_CHECK(td_ctx_hw_choice(c, 9) == -1 && td_ctx_hw_choice(c, 0) == -1, "choices outside 1..8");
+            td_ctx_set_hw_adapt(c, 0);
+            T_CHECK(td_ctx_hw_choice(c, 1) == -1, "adaptation off: choice %d", td_ctx_hw_choice(c, 1));
+        } else if (k) {
+            T_CHECK(ch == -1, "fixed to %d: choice %d", k - 1, ch);
+        }
+        td_kernels_set_hw_stream(-1);
+        td_ctx_free(c);
+        c = NULL;
+    }
+    /* positions 4..19: 8 one-token steps, then 4 two-token blocks */
+    for (int k = 1; k < 3; k++)
+        T_CHECK(memcmp(lg[0], lg[k], sizeof(float) * (NS - 4) * V) == 0,
+                "logits with the choice made by time differ from those with hw fixed to %d", k - 1);
+done:
+    td_ctx_free(c);
+    for (int k = 0; k < 3; k++) free(lg[k]);
+    td_model_free(m);
+    t_end();
+}
+
 static void test_bad_batches(const tm_shape *s, const char *dir) {
     t_begin("forward_bad_input");
     td_model *m = open_model(dir, s);
@@ -545,6 +597,10 @@ int main(void) {
         test_invariance("batch_invariance_qwen3_bf16", &q, d1, kv);
         test_rollback(&q, d1, kv);
     }
+    test_hw_adapt(&q, d1);
+    tc_act = TD_DTYPE_F32;
+    test_hw_adapt(&q, d1);
+    tc_act = TD_DTYPE_BF16;
     /* head_dim 32 and a bf16 cache: attention in the A32 order (td_attend_b32,
      * bf16 queries and probabilities); a GQA group of 3, so a block of 7 tokens
      * is 21 queries a kv head, more than one call's 16 */

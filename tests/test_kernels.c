@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include "t.h"
 #include "nn/amx.h"
+#include "nn/hwsel.h"
 #include "nn/i8t.h"
 #include "nn/kernels.h"
 #include "nn/mmx.h"
@@ -337,6 +338,58 @@ static void test_llc_cap(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) T_CHECK(llc <= 96 * MiB, "AMD CPU: td_llc_bytes %zu over 96 MiB", llc);
 #endif
+    t_end();
+}
+
+/* The prefetch selector (nn/hwsel.h): seeding alternates from the default;
+ * then it runs the faster variant and the other one on every 16th pick (64th
+ * where that one is over 10% slower); a slow outlier does not flip it; when the
+ * times cross (a machine's phase changes) it follows within the retries; bad
+ * samples (zero, negative, NaN, a variant other than 0 and 1) are ignored. */
+static int hwsel_run(td_hwsel *s, int n, double t0, double t1, int *other) {
+    int last = -1;
+    *other = 0;
+    for (int i = 0; i < n; i++) {
+        int v = td_hwsel_pick(s);
+        *other += v != s->best;
+        td_hwsel_record(s, v, v ? t1 : t0);
+        last = v;
+    }
+    return last;
+}
+static void test_hwsel(void) {
+    tb("hwsel_choice");
+    td_hwsel s;
+    td_hwsel_init(&s, 1);
+    int seq[6];
+    for (int i = 0; i < 6; i++) { seq[i] = td_hwsel_pick(&s); td_hwsel_record(&s, seq[i], seq[i] ? 2.0 : 1.0); }
+    T_CHECK(seq[0] == 1 && seq[1] == 0 && seq[2] == 1 && seq[3] == 0 && seq[4] == 1 && seq[5] == 0,
+            "seeding alternates from the default: %d %d %d %d %d %d", seq[0], seq[1], seq[2], seq[3], seq[4], seq[5]);
+    T_CHECK(s.best == 0, "variant 0 (1.0 against 2.0) chosen");
+    int other;
+    hwsel_run(&s, 640, 1.0, 2.0, &other);
+    T_CHECK(other == 10, "a variant twice as slow retried every 64th pick: %d of 640", other);
+    td_hwsel_init(&s, 0);
+    hwsel_run(&s, 6, 1.0, 1.05, &other);
+    hwsel_run(&s, 640, 1.0, 1.05, &other);
+    T_CHECK(s.best == 0 && other == 40, "a variant 5%% slower retried every 16th pick: %d of 640", other);
+    /* one descheduled sample of the best (100x) is clipped and does not flip it */
+    td_hwsel_record(&s, 0, 100.0);
+    T_CHECK(s.best == 0, "one outlier flips the choice (avg %g / %g)", s.avg[0], s.avg[1]);
+    /* the phase changes: variant 1 now the faster by 20%; followed within a few retries */
+    int flip = -1;
+    for (int i = 0; i < 400 && flip < 0; i++) {
+        int v = td_hwsel_pick(&s);
+        td_hwsel_record(&s, v, v ? 1.0 : 1.2);
+        if (s.best == 1) flip = i;
+    }
+    T_CHECK(flip >= 0 && flip < 200, "phase change followed after %d picks", flip);
+    td_hwsel_record(&s, 2, 0.1);
+    td_hwsel_record(&s, -1, 0.1);
+    td_hwsel_record(&s, 0, 0.0);
+    td_hwsel_record(&s, 0, -1.0);
+    td_hwsel_record(&s, 0, NAN);
+    T_CHECK(s.best == 1 && isfinite(s.avg[0]) && s.avg[0] > 0.5, "bad samples ignored (avg %g)", s.avg[0]);
     t_end();
 }
 
@@ -827,10 +880,16 @@ static void test_matmul_bf16a(void) {
                     int add = v & 1, st = (v >> 1) % 3, fma = v / 6;
                     int sp = (M + add) % 3 ? N / 2 + 1 : 0;
                     memcpy(y, base, sizeof(float) * M * N);
-                    td_kernels_set_hw_stream(st == 2);
                     td_kernels_set_bf16_fma(fma);
-                    td_matmul_bf16a_stream(y, N, x, K, M, W, K, 0, sp, add, st > 0);
-                    td_matmul_bf16a_stream(y, N, x, K, M, W, K, sp, N, add, st > 0);
+                    if (add) { /* the choice given per product (td_matmul_bf16a_pf), the global one the other */
+                        td_kernels_set_hw_stream(st != 2);
+                        td_matmul_bf16a_pf(y, N, x, K, M, W, K, 0, sp, add, st > 0, st == 2);
+                        td_matmul_bf16a_pf(y, N, x, K, M, W, K, sp, N, add, st > 0, st == 2);
+                    } else {
+                        td_kernels_set_hw_stream(st == 2);
+                        td_matmul_bf16a_stream(y, N, x, K, M, W, K, 0, sp, add, st > 0);
+                        td_matmul_bf16a_stream(y, N, x, K, M, W, K, sp, N, add, st > 0);
+                    }
                     td_kernels_set_hw_stream(-1);
                     td_kernels_set_bf16_fma(-1);
                     for (int i = 0; i < M * N && ok; i++) {
@@ -2009,6 +2068,7 @@ int main(void) {
     test_pool_chunks();
     test_default_threads();
     test_llc_cap();
+    test_hwsel();
     test_exp();
     test_norm_swiglu();
     test_attend();

@@ -574,13 +574,14 @@ static void test_q8r(void) {
                 for (int add = 0; add < 2; add++)
                     for (int st = 0; st < 3; st++) { /* weights in cache, then streamed on either one-token path */
                         int pfe = st ? N : 0;
-                        td_kernels_set_hw_stream(st == 2);
+                        int hw = st == 2, split = !add && N > 16;
+                        td_kernels_set_hw_stream(split ? !hw : hw); /* split: the choice given per product */
                         init_got(got, MMAX * ldy);
                         /* one call, or two ranges split on a 16-output group, the later first */
-                        if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, TD_Q8R_BYTES);
+                        if (!split) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, TD_Q8R_BYTES);
                         else {
-                            td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, add, pfe, TD_Q8R_BYTES);
-                            td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, add, pfe, TD_Q8R_BYTES);
+                            td_q8r_matmul_hw(got, ldy, xq, M, R, K, 16, N, add, pfe, TD_Q8R_BYTES, hw);
+                            td_q8r_matmul_hw(got, ldy, xq, M, R, K, 0, 16, add, pfe, TD_Q8R_BYTES, hw);
                         }
                         checked++;
                         if (!same_as_ref(got, ref, M, N, ldy, MMAX, add) && fails++ < 5)
@@ -663,12 +664,13 @@ static void test_q8r_4bit(void) {
                     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
                         for (int st = 0; st < 4; st++) { /* cached, streamed, on either one-token path */
                             int M = Ms[mi], pfe = st == 1 || st == 2 ? N : 0;
-                            td_kernels_set_hw_stream(st >= 2);
+                            int hw = st >= 2;
+                            td_kernels_set_hw_stream(N <= 16 ? hw : !hw); /* split: the choice given per product */
                             init_got(got, MMAX * ldy);
                             if (N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, 0, pfe, fmt);
                             else {
-                                td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, 0, pfe, fmt);
-                                td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, 0, pfe, fmt);
+                                td_q8r_matmul_hw(got, ldy, xq, M, R, K, 16, N, 0, pfe, fmt, hw);
+                                td_q8r_matmul_hw(got, ldy, xq, M, R, K, 0, 16, 0, pfe, fmt, hw);
                             }
                             checked++;
                             if (!same_as_ref(got, want, M, N, ldy, MMAX, 0) && fails++ < 5)
@@ -841,12 +843,13 @@ static void test_q8r_kq(int dt) {
                     for (int add = 0; add < 2; add++)
                         for (int st = 0; st < 4; st++) { /* cached, streamed, on either one-token path */
                             int M = Ms[mi], pfe = st == 1 || st == 2 ? N : 0;
-                            td_kernels_set_hw_stream(st >= 2);
+                            int hw = st >= 2, split = !add && N > 16;
+                            td_kernels_set_hw_stream(split ? !hw : hw); /* split: the choice given per product */
                             init_got(got, MMAX * ldy);
-                            if (add || N <= 16) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, fmt);
+                            if (!split) td_q8r_matmul(got, ldy, xq, M, R, K, 0, N, add, pfe, fmt);
                             else {
-                                td_q8r_matmul(got, ldy, xq, M, R, K, 16, N, 0, pfe, fmt);
-                                td_q8r_matmul(got, ldy, xq, M, R, K, 0, 16, 0, pfe, fmt);
+                                td_q8r_matmul_hw(got, ldy, xq, M, R, K, 16, N, 0, pfe, fmt, hw);
+                                td_q8r_matmul_hw(got, ldy, xq, M, R, K, 0, 16, 0, pfe, fmt, hw);
                             }
                             checked++;
                             if (!same_as_ref(got, want, M, N, ldy, MMAX, add) && fails++ < 5)

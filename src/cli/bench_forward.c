@@ -24,6 +24,8 @@
  * pair, and (with a buffer larger than the caches) no token finds weights that
  * the one before left in cache. The run must choose the first run's tokens
  * (interleaved_tokens_equal; else an error).
+ * Before measuring, the context makes its prefetch choice for every verify
+ * size up to 8 (8 forwards each; the choice is made by time, nn/hwsel.h).
  * Also reported: the model's load time, whether its weights were copied
  * (--no-mmap) and how much of the process is in 2 MiB pages after the run
  * (AnonHugePages, FilePmdMapped of /proc/self/smaps_rollup).
@@ -315,6 +317,15 @@ int cmd_bench_forward(int argc, char **argv) {
     if (td_ctx_row_add(c, &row) != 0) { fprintf(stderr, "tandem bench forward: no row\n"); goto out; }
     /* warm-up: touch every weight page once */
     if (fwd(c, row, toks, 8, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+    td_ctx_row_trim(c, row, 0);
+    /* and let the context choose its prefetch for each verify size up to 8
+     * (nn/hwsel.h: it tries both kinds 3 times each first), as a process that
+     * has been serving for a while has, so no measured forward is a trial */
+    for (int r = 0; r < 8; r++)
+        for (int ti = 0; ti < NT && TS[ti] <= 8; ti++) {
+            td_ctx_row_trim(c, row, 0);
+            if (fwd(c, row, toks, TS[ti], 1, logits, &err) != 0) { cli_die("forward", &err); goto out; }
+        }
     td_ctx_row_trim(c, row, 0);
 
     /* each metric keeps its best repetition; *_min are single-forward minima, the

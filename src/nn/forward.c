@@ -48,6 +48,7 @@
 #include "tandem.h"
 #include "model/model.h"
 #include "nn/amx.h"
+#include "nn/hwsel.h"
 #include "nn/kernels.h"
 #include "nn/mmx.h"
 #include "nn/pool.h"
@@ -68,6 +69,7 @@
 #define MM_CHUNK_MIN ((size_t)64 << 10) /* but at least this many weight bytes per chunk */
 #define MM_CHUNKS_1 8    /* chunks per thread of a one-token product (decode) ... */
 #define MM_TAPER_MIN ((size_t)2 << 20) /* ... of at least this many weight bytes (forward-notes, "Stop 44") */
+#define HWSEL_T 8        /* forwards of up to this many tokens choose their prefetch by time (decode, verify) */
 
 struct td_ctx {
     const td_model *m;      /* borrowed */
@@ -132,6 +134,10 @@ struct td_ctx {
     size_t mm_taper_min;    /* ... of at least this many bytes of weights (MM_TAPER_MIN) */
     int stream;             /* the weights stream from memory: the products prefetch further ahead
                                (td_mm_in.stream; td_ctx_set_stream) */
+    int hw_adapt;           /* choose td_kernels_hw_stream's prefetch per forward size by time (nn/hwsel.h;
+                               TD_HW_ADAPT=0 and td_ctx_set_hw_adapt turn it off) */
+    int hw;                 /* this forward's choice for its products (td_mm_in.hw; -1: the global one) */
+    td_hwsel hwsel[HWSEL_T + 1]; /* [T] the selector of forwards of T tokens, 1 <= T <= HWSEL_T */
 };
 
 /* Run a job on the pool, or on the caller alone (chunk 0 of 1) in a serial
@@ -387,6 +393,14 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         }
         c->stream = *st == '1';
     }
+    const char *ha = getenv("TD_HW_ADAPT");
+    if (ha && *ha && strcmp(ha, "0") && strcmp(ha, "1")) {
+        td_ctx_free(c);
+        return td_seterr(err, TD_EINVAL, "TD_HW_ADAPT='%.32s' is not 0 or 1", ha);
+    }
+    c->hw_adapt = !(ha && *ha == '0');
+    c->hw = -1;
+    for (int t = 0; t <= HWSEL_T; t++) td_hwsel_init(&c->hwsel[t], td_kernels_hw_stream());
     static const char *const knob[2] = {"TD_MM_CHUNKS", "TD_MM_CHUNKS_1"}; /* tuning knobs for A/B runs */
     for (int i = 0; i < 2; i++) {
         const char *mc = getenv(knob[i]);
@@ -415,6 +429,12 @@ void td_ctx_set_mm_chunks_1(td_ctx *c, int per_thread, size_t min_job_bytes) {
 }
 
 void td_ctx_set_stream(td_ctx *c, int stream) { c->stream = stream != 0; }
+void td_ctx_set_hw_adapt(td_ctx *c, int on) { c->hw_adapt = on != 0; }
+int td_ctx_hw_choice(const td_ctx *c, int T) {
+    if (!c->hw_adapt || td_kernels_hw_stream_fixed() || T < 1 || T > HWSEL_T) return -1;
+    const td_hwsel *s = &c->hwsel[T];
+    return s->n[0] >= TD_HWSEL_SEED && s->n[1] >= TD_HWSEL_SEED ? s->best : -1;
+}
 
 td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
 td_pool *td_ctx_pool(const td_ctx *c) { return c->pool; }
@@ -570,6 +590,7 @@ static int mm_pool_run(td_ctx *c, mm_job *j) {
         else if (td_mm_converts(&j->in)) td_pool_run_n(c->pool, fill_run, &j->in, (j->M + 15) / 16);
     }
     j->in.stream = c->stream;
+    j->in.hw = c->hw;
     if (j->next && (!j->swiglu || !td_mm_converts(j->next) || !td_mm_fills_cols(j->next) || j->o[0].N % 32)) j->next = NULL;
     j->nthreads = 1;
     if (c->serial) { mm_run(j, 0, 1); return j->next != NULL; }
@@ -858,6 +879,10 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         T += n;
     }
     c->serial = T <= c->p.serial_tokens;
+    /* the products' prefetch choice: by measured time for decode and verify sizes */
+    int sel = T <= HWSEL_T && c->hw_adapt && !td_kernels_hw_stream_fixed() ? T : 0;
+    c->hw = sel ? td_hwsel_pick(&c->hwsel[sel]) : -1;
+    double t_start = sel ? td_now() : 0;
     int n_out = 0;
     for (int t = 0; t < T && !b->embd; t++) {
         int32_t id = b->tokens[t];
@@ -946,5 +971,6 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         td_rmsnorm(c->xo + (size_t)o * D, c->x + (size_t)c->out_tok[o] * D, W->out_norm.data, W->out_norm.dtype, D, cfg->rms_eps);
     if (!b->skip_logits) matmul(c, logits, cfg->n_vocab, c->xo, n_out, &W->lm_head, D, cfg->n_vocab);
     for (int i = 0; i < b->n_rows; i++) c->row_len[b->rows[i]] += b->n_tokens[i];
+    if (sel) td_hwsel_record(&c->hwsel[sel], c->hw, td_now() - t_start);
     return 0;
 }

@@ -1480,9 +1480,21 @@ static int vendor_knob(_Atomic int *slot, const char *env, int intel) {
     }
     return r;
 }
-static _Atomic int hw_stream_choice = -1, bf16_fma_choice = -1;
+static _Atomic int hw_stream_choice = -1, bf16_fma_choice = -1, hw_stream_set = 0, hw_stream_env = -1;
 int td_kernels_hw_stream(void) { return vendor_knob(&hw_stream_choice, "TD_HW_STREAM", 0); }
-void td_kernels_set_hw_stream(int v) { atomic_store_explicit(&hw_stream_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
+void td_kernels_set_hw_stream(int v) {
+    atomic_store_explicit(&hw_stream_set, v >= 0, memory_order_relaxed);
+    atomic_store_explicit(&hw_stream_choice, v < 0 ? -1 : v != 0, memory_order_relaxed);
+}
+int td_kernels_hw_stream_fixed(void) {
+    if (atomic_load_explicit(&hw_stream_set, memory_order_relaxed)) return 1;
+    int e = atomic_load_explicit(&hw_stream_env, memory_order_relaxed);
+    if (e < 0) {
+        const char *v = getenv("TD_HW_STREAM");
+        atomic_store_explicit(&hw_stream_env, e = v && *v, memory_order_relaxed);
+    }
+    return e;
+}
 int td_kernels_bf16_fma(void) { return vendor_knob(&bf16_fma_choice, "TD_BF16_FMA", 1); }
 void td_kernels_set_bf16_fma(int v) { atomic_store_explicit(&bf16_fma_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
 
@@ -1493,15 +1505,21 @@ void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const
 
 void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
                             int n1, int add, int stream) {
+    td_matmul_bf16a_pf(y, ldy, x, ldx, M, W, K, n0, n1, add, stream, -1);
+}
+
+void td_matmul_bf16a_pf(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
+                        int add, int stream, int hw) {
     if (M <= 0 || n0 >= n1) return;
     (void)stream; /* read only by the AVX-512 tiles */
+    (void)hw;
 #ifdef TD_HAVE_AVX512
     if (FAST()) {
         int dp = bf16_ok();
         if ((!dp || (M >= 5 && td_kernels_bf16_fma())) && matmul_bm(y, ldy, x, ldx, M, W, K, n0, n1, add) == 0)
             return;
         if (dp) {
-            matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && td_kernels_hw_stream());
+            matmul_bv(y, ldy, x, ldx, M, W, K, n0, n1, add, stream && (hw < 0 ? td_kernels_hw_stream() : hw));
             return;
         }
     }

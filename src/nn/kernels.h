@@ -91,6 +91,11 @@ void td_matmul_bf16a(float *y, int ldy, const uint16_t *x, int ldx, int M, const
  * L2 further ahead (kernels.c, matmul_bv). A prefetch choice only: the same bits. */
 void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0,
                             int n1, int add, int stream);
+/* The same with hw, the prefetch choice td_kernels_hw_stream makes, given for
+ * this product: 0 or 1, or -1 for td_kernels_hw_stream's (forward contexts
+ * choose by measured time, nn/hwsel.h). Again the same bits. */
+void td_matmul_bf16a_pf(float *y, int ldy, const uint16_t *x, int ldx, int M, const uint16_t *W, int K, int n0, int n1,
+                        int add, int stream, int hw);
 /* 1 where a decode's one-token products over weights streamed from memory run
  * faster without the kernels' software prefetch, the hardware prefetchers
  * alone following their streams: AMD's cores (Zen 5: the 0.6B shape's Q8_0
@@ -102,6 +107,10 @@ void td_matmul_bf16a_stream(float *y, int ldy, const uint16_t *x, int ldx, int M
  * runs. Never changes a bit. */
 int td_kernels_hw_stream(void);
 void td_kernels_set_hw_stream(int v);
+/* 1 while that choice is fixed (TD_HW_STREAM set, or td_kernels_set_hw_stream
+ * given 0 or 1): forward contexts then take it as it is instead of choosing
+ * per forward size by measured time (nn/hwsel.h). */
+int td_kernels_hw_stream_fixed(void);
 /* 1 where td_matmul_bf16a's products of 5 or more tokens run each B32 step as
  * two f32 fmas under MXCSR FTZ|DAZ instead of vdpbf16ps (kernels.c, tilem):
  * Intel's cores, whose vdpbf16ps gives half the flops of their f32 fmas (Xeon

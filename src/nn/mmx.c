@@ -10,7 +10,7 @@
 
 void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
                 uint16_t *xa_buf, uint8_t *xq_buf) {
-    *in = (td_mm_in){.x = x, .ldx = ldx, .M = M, .K = K, .xa_buf = xa_buf, .xq_buf = xq_buf};
+    *in = (td_mm_in){.x = x, .ldx = ldx, .M = M, .K = K, .xa_buf = xa_buf, .xq_buf = xq_buf, .hw = -1};
     int bf16 = 0, rp = 0, ip = 0;
     for (int i = 0; i < n_w; i++) {
         bf16 |= w[i]->dtype == TD_DTYPE_BF16;
@@ -72,10 +72,11 @@ void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w,
         td_i8t_matmul(y, ldy, in->xi, in->xs, M, w->ip, (const float *)(const void *)((const int8_t *)w->ip + (size_t)w->shape[0] * K),
                       K, n0, n1, add);
     else if (in->xq && w->rp)
-        td_q8r_matmul(y, ldy, in->xq, M, w->rp, K, n0, n1, add, in->stream ? (int)w->shape[0] : 0, td_q8r_format(w->dtype));
+        td_q8r_matmul_hw(y, ldy, in->xq, M, w->rp, K, n0, n1, add, in->stream ? (int)w->shape[0] : 0, td_q8r_format(w->dtype),
+                         in->hw);
     else if (in->xp && w->dtype == TD_DTYPE_BF16)
         td_amx_matmul(y, ldy, in->xp, M, w->data, K, n0, n1, add, in->stream ? (int)w->shape[0] : 0);
-    else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a_stream(y, ldy, in->xa, K, M, w->data, K, n0, n1, add, in->stream);
+    else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a_pf(y, ldy, in->xa, K, M, w->data, K, n0, n1, add, in->stream, in->hw);
     else td_matmul(y, ldy, in->x, in->ldx, M, w->data, w->dtype, K, n0, n1, add);
 }
 

@@ -42,6 +42,8 @@ typedef struct td_mm_in {
     int stream;         /* 1: the weights stream from memory (the model outgrows the last-level cache),
                            so the R16 and AMX products prefetch them further ahead; 0 (td_mm_plan's
                            default): they are expected in cache. Never changes a bit */
+    int hw;             /* the products' td_kernels_hw_stream choice: 0 or 1, or -1 (td_mm_plan's
+                           default) for td_kernels_hw_stream's. Never changes a bit */
 } td_mm_in;
 
 /* Tokens from which a product with an int8 copy (td_tensor.ip) takes it

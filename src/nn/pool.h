@@ -43,6 +43,14 @@ void td_ctx_set_mm_chunks_1(struct td_ctx *c, int per_thread, size_t min_job_byt
  * model's weight bytes exceed td_llc_bytes(), or the environment's TD_STREAM
  * (0 or 1). For tests and A/B runs: neither changes a bit. */
 void td_ctx_set_stream(struct td_ctx *c, int stream);
+/* Whether c's forwards of 1 to 8 tokens choose td_kernels_hw_stream's
+ * prefetch by measured time, one selector per token count (nn/hwsel.h): on
+ * by default unless the environment's TD_HW_ADAPT is 0; either way off while
+ * td_kernels_hw_stream_fixed. For tests and A/B runs: no choice changes a bit. */
+void td_ctx_set_hw_adapt(struct td_ctx *c, int on);
+/* The choice c's forwards of T tokens now make (0 or 1), or -1 where they do
+ * not choose (adaptation off, T outside 1..8, or not yet seeded). */
+int td_ctx_hw_choice(const struct td_ctx *c, int T);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);

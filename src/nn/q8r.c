@@ -362,7 +362,7 @@ static int vnni_ok(void) {
  * IQ4_NL 5-6% faster; Q5_0 (its fifth-bit line) 35% and Q4_K 5% slower, so they
  * keep the verify path. Intel's cores (Sapphire Rapids) stream faster on the
  * verify path (bench/forward-notes.md, "Stop 45", "Stop 50"). */
-static int stream1_near(int fmt) { return fmt <= TD_Q8R_NIB_IQ4_NL && td_kernels_hw_stream(); }
+static int stream1_near(int fmt, int hw) { return fmt <= TD_Q8R_NIB_IQ4_NL && hw; }
 /* 1 where a one-token product of Q5_0, Q4_K or Q6_K records in cache (pf_end
  * <= 0) runs the verify path's tiles of 1 token x 3 groups, with their
  * prefetch of the next groups in its range, instead of 8 groups side by side:
@@ -371,9 +371,7 @@ static int stream1_near(int fmt) { return fmt <= TD_Q8R_NIB_IQ4_NL && td_kernels
  * 0.79 of the time, Q5_0 with Q4_K down projections 0.77, Q8_0 with Q6_K ones
  * 0.91; Q5_K's and IQ4_XS's measured the same either way, so they keep 8 groups
  * (bench/forward-notes.md, "Stop 54"). The tile shape never changes a bit. */
-static int cached1_tiles(int fmt) {
-    return (fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K) && td_kernels_hw_stream();
-}
+static int cached1_tiles(int fmt, int hw) { return (fmt == TD_Q8R_Q5_0 || fmt == TD_Q8R_Q4_K || fmt == TD_Q8R_Q6_K) && hw; }
 
 /* value line j (0..7) of a block's record at rec: the 64 bytes themselves, or
  * (NIB) from nibble line j % 4, the low nibbles for j < 4, the high ones after,
@@ -908,18 +906,25 @@ static void matmul_p(float *y, int ldy, const uint8_t *xq, int M, const uint8_t 
 
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt) {
+    td_q8r_matmul_hw(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end, fmt, -1);
+}
+
+void td_q8r_matmul_hw(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
+                      int pf_end, int fmt, int hw) {
     TD_ASSERT(n0 % 16 == 0 && K % 32 == 0 && fmt >= TD_Q8R_BYTES && fmt <= TD_Q8R_IQ4_XS && (!td_q8r_super(fmt) || K % 256 == 0));
     if (M <= 0 || n0 >= n1) return;
     int path = td_kernels_path();
     (void)path; /* read only by the x86-64 kernels */
     (void)pf_end; /* read only by the VNNI tiles */
+    (void)hw;
 #ifdef HAVE_VNNI_TILES
     static _Atomic int vnni = -1;
     int v = atomic_load_explicit(&vnni, memory_order_relaxed);
     if (v < 0) atomic_store_explicit(&vnni, v = vnni_ok(), memory_order_relaxed);
     if (path == TD_KPATH_AVX512 && v) {
-        if (M == 1 && pf_end > 0 && stream1_near(fmt)) pf_end = 0;
-        else if (M == 1 && pf_end <= 0 && cached1_tiles(fmt)) pf_end = n1; /* the 3-group tiles, no prefetch past n1 */
+        if (M == 1 && hw < 0) hw = td_kernels_hw_stream();
+        if (M == 1 && pf_end > 0 && stream1_near(fmt, hw)) pf_end = 0;
+        else if (M == 1 && pf_end <= 0 && cached1_tiles(fmt, hw)) pf_end = n1; /* the 3-group tiles, no prefetch past n1 */
         matmul_vnni(y, ldy, xq, M, Wr, K, n0, n1, add, pf_end, fmt);
         return;
     }

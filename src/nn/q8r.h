@@ -167,5 +167,9 @@ void td_q8r_act_cols(void *xq, const float *x, int ldx, int M, int K, int k0, in
  * td_kernels_hw_stream says so). A prefetch choice only: it never changes a bit. */
 void td_q8r_matmul(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add, int pf_end,
                    int fmt);
+/* The same with hw, td_kernels_hw_stream's choice given for this product: 0
+ * or 1, or -1 for td_kernels_hw_stream's (nn/hwsel.h). The same bits. */
+void td_q8r_matmul_hw(float *y, int ldy, const void *xq, int M, const void *Wr, int K, int n0, int n1, int add,
+                      int pf_end, int fmt, int hw);
 
 #endif
