@@ -332,51 +332,54 @@ done:
     t_end();
 }
 
-/* The prefetch choice made per forward size by measured time (nn/hwsel.h):
- * a streamed context's decode steps and verify blocks, choosing (its first
- * steps alternate between the two, then it picks), give the bits of contexts
- * whose choice is fixed either way; once seeded it reports a choice, and none
- * with adaptation off or the choice fixed. */
+/* The schedule chosen per forward size by measured time (nn/hwsel.h: the
+ * prefetch choice and the chunks a thread): a streamed context's decode steps
+ * and verify blocks, choosing (its first 12 steps try the 4 schedules 3 times
+ * each, then it picks), give the bits of contexts whose schedule is fixed
+ * (hw 0 with one chunk a thread, hw 1 with 8); once seeded it reports its
+ * choice, and none with adaptation off or everything fixed. */
 static void test_hw_adapt(const tm_shape *s, const char *dir) {
-    t_begin(tc_act == TD_DTYPE_BF16 ? "forward_hw_adapt_act_bf16" : "forward_hw_adapt");
+    t_begin(tc_act == TD_DTYPE_BF16 ? "forward_sched_adapt_act_bf16" : "forward_sched_adapt");
     td_model *m = open_model(dir, s);
     td_ctx *c = NULL;
     float *lg[3] = {0};
     T_REQUIRE(m != NULL, "model did not open");
     int V = s->vocab, r;
-    enum { NS = 20 };
+    enum { NS = 26, NSTEP = 14 }; /* 4 prompt tokens, 14 one-token steps, 4 two-token blocks */
     int32_t seq[NS];
     uint64_t st = 11;
     for (int i = 0; i < NS; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
     for (int k = 0; k < 3; k++) T_REQUIRE((lg[k] = malloc(sizeof(float) * NS * V)) != NULL, "memory");
     int fixed = td_kernels_hw_stream_fixed();
-    for (int k = 0; k < 3; k++) { /* k = 0: choosing (unless the environment fixes it), 1: fixed 0, 2: fixed 1 */
+    for (int k = 0; k < 3; k++) { /* k = 0: choosing, 1: hw 0 and 1 chunk a thread, 2: hw 1 and 8 chunks */
         if (k) td_kernels_set_hw_stream(k - 1);
         c = tc_open_ctx(m, 1, 2, TD_DTYPE_BF16);
         T_REQUIRE(c != NULL, "context");
         td_ctx_set_stream(c, 1);
+        if (k) td_ctx_set_mm_chunks(c, k == 1 ? 1 : 8, 1);
         td_ctx_row_add(c, &r);
         int ok = tc_feed(c, r, seq, 4, lg[k]) == 0;
-        for (int i = 4; i < 12; i++) ok &= tc_feed(c, r, seq + i, 1, lg[k] + (size_t)(i - 4) * V) == 0; /* 8 steps */
-        for (int i = 12; i + 2 <= NS; i += 2) ok &= tc_feed(c, r, seq + i, 2, lg[k] + (size_t)(i - 4) * V) == 0;
+        for (int i = 4; i < 4 + NSTEP; i++) ok &= tc_feed(c, r, seq + i, 1, lg[k] + (size_t)(i - 4) * V) == 0;
+        for (int i = 4 + NSTEP; i + 2 <= NS; i += 2) ok &= tc_feed(c, r, seq + i, 2, lg[k] + (size_t)(i - 4) * V) == 0;
         T_REQUIRE(ok, "forwards (k %d)", k);
-        int ch = td_ctx_hw_choice(c, 1);
-        if (k == 0 && !fixed) {
-            T_CHECK(ch == 0 || ch == 1, "8 one-token forwards: choice %d", ch);
-            T_CHECK(td_ctx_hw_choice(c, 9) == -1 && td_ctx_hw_choice(c, 0) == -1, "choices outside 1..8");
+        int hw, ch, rc = td_ctx_sched_choice(c, 1, &hw, &ch);
+        if (k == 0) {
+            T_CHECK(rc == 0 && (hw == -1) == (fixed != 0) && (fixed || hw == 0 || hw == 1) && (ch == 1 || ch == 8),
+                    "%d one-token forwards: rc %d, hw %d (fixed %d), chunks %d", NSTEP, rc, hw, fixed, ch);
+            T_CHECK(td_ctx_sched_choice(c, 9, &hw, &ch) == -1 && td_ctx_sched_choice(c, 0, &hw, &ch) == -1, "sizes outside 1..8");
+            T_CHECK(td_ctx_sched_choice(c, 3, &hw, &ch) == -1, "no forward of 3 tokens yet: no choice");
             td_ctx_set_hw_adapt(c, 0);
-            T_CHECK(td_ctx_hw_choice(c, 1) == -1, "adaptation off: choice %d", td_ctx_hw_choice(c, 1));
-        } else if (k) {
-            T_CHECK(ch == -1, "fixed to %d: choice %d", k - 1, ch);
+            T_CHECK(td_ctx_sched_choice(c, 1, &hw, &ch) == -1 && hw == -1 && ch == 1, "adaptation off: hw %d, chunks %d", hw, ch);
+        } else {
+            T_CHECK(rc == -1 && hw == -1 && ch == (k == 1 ? 1 : 8), "all fixed (k %d): rc %d, hw %d, chunks %d", k, rc, hw, ch);
         }
         td_kernels_set_hw_stream(-1);
         td_ctx_free(c);
         c = NULL;
     }
-    /* positions 4..19: 8 one-token steps, then 4 two-token blocks */
     for (int k = 1; k < 3; k++)
         T_CHECK(memcmp(lg[0], lg[k], sizeof(float) * (NS - 4) * V) == 0,
-                "logits with the choice made by time differ from those with hw fixed to %d", k - 1);
+                "logits with the schedule chosen by time differ from those with schedule %d fixed", k);
 done:
     td_ctx_free(c);
     for (int k = 0; k < 3; k++) free(lg[k]);

@@ -341,55 +341,70 @@ static void test_llc_cap(void) {
     t_end();
 }
 
-/* The prefetch selector (nn/hwsel.h): seeding alternates from the default;
- * then it runs the faster variant and the other one on every 16th pick (64th
- * where that one is over 10% slower); a slow outlier does not flip it; when the
- * times cross (a machine's phase changes) it follows within the retries; bad
- * samples (zero, negative, NaN, a variant other than 0 and 1) are ignored. */
-static int hwsel_run(td_hwsel *s, int n, double t0, double t1, int *other) {
-    int last = -1;
-    *other = 0;
+/* The schedule selector (nn/hwsel.h): seeding tries every arm from the
+ * default on; then it runs the fastest and gives every 32nd pick to another
+ * arm in turn (an arm over 10% slower one turn in four); a slow outlier does
+ * not flip it; when the times cross (a machine's phase changes) it follows
+ * within a few turns; bad samples (zero, negative, NaN, an arm out of range)
+ * are ignored. */
+static void hwsel_run(td_hwsel *s, int n, const double *t, int *count) {
+    for (int a = 0; a < TD_HWSEL_ARMS; a++) count[a] = 0;
     for (int i = 0; i < n; i++) {
         int v = td_hwsel_pick(s);
-        *other += v != s->best;
-        td_hwsel_record(s, v, v ? t1 : t0);
-        last = v;
+        count[v]++;
+        td_hwsel_record(s, v, t[v]);
     }
-    return last;
 }
 static void test_hwsel(void) {
     tb("hwsel_choice");
     td_hwsel s;
-    td_hwsel_init(&s, 1);
-    int seq[6];
+    td_hwsel_init(&s, 2, 1);
+    int seq[6], cnt[TD_HWSEL_ARMS];
     for (int i = 0; i < 6; i++) { seq[i] = td_hwsel_pick(&s); td_hwsel_record(&s, seq[i], seq[i] ? 2.0 : 1.0); }
     T_CHECK(seq[0] == 1 && seq[1] == 0 && seq[2] == 1 && seq[3] == 0 && seq[4] == 1 && seq[5] == 0,
             "seeding alternates from the default: %d %d %d %d %d %d", seq[0], seq[1], seq[2], seq[3], seq[4], seq[5]);
-    T_CHECK(s.best == 0, "variant 0 (1.0 against 2.0) chosen");
-    int other;
-    hwsel_run(&s, 640, 1.0, 2.0, &other);
-    T_CHECK(other == 10, "a variant twice as slow retried every 64th pick: %d of 640", other);
-    td_hwsel_init(&s, 0);
-    hwsel_run(&s, 6, 1.0, 1.05, &other);
-    hwsel_run(&s, 640, 1.0, 1.05, &other);
-    T_CHECK(s.best == 0 && other == 40, "a variant 5%% slower retried every 16th pick: %d of 640", other);
+    T_CHECK(s.best == 0, "arm 0 (1.0 against 2.0) chosen");
+    hwsel_run(&s, 640, (const double[]){1.0, 2.0}, cnt);
+    T_CHECK(cnt[1] == 5, "an arm twice as slow run every 128th pick: %d of 640", cnt[1]);
+    td_hwsel_init(&s, 2, 0);
+    hwsel_run(&s, 6, (const double[]){1.0, 1.05}, cnt);
+    hwsel_run(&s, 640, (const double[]){1.0, 1.05}, cnt);
+    T_CHECK(s.best == 0 && cnt[1] == 20, "an arm 5%% slower run every 32nd pick: %d of 640", cnt[1]);
     /* one descheduled sample of the best (100x) is clipped and does not flip it */
     td_hwsel_record(&s, 0, 100.0);
     T_CHECK(s.best == 0, "one outlier flips the choice (avg %g / %g)", s.avg[0], s.avg[1]);
-    /* the phase changes: variant 1 now the faster by 20%; followed within a few retries */
+    /* the phase changes: arm 1 now the faster by 20%; followed within a few turns */
     int flip = -1;
-    for (int i = 0; i < 400 && flip < 0; i++) {
+    for (int i = 0; i < 800 && flip < 0; i++) {
         int v = td_hwsel_pick(&s);
         td_hwsel_record(&s, v, v ? 1.0 : 1.2);
         if (s.best == 1) flip = i;
     }
-    T_CHECK(flip >= 0 && flip < 200, "phase change followed after %d picks", flip);
+    T_CHECK(flip >= 0 && flip < 400, "phase change followed after %d picks", flip);
     td_hwsel_record(&s, 2, 0.1);
     td_hwsel_record(&s, -1, 0.1);
     td_hwsel_record(&s, 0, 0.0);
     td_hwsel_record(&s, 0, -1.0);
     td_hwsel_record(&s, 0, NAN);
     T_CHECK(s.best == 1 && isfinite(s.avg[0]) && s.avg[0] > 0.5, "bad samples ignored (avg %g)", s.avg[0]);
+    /* four arms from default 1: seeding 1 2 3 0 three times; arm 2 fastest; of
+     * 1536 picks, the turns (48) go round robin to arms 3, 0, 1, where arm 0
+     * (20% slower) takes one turn in four offered (the others pass on) and arms
+     * 1, 3 (5%) every one */
+    td_hwsel_init(&s, 4, 1);
+    const double t4[4] = {1.2, 1.05, 1.0, 1.05};
+    int order_ok = 1;
+    for (int i = 0; i < 12; i++) {
+        int v = td_hwsel_pick(&s);
+        order_ok &= v == (1 + i) % 4;
+        td_hwsel_record(&s, v, t4[v]);
+    }
+    T_CHECK(order_ok && s.best == 2, "four arms: seeding in turn from the default, then the fastest (best %d)", s.best);
+    hwsel_run(&s, 1536, t4, cnt);
+    T_CHECK(cnt[2] == 1536 - 48 && cnt[0] >= 4 && cnt[0] <= 6 && cnt[1] >= 16 && cnt[3] >= 16,
+            "four arms' turns: %d %d %d %d", cnt[0], cnt[1], cnt[2], cnt[3]);
+    td_hwsel_init(&s, 9, 20); /* arms clamped to 4, the default taken modulo */
+    T_CHECK(s.arms == TD_HWSEL_ARMS && s.best == 0, "arms %d, default %d", s.arms, s.best);
     t_end();
 }
 

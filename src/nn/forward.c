@@ -69,7 +69,8 @@
 #define MM_CHUNK_MIN ((size_t)64 << 10) /* but at least this many weight bytes per chunk */
 #define MM_CHUNKS_1 8    /* chunks per thread of a one-token product (decode) ... */
 #define MM_TAPER_MIN ((size_t)2 << 20) /* ... of at least this many weight bytes (forward-notes, "Stop 44") */
-#define HWSEL_T 8        /* forwards of up to this many tokens choose their prefetch by time (decode, verify) */
+#define HWSEL_T 8        /* forwards of up to this many tokens choose their schedule by time (decode, verify) */
+#define SCHED_CHUNKS 8   /* chunks a thread of every product in the schedules that take more (sched_pick) */
 
 struct td_ctx {
     const td_model *m;      /* borrowed */
@@ -134,9 +135,11 @@ struct td_ctx {
     size_t mm_taper_min;    /* ... of at least this many bytes of weights (MM_TAPER_MIN) */
     int stream;             /* the weights stream from memory: the products prefetch further ahead
                                (td_mm_in.stream; td_ctx_set_stream) */
-    int hw_adapt;           /* choose td_kernels_hw_stream's prefetch per forward size by time (nn/hwsel.h;
+    int chunks_fixed;       /* mm_chunks was set (TD_MM_CHUNKS, td_ctx_set_mm_chunks): not chosen by time */
+    int hw_adapt;           /* choose the schedule of forwards of up to HWSEL_T tokens by time (nn/hwsel.h;
                                TD_HW_ADAPT=0 and td_ctx_set_hw_adapt turn it off) */
-    int hw;                 /* this forward's choice for its products (td_mm_in.hw; -1: the global one) */
+    int hw;                 /* this forward's prefetch choice for its products (td_mm_in.hw; -1: the global one) */
+    int chunks_now;         /* this forward's chunks a thread (mm_chunks, or SCHED_CHUNKS by its arm) */
     td_hwsel hwsel[HWSEL_T + 1]; /* [T] the selector of forwards of T tokens, 1 <= T <= HWSEL_T */
 };
 
@@ -400,7 +403,7 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
     }
     c->hw_adapt = !(ha && *ha == '0');
     c->hw = -1;
-    for (int t = 0; t <= HWSEL_T; t++) td_hwsel_init(&c->hwsel[t], td_kernels_hw_stream());
+    for (int t = 0; t <= HWSEL_T; t++) td_hwsel_init(&c->hwsel[t], 1, 0); /* arms set at the first forward */
     static const char *const knob[2] = {"TD_MM_CHUNKS", "TD_MM_CHUNKS_1"}; /* tuning knobs for A/B runs */
     for (int i = 0; i < 2; i++) {
         const char *mc = getenv(knob[i]);
@@ -412,14 +415,17 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
             return td_seterr(err, TD_EINVAL, "%s='%.32s' is not an integer in [1, 64]", knob[i], mc);
         }
         *(i ? &c->mm_chunks_1 : &c->mm_chunks) = (int)v;
+        c->chunks_fixed |= !i;
     }
+    c->chunks_now = c->mm_chunks;
     rope_table(c);
     *out = c;
     return 0;
 }
 
 void td_ctx_set_mm_chunks(td_ctx *c, int per_thread, size_t min_bytes) {
-    c->mm_chunks = per_thread < 1 ? 1 : per_thread;
+    c->mm_chunks = c->chunks_now = per_thread < 1 ? 1 : per_thread;
+    c->chunks_fixed = 1;
     c->mm_chunk_min = min_bytes < 1 ? 1 : min_bytes;
 }
 
@@ -430,10 +436,45 @@ void td_ctx_set_mm_chunks_1(td_ctx *c, int per_thread, size_t min_job_bytes) {
 
 void td_ctx_set_stream(td_ctx *c, int stream) { c->stream = stream != 0; }
 void td_ctx_set_hw_adapt(td_ctx *c, int on) { c->hw_adapt = on != 0; }
-int td_ctx_hw_choice(const td_ctx *c, int T) {
-    if (!c->hw_adapt || td_kernels_hw_stream_fixed() || T < 1 || T > HWSEL_T) return -1;
+
+/* The schedules a forward of up to HWSEL_T tokens chooses among (nn/hwsel.h):
+ * the prefetch choice where td_kernels_hw_stream is not fixed (nh = 2: arm
+ * bit 0), and one or SCHED_CHUNKS chunks a thread where mm_chunks is not
+ * (nc = 2: the next bit). Returns the arm count, 1 when there is no choice. */
+static int sched_arms(const td_ctx *c, int *nh, int *nc) {
+    *nh = td_kernels_hw_stream_fixed() ? 1 : 2;
+    *nc = c->chunks_fixed ? 1 : 2;
+    return c->hw_adapt ? *nh * *nc : 1;
+}
+/* Arm a's prefetch choice and chunks a thread, for sched_arms' nh and nc. */
+static void sched_arm(const td_ctx *c, int a, int nh, int nc, int *hw, int *chunks) {
+    *hw = nh == 2 ? a & 1 : -1;
+    *chunks = nc == 2 && (a >> (nh - 1)) & 1 ? SCHED_CHUNKS : c->mm_chunks;
+}
+/* Sets this forward's schedule; returns the selector to record its time in, or NULL. */
+static td_hwsel *sched_pick(td_ctx *c, int T, int *arm) {
+    int nh, nc, arms = sched_arms(c, &nh, &nc);
+    c->hw = -1;
+    c->chunks_now = c->mm_chunks;
+    if (T < 1 || T > HWSEL_T || arms < 2) return NULL;
+    td_hwsel *s = &c->hwsel[T];
+    if (s->arms != arms) td_hwsel_init(s, arms, nh == 2 ? td_kernels_hw_stream() : 0);
+    *arm = td_hwsel_pick(s);
+    sched_arm(c, *arm, nh, nc, &c->hw, &c->chunks_now);
+    return s;
+}
+
+int td_ctx_sched_choice(const td_ctx *c, int T, int *hw, int *chunks) {
+    int nh, nc, arms = sched_arms(c, &nh, &nc);
+    *hw = -1;
+    *chunks = c->mm_chunks;
+    if (T < 1 || T > HWSEL_T || arms < 2) return -1;
     const td_hwsel *s = &c->hwsel[T];
-    return s->n[0] >= TD_HWSEL_SEED && s->n[1] >= TD_HWSEL_SEED ? s->best : -1;
+    if (s->arms != arms) return -1;
+    for (int a = 0; a < arms; a++)
+        if (s->n[a] < TD_HWSEL_SEED) return -1;
+    sched_arm(c, s->best, nh, nc, hw, chunks);
+    return 0;
 }
 
 td_ctx_params td_ctx_get_params(const td_ctx *c) { return c->p; }
@@ -601,7 +642,7 @@ static int mm_pool_run(td_ctx *c, mm_job *j) {
         bytes += td_dtype_row_bytes(j->o[i].w->dtype, j->K) * (size_t)j->o[i].N;
         if ((j->o[i].N + blk - 1) / blk > blocks) blocks = (j->o[i].N + blk - 1) / blk;
     }
-    int per = c->mm_chunks;
+    int per = c->chunks_now;
     if (j->M == 1 && bytes >= c->mm_taper_min && c->mm_chunks_1 > per) per = c->mm_chunks_1;
     size_t n = (size_t)nth * (size_t)per;
     if (n > bytes / c->mm_chunk_min) n = bytes / c->mm_chunk_min;
@@ -879,9 +920,9 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         T += n;
     }
     c->serial = T <= c->p.serial_tokens;
-    /* the products' prefetch choice: by measured time for decode and verify sizes */
-    int sel = T <= HWSEL_T && c->hw_adapt && !td_kernels_hw_stream_fixed() ? T : 0;
-    c->hw = sel ? td_hwsel_pick(&c->hwsel[sel]) : -1;
+    /* the products' schedule: chosen by measured time for decode and verify sizes */
+    int arm = 0;
+    td_hwsel *sel = sched_pick(c, T, &arm);
     double t_start = sel ? td_now() : 0;
     int n_out = 0;
     for (int t = 0; t < T && !b->embd; t++) {
@@ -971,6 +1012,6 @@ int td_ctx_forward(td_ctx *c, const td_batch *b, float *logits, float *taps, td_
         td_rmsnorm(c->xo + (size_t)o * D, c->x + (size_t)c->out_tok[o] * D, W->out_norm.data, W->out_norm.dtype, D, cfg->rms_eps);
     if (!b->skip_logits) matmul(c, logits, cfg->n_vocab, c->xo, n_out, &W->lm_head, D, cfg->n_vocab);
     for (int i = 0; i < b->n_rows; i++) c->row_len[b->rows[i]] += b->n_tokens[i];
-    if (sel) td_hwsel_record(&c->hwsel[sel], c->hw, td_now() - t_start);
+    if (sel) td_hwsel_record(sel, arm, td_now() - t_start);
     return 0;
 }

@@ -29,9 +29,10 @@ int td_pool_open(td_pool **out, int n_threads);
 struct td_ctx;
 td_pool *td_ctx_pool(const struct td_ctx *c);
 /* Matrix products of c's forwards run as per_thread chunks per thread (at
- * least 1; default MM_CHUNKS = 1 or the environment's TD_MM_CHUNKS, see forward.c)
- * of at least min_bytes of weights each (default 64 KiB). For tests and A/B
- * runs: no count changes a bit. */
+ * least 1; default MM_CHUNKS = 1 or the environment's TD_MM_CHUNKS, see forward.c;
+ * forwards of up to 8 tokens choose between that and 8 by time unless it was
+ * set so, td_ctx_set_hw_adapt) of at least min_bytes of weights each (default
+ * 64 KiB). For tests and A/B runs: no count changes a bit. */
 void td_ctx_set_mm_chunks(struct td_ctx *c, int per_thread, size_t min_bytes);
 /* One-token products (a decode step's) of at least min_job_bytes of weights
  * run as per_thread chunks per thread where that is more than the above
@@ -43,14 +44,17 @@ void td_ctx_set_mm_chunks_1(struct td_ctx *c, int per_thread, size_t min_job_byt
  * model's weight bytes exceed td_llc_bytes(), or the environment's TD_STREAM
  * (0 or 1). For tests and A/B runs: neither changes a bit. */
 void td_ctx_set_stream(struct td_ctx *c, int stream);
-/* Whether c's forwards of 1 to 8 tokens choose td_kernels_hw_stream's
- * prefetch by measured time, one selector per token count (nn/hwsel.h): on
- * by default unless the environment's TD_HW_ADAPT is 0; either way off while
- * td_kernels_hw_stream_fixed. For tests and A/B runs: no choice changes a bit. */
+/* Whether c's forwards of 1 to 8 tokens choose their schedule by measured
+ * time, one selector per token count (nn/hwsel.h): td_kernels_hw_stream's
+ * prefetch choice (unless td_kernels_hw_stream_fixed) and one or 8 chunks a
+ * thread for every product (unless td_ctx_set_mm_chunks or TD_MM_CHUNKS fixed
+ * that). On by default unless the environment's TD_HW_ADAPT is 0. For tests
+ * and A/B runs: no schedule changes a bit. */
 void td_ctx_set_hw_adapt(struct td_ctx *c, int on);
-/* The choice c's forwards of T tokens now make (0 or 1), or -1 where they do
- * not choose (adaptation off, T outside 1..8, or not yet seeded). */
-int td_ctx_hw_choice(const struct td_ctx *c, int T);
+/* The schedule c's forwards of T tokens now run: 0 with *hw (0 or 1, or -1
+ * where that is not chosen) and *chunks (a thread); -1 where they do not
+ * choose (adaptation off, nothing to choose, T outside 1..8, or not seeded). */
+int td_ctx_sched_choice(const struct td_ctx *c, int T, int *hw, int *chunks);
 void td_pool_free(td_pool *p);
 int td_pool_size(const td_pool *p);
 void td_pool_run(td_pool *p, td_pool_fn fn, void *arg);
