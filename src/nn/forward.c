@@ -37,6 +37,9 @@
  * are instead converted by the jobs that compute them, each chunk its own
  * columns (td_mm_fill_cols: the same bytes), where the chunks split on blocks
  * of 32 columns — a verify's caller then has no pass there while the others wait.
+ * A forward of 1 to 8 tokens (decode, verify) runs the schedule its token
+ * count's selector picks (nn/hwsel.h: the prefetch choice of its products,
+ * td_mm_in.hw, and one or SCHED_CHUNKS chunks a thread), timing itself for it.
  * Attention is one job of units (batch row, kv head) — q/k norm, RoPE and the
  * cache write of that head for the row's new tokens, then attention of the
  * group's queries of those tokens in one td_attend call (they share K/V loads) —

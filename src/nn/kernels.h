@@ -102,7 +102,9 @@ void td_matmul_bf16a_pf(float *y, int ldy, const uint16_t *x, int ldx, int M, co
  * decode 16.1-16.5 -> 13.4-14.3 ms a token, bf16 under act bf16 5-7% faster),
  * not Intel's (Sapphire Rapids: the R16 product 12-17% slower without it;
  * bench/forward-notes.md, "Stop 45", "Stop 50"). Read by td_matmul_bf16a_stream
- * and the R16 VNNI tiles (nn/q8r.h). TD_HW_STREAM=0|1 overrides it;
+ * and the R16 VNNI tiles (nn/q8r.h) where the caller gives no choice of its own;
+ * forward contexts choose per forward size by measured time, starting from it
+ * (nn/hwsel.h: on the same VMs it went stale). TD_HW_STREAM=0|1 overrides it;
  * td_kernels_set_hw_stream(1 / 0, or -1 for the default) for tests and A/B
  * runs. Never changes a bit. */
 int td_kernels_hw_stream(void);
