@@ -24,8 +24,8 @@
  * pair, and (with a buffer larger than the caches) no token finds weights that
  * the one before left in cache. The run must choose the first run's tokens
  * (interleaved_tokens_equal; else an error).
- * Before measuring, the context makes its prefetch choice for every verify
- * size up to 8 (8 forwards each; the choice is made by time, nn/hwsel.h).
+ * Before measuring, the context chooses its schedule for every verify size
+ * up to 8 (16 forwards each; the choice is made by time, nn/hwsel.h).
  * Also reported: the model's load time, whether its weights were copied
  * (--no-mmap) and how much of the process is in 2 MiB pages after the run
  * (AnonHugePages, FilePmdMapped of /proc/self/smaps_rollup).
@@ -318,10 +318,11 @@ int cmd_bench_forward(int argc, char **argv) {
     /* warm-up: touch every weight page once */
     if (fwd(c, row, toks, 8, 0, logits, &err) != 0) { cli_die("forward", &err); goto out; }
     td_ctx_row_trim(c, row, 0);
-    /* and let the context choose its prefetch for each verify size up to 8
-     * (nn/hwsel.h: it tries both kinds 3 times each first), as a process that
-     * has been serving for a while has, so no measured forward is a trial */
-    for (int r = 0; r < 8; r++)
+    /* and let the context choose its schedule for each verify size up to 8
+     * (nn/hwsel.h: it tries each of up to 4 schedules 3 times first), as a
+     * process that has been serving for a while has, so no measured forward
+     * is a trial */
+    for (int r = 0; r < 16; r++)
         for (int ti = 0; ti < NT && TS[ti] <= 8; ti++) {
             td_ctx_row_trim(c, row, 0);
             if (fwd(c, row, toks, TS[ti], 1, logits, &err) != 0) { cli_die("forward", &err); goto out; }
