@@ -363,7 +363,7 @@ static void test_hwsel(void) {
     for (int i = 0; i < 6; i++) { seq[i] = td_hwsel_pick(&s); td_hwsel_record(&s, seq[i], seq[i] ? 2.0 : 1.0); }
     T_CHECK(seq[0] == 1 && seq[1] == 0 && seq[2] == 1 && seq[3] == 0 && seq[4] == 1 && seq[5] == 0,
             "seeding alternates from the default: %d %d %d %d %d %d", seq[0], seq[1], seq[2], seq[3], seq[4], seq[5]);
-    T_CHECK(s.best == 0, "arm 0 (1.0 against 2.0) chosen");
+    T_CHECK(s.best == 0 && td_hwsel_chosen(&s) == 0, "arm 0 (1.0 against 2.0) chosen");
     hwsel_run(&s, 640, (const double[]){1.0, 2.0}, cnt);
     T_CHECK(cnt[1] == 5, "an arm twice as slow run every 128th pick: %d of 640", cnt[1]);
     td_hwsel_init(&s, 2, 0);
@@ -392,6 +392,7 @@ static void test_hwsel(void) {
      * (20% slower) takes one turn in four offered (the others pass on) and arms
      * 1, 3 (5%) every one */
     td_hwsel_init(&s, 4, 1);
+    T_CHECK(td_hwsel_chosen(&s) == -1, "nothing chosen before seeding");
     const double t4[4] = {1.2, 1.05, 1.0, 1.05};
     int order_ok = 1;
     for (int i = 0; i < 12; i++) {

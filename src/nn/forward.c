@@ -473,10 +473,9 @@ int td_ctx_sched_choice(const td_ctx *c, int T, int *hw, int *chunks) {
     *chunks = c->mm_chunks;
     if (T < 1 || T > HWSEL_T || arms < 2) return -1;
     const td_hwsel *s = &c->hwsel[T];
-    if (s->arms != arms) return -1;
-    for (int a = 0; a < arms; a++)
-        if (s->n[a] < TD_HWSEL_SEED) return -1;
-    sched_arm(c, s->best, nh, nc, hw, chunks);
+    int a = s->arms == arms ? td_hwsel_chosen(s) : -1;
+    if (a < 0) return -1;
+    sched_arm(c, a, nh, nc, hw, chunks);
     return 0;
 }
 

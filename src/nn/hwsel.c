@@ -21,6 +21,8 @@ static int seeded(const td_hwsel *s) {
     return 1;
 }
 
+int td_hwsel_chosen(const td_hwsel *s) { return seeded(s) ? s->best : -1; }
+
 int td_hwsel_pick(td_hwsel *s) {
     if (!seeded(s)) { /* the arm with the fewest samples, the first from best on */
         int pick = s->best;

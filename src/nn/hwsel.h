@@ -50,5 +50,7 @@ void td_hwsel_init(td_hwsel *s, int arms, int dflt);
 int td_hwsel_pick(td_hwsel *s);
 /* Record that arm v took t (> 0; other values and arms are ignored). */
 void td_hwsel_record(td_hwsel *s, int v, double t);
+/* The chosen arm once every arm is seeded, else -1. */
+int td_hwsel_chosen(const td_hwsel *s);
 
 #endif
