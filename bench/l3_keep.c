@@ -24,6 +24,12 @@
 #include <string.h>
 #include <time.h>
 
+#if !defined(__AVX512F__) || !defined(__CLFLUSHOPT__)
+int main(void) {
+    fprintf(stderr, "l3_keep: needs AVX-512 and CLFLUSHOPT (-march=native on such a machine)\n");
+    return 2;
+}
+#else
 #define REPS 30
 
 static double now_us(void) {
@@ -98,3 +104,4 @@ int main(int argc, char **argv) {
     _mm512_storeu_ps(f, acc);
     return f[0] == 12345.0f; /* keeps the sums alive */
 }
+#endif
