@@ -12,17 +12,22 @@
  * Per pass, over the products of a forward of the Qwen3-0.6B shape (28 x
  * q/k/v, o, gate/up, down, then the LM head; N rounded down to whole panels):
  * the engine's T = 8 products (plain layout), the packed ones (this file's
- * tile, sums reduced by _mm512_reduce_add_ps: a speed test only, its bits are
- * not the B32 order's), and the engine's T = 1 products; medians of 8 passes
- * after 2, modes alternating within each pass; one line of JSON.
+ * tile), the engine's T = 1 products, and T = 1 over the packed layout (PR =
+ * 30: a panel's 30 outputs stay in registers across its k-blocks; PF1 its
+ * prefetch distance). This file's tiles reduce their sums with
+ * _mm512_reduce_add_ps (a speed test: their bits are not the B32 order's; the
+ * engine's would take the D16 fold). Medians of 8 passes after 2, the modes
+ * alternating within each pass; one line of JSON.
  * On the project's 2-vCPU Zen 5 VM (bench/forward-notes.md, "Stop 57"),
- * PR 30, KB 512, PF 4096: packed 31.8 ms against plain 34.7-35.2 (T8/T1 of the
- * products 1.26-1.27 against 1.37-1.41, 4 runs at 47-49 GB/s); KB 256:
- * 0.94-0.97 of plain; without the prefetch 1.36-1.41x plain's time.
+ * PR 30, KB 512, PF 4096, PF1 0, runs at 46-52 GB/s: packed T = 8 0.80-0.93 of
+ * the engine's T = 8 time, packed T = 1 0.88-0.95 of the engine's T = 1 (with
+ * PF1 4096: 0.99-1.02). T8/T1 of the products: packed over packed 1.28-1.33,
+ * packed T = 8 over the engine's T = 1 1.06-1.23, the engine's own 1.29-1.43.
+ * KB 256: 0.96 of plain at T = 8; without PF 1.0-1.27.
  * Build and run (from the repository root, after make; AVX512_BF16):
  *   cc -std=c11 -O2 -march=native -Iinclude -Isrc bench/verify_layout.c build/libtandem.a -o /tmp/verify_layout \
  *      -lpcre2-8 -lutf8proc -lcjson -lmicrohttpd -lm -pthread
- *   /tmp/verify_layout [PR=30] [KB=512] [PF=4096]     (PR a multiple of 3 up to 96, KB of 32 dividing 1024) */
+ *   /tmp/verify_layout [PR=30] [KB=512] [PF=4096] [PF1=0]  (PR a multiple of 3 up to 96, KB of 32 dividing 1024) */
 #define _GNU_SOURCE
 #include "nn/kernels.h"
 #include "nn/pool.h"
@@ -46,9 +51,9 @@ int main(void) {
 #define PASSES 8
 #define MAX_GROUPS 32
 
-static int PR = 30, KB = 512, PF = 4096;
+static int PR = 30, KB = 512, PF = 4096, PF1 = 0; /* PF1: the one-token tile's prefetch distance */
 
-enum { M_PLAIN8, M_PACKED8, M_PLAIN1, N_MODES };
+enum { M_PLAIN8, M_PACKED8, M_PLAIN1, M_PACKED1, N_MODES };
 typedef struct {
     float *y;
     const uint16_t *x; /* plain: [M][K]; packed: [K / 32][8][32] */
@@ -105,8 +110,47 @@ static void packed_run(float *y, int N, const uint16_t *xil, const char *P, int 
     }
 }
 
+/* One token over the packed layout (PR = 30 only): a panel's 30 outputs stay
+ * in registers across all its k-blocks, so nothing is saved between them. */
+#define G1 10
+static void packed1_run(float *y, const uint16_t *x, const char *P, int K, int p0, int p1) {
+    const int nkb = K / KB, S = KB / 32;
+    for (int p = p0; p < p1; p++) {
+        const char *pw = P + (size_t)p * 3 * G1 * K * 2;
+        __m512 acc[G1][3];
+#pragma GCC unroll 10
+        for (int g = 0; g < G1; g++)
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; j++) acc[g][j] = _mm512_setzero_ps();
+        for (int kb = 0; kb < nkb; kb++) {
+            const char *wk = pw + (size_t)kb * G1 * S * 192;
+            for (int s = 0; s < S; s++) {
+                __m512i xv = _mm512_loadu_si512(x + (size_t)kb * KB + (size_t)s * 32);
+                __asm__("" : "+v"(xv));
+#pragma GCC unroll 10
+                for (int g = 0; g < G1; g++) {
+                    const char *q = wk + ((size_t)g * S + s) * 192;
+                    if (PF1) _mm_prefetch(q + PF1, _MM_HINT_T1);
+#pragma GCC unroll 3
+                    for (int j = 0; j < 3; j++)
+                        acc[g][j] = _mm512_dpbf16_ps(acc[g][j], (__m512bh)xv, (__m512bh)_mm512_load_si512(q + j * 64));
+                }
+            }
+        }
+#pragma GCC unroll 10
+        for (int g = 0; g < G1; g++)
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; j++) y[p * 3 * G1 + g * 3 + j] = _mm512_reduce_add_ps(acc[g][j]);
+    }
+}
+
 static void run(void *arg, int ith, int nth) {
     const job *j = arg;
+    if (j->mode == M_PACKED1) {
+        int np = j->N / PR;
+        packed1_run(j->y, j->x, (const char *)j->W, j->K, np * ith / nth, np * (ith + 1) / nth);
+        return;
+    }
     if (j->mode == M_PACKED8) {
         int np = j->N / PR;
         packed_run(j->y, j->N, j->x, (const char *)j->W, j->K, np * ith / nth, np * (ith + 1) / nth);
@@ -125,8 +169,10 @@ int main(int argc, char **argv) {
     if (argc > 1) PR = atoi(argv[1]);
     if (argc > 2) KB = atoi(argv[2]);
     if (argc > 3) PF = atoi(argv[3]);
+    if (argc > 4) PF1 = atoi(argv[4]);
+    if (PF1 < 0 || PF1 > (1 << 20)) PF = -1; /* refused below */
     if (PR < 3 || PR % 3 || PR / 3 > MAX_GROUPS || KB < 32 || KB % 32 || 1024 % KB || PF < 0 || PF > (1 << 20)) {
-        fprintf(stderr, "usage: verify_layout [PR: 3..%d, a multiple of 3] [KB: a multiple of 32 dividing 1024] [PF: 0..2^20]\n",
+        fprintf(stderr, "usage: verify_layout [PR: 3..%d, a multiple of 3] [KB: a multiple of 32 dividing 1024] [PF, PF1: 0..2^20]\n",
                 3 * MAX_GROUPS);
         return 2;
     }
@@ -166,6 +212,10 @@ int main(int argc, char **argv) {
     double t[N_MODES][PASSES];
     for (int pass = 0; pass < PASSES + 2; pass++)
         for (int mode = 0; mode < N_MODES; mode++) {
+            if (mode == M_PACKED1 && PR != 3 * G1) {
+                t[mode][pass < 2 ? 0 : pass - 2] = 0;
+                continue;
+            }
             double t0 = td_now();
             size_t o = 0;
             for (int l = 0; l <= NL; l++)
@@ -174,7 +224,7 @@ int main(int argc, char **argv) {
                     if (mode == M_PACKED8) /* this product's activations interleaved, as a real one would */
                         for (int r = 0; r < 8; r++)
                             for (int k = 0; k < K; k += 32) memcpy(xil + (size_t)(k / 32) * 256 + r * 32, x + (size_t)r * K + k, 64);
-                    job j = {y, mode == M_PACKED8 ? xil : x, (mode == M_PACKED8 ? P : W) + o, K, shp[i][0], mode};
+                    job j = {y, mode == M_PACKED8 ? xil : x, (mode == M_PACKED8 || mode == M_PACKED1 ? P : W) + o, K, shp[i][0], mode};
                     td_pool_run(pool, run, &j);
                     o += (size_t)shp[i][0] * shp[i][1];
                 }
@@ -182,9 +232,12 @@ int main(int argc, char **argv) {
         }
     for (int m = 0; m < N_MODES; m++) qsort(t[m], PASSES, sizeof(double), cmpd);
     double p8 = t[M_PLAIN8][PASSES / 2], k8 = t[M_PACKED8][PASSES / 2], p1 = t[M_PLAIN1][PASSES / 2];
-    printf("{\"pr\": %d, \"kb\": %d, \"pf\": %d, \"plain8_ms\": %.2f, \"packed8_ms\": %.2f, \"plain1_ms\": %.2f, "
-           "\"packed_over_plain\": %.3f, \"t8_over_t1_plain\": %.3f, \"t8_over_t1_packed\": %.3f, \"t1_gbs\": %.1f, \"y0\": %g}\n",
-           PR, KB, PF, p8, k8, p1, k8 / p8, p8 / p1, k8 / p1, (double)all * 2 / p1 / 1e6, (double)y[0]);
+    double k1 = t[M_PACKED1][PASSES / 2];
+    printf("{\"pr\": %d, \"kb\": %d, \"pf\": %d, \"pf1\": %d, \"plain8_ms\": %.2f, \"packed8_ms\": %.2f, \"plain1_ms\": %.2f, "
+           "\"packed1_ms\": %.2f, \"packed8_over_plain8\": %.3f, \"packed1_over_plain1\": %.3f, \"t8_over_t1_plain\": %.3f, "
+           "\"t8_over_t1_packed\": %.3f, \"t1_gbs\": %.1f, \"y0\": %g}\n",
+           PR, KB, PF, PF1, p8, k8, p1, k1, k8 / p8, k1 > 0 ? k1 / p1 : 0.0, p8 / p1, k1 > 0 ? k8 / k1 : 0.0,
+           (double)all * 2 / p1 / 1e6, (double)y[0]);
     td_pool_free(pool);
     return 0;
 }
