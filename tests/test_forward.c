@@ -10,6 +10,7 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "model/model.h"
 #include "nn/amx.h"
 #include "nn/kernels.h"
 #include "nn/pool.h"
@@ -387,6 +388,49 @@ done:
     t_end();
 }
 
+/* The P24 copies (td_model_repack_p24, nn/kernels.h): an act_type bf16 context
+ * on a CPU where td_kernels_p24() packs the model's bf16 matrices whose sizes
+ * allow it, and its forwards — a prompt, one-token steps, a block of 4 — give
+ * exactly the logits of the same forwards with the packed products turned off
+ * (td_kernels_set_p24(0): the plain tiles). Elsewhere nothing is packed. */
+static void test_p24(const tm_shape *s, const char *dir) {
+    t_begin("forward_p24_equals_plain");
+    td_model *m = open_model(dir, s);
+    td_ctx *c = NULL;
+    float *lg[2] = {0};
+    T_REQUIRE(m != NULL, "model did not open");
+    int V = s->vocab, r;
+    enum { NS = 14 }; /* 5 prompt tokens, 5 one-token steps, a block of 4 */
+    int32_t seq[NS];
+    uint64_t st = 21;
+    for (int i = 0; i < NS; i++) seq[i] = (int32_t)(tm_rng(&st) % (uint64_t)V);
+    for (int k = 0; k < 2; k++) T_REQUIRE((lg[k] = malloc(sizeof(float) * NS * V)) != NULL, "memory");
+    int p24 = td_kernels_p24();
+    for (int k = 0; k < 2; k++) { /* k = 0: the packed products, 1: turned off */
+        if (k) td_kernels_set_p24(0);
+        c = tc_open_ctx(m, 1, 2, TD_DTYPE_BF16);
+        T_REQUIRE(c != NULL, "context");
+        td_ctx_row_add(c, &r);
+        int ok = tc_feed(c, r, seq, 5, lg[k]) == 0;
+        for (int i = 5; i < 10; i++) ok &= tc_feed(c, r, seq + i, 1, lg[k] + (size_t)(i - 4) * V) == 0;
+        ok &= tc_feed(c, r, seq + 10, 4, lg[k] + (size_t)6 * V) == 0;
+        T_REQUIRE(ok, "forwards (k %d)", k);
+        td_ctx_free(c);
+        c = NULL;
+    }
+    td_kernels_set_p24(-1);
+    const td_tensor *wq = &m->w.layers[0].w_gate;
+    T_CHECK((wq->pk != NULL) == (p24 && td_bf16p_packable(wq->shape[0], wq->shape[1])),
+            "gate [%lld][%lld]: copy %p where p24 %d", (long long)wq->shape[0], (long long)wq->shape[1], wq->pk, p24);
+    T_CHECK(memcmp(lg[0], lg[1], sizeof(float) * 10 * V) == 0, "logits over the P24 copies differ from the plain tiles'");
+done:
+    td_kernels_set_p24(-1);
+    td_ctx_free(c);
+    for (int k = 0; k < 2; k++) free(lg[k]);
+    td_model_free(m);
+    t_end();
+}
+
 static void test_bad_batches(const tm_shape *s, const char *dir) {
     t_begin("forward_bad_input");
     td_model *m = open_model(dir, s);
@@ -618,6 +662,7 @@ int main(void) {
     tm_shape qd = qa;
     qd.ffn = 128; qd.seed = 9;
     test_invariance("batch_invariance_qwen3_bf16_ff128", &qd, d9, TD_DTYPE_BF16);
+    test_p24(&qd, d9);
     tc_act = TD_DTYPE_F32;
     test_act_types(&q, d1, &qf, d3);
     /* act_type amx, where the tiles exist: the same invariances */

@@ -922,6 +922,70 @@ static void test_matmul_bf16a(void) {
     t_end();
 }
 
+/* The P24 layout (td_bf16p_*, nn/kernels.h): td_matmul_bf16p over a packed
+ * copy gives exactly td_matmul_bf16a's bits for M = 1..17 (one token in
+ * registers, blocks of up to 8 tokens, a block of 1 after 16), with add 0 and
+ * 1, over output ranges that start and end inside panels (the plain tiles take
+ * the rows outside whole panels), for K in one k-block, two, and a last short
+ * one, and N with and without rows past the last panel. On a CPU where
+ * td_kernels_p24() is 0 it must fall back to the plain tiles (same check).
+ * The header: a copy for another shape, or no copy, is refused
+ * (td_bf16p_check), and unpackable shapes have no size. */
+static void test_matmul_bf16p(void) {
+    tb("kernels_matmul_bf16p_equals_bf16a");
+    static const int KS[] = {32, 96, 512, 544, 1056};
+    static const int NS[] = {24, 47, 72, 100};
+    T_CHECK(td_bf16p_bytes(24, 33) == 0 && td_bf16p_bytes(23, 64) == 0 && !td_bf16p_packable(24, 0), "unpackable shapes");
+    T_CHECK(!td_bf16p_check(NULL, 24, 32), "no copy");
+    for (int ki = 0; ki < (int)(sizeof KS / sizeof KS[0]); ki++)
+        for (int ni = 0; ni < (int)(sizeof NS / sizeof NS[0]); ni++) {
+            int K = KS[ki], N = NS[ni], MMAX = 17, ok = 1;
+            float *xf = rand_f((size_t)MMAX * K), *base = rand_f((size_t)MMAX * N);
+            uint16_t *x = malloc(2 * (size_t)MMAX * K), *W = rand_w((size_t)N * K, TD_DTYPE_BF16);
+            td_from_f32(x, xf, TD_DTYPE_BF16, (size_t)MMAX * K);
+            size_t pb = td_bf16p_bytes(N, K);
+            void *pk = aligned_alloc(64, (pb + 63) & ~(size_t)63);
+            float *y = malloc(sizeof(float) * MMAX * N), *r = malloc(sizeof(float) * MMAX * N);
+            T_REQUIRE(pb > 0 && pk && y && r, "K=%d N=%d: size %zu", K, N, pb);
+            td_bf16p_pack(pk, W, N, K);
+            T_CHECK(td_bf16p_check(pk, N, K) && !td_bf16p_check(pk, N + 1, K) && !td_bf16p_check(pk, N, K + 32),
+                    "K=%d N=%d: header", K, N);
+            for (int M = 1; M <= MMAX && ok; M++)
+                for (int v = 0; v < 6 && ok; v++) {
+                    int add = v & 1, cut = v >> 1; /* ranges: whole; split at 8 / N-5; split in the middle */
+                    int a = cut == 0 ? 0 : cut == 1 ? 8 : N / 2 + 1, b = cut == 1 ? N - 5 : N;
+                    memcpy(r, base, sizeof(float) * M * N);
+                    memcpy(y, base, sizeof(float) * M * N);
+                    td_matmul_bf16a_pf(r, N, x, K, M, W, K, 0, N, add, 1, -1);
+                    if (a) td_matmul_bf16p(y, N, x, K, M, pk, W, K, N, 0, a, add, 1, -1);
+                    td_matmul_bf16p(y, N, x, K, M, pk, W, K, N, a, b, add, 1, -1);
+                    if (b < N) td_matmul_bf16p(y, N, x, K, M, pk, W, K, N, b, N, add, 1, -1);
+                    if (memcmp(r, y, sizeof(float) * M * N) != 0) {
+                        T_CHECK(0, "K=%d N=%d M=%d add=%d cut=%d: bits differ (p24 %d)", K, N, M, add, cut, td_kernels_p24());
+                        ok = 0;
+                    }
+                }
+        done:
+            free(xf); free(base); free(x); free(W); free(pk); free(y); free(r);
+        }
+    { /* a prefill's worth of tokens: more than one super-block of interleaved activations */
+        int K = 96, N = 50, M = 530;
+        float *xf = rand_f((size_t)M * K);
+        uint16_t *x = malloc(2 * (size_t)M * K), *W = rand_w((size_t)N * K, TD_DTYPE_BF16);
+        void *pk = aligned_alloc(64, (td_bf16p_bytes(N, K) + 63) & ~(size_t)63);
+        float *y = calloc((size_t)M * N, sizeof(float)), *r = calloc((size_t)M * N, sizeof(float));
+        if (xf && x && W && pk && y && r) {
+            td_from_f32(x, xf, TD_DTYPE_BF16, (size_t)M * K);
+            td_bf16p_pack(pk, W, N, K);
+            td_matmul_bf16a_pf(r, N, x, K, M, W, K, 0, N, 0, 1, -1);
+            td_matmul_bf16p(y, N, x, K, M, pk, W, K, N, 0, N, 0, 1, -1);
+            T_CHECK(memcmp(r, y, sizeof(float) * (size_t)M * N) == 0, "M=%d: bits differ (p24 %d)", M, td_kernels_p24());
+        } else T_CHECK(0, "out of memory");
+        free(xf); free(x); free(W); free(pk); free(y); free(r);
+    }
+    t_end();
+}
+
 /* The AMX order (act_type amx), where this machine has AMX-BF16 tiles: the pack
  * layout is the one amx.h states; row m of a product has the same bits computed
  * with M = 1 or among M = 37 tokens (three token chunks: 2x2 blocks of 32 rows x
@@ -2093,6 +2157,7 @@ int main(void) {
     test_dp_lane();
     test_matmul_bf16a();
     test_matmul_bf16a_edges();
+    test_matmul_bf16p();
     test_mm_fill_cols();
     test_amx();
     test_amx_attend();
@@ -2122,6 +2187,7 @@ int main(void) {
         test_attend();
         test_attend_b32();
         test_matmul_bf16a();
+        test_matmul_bf16p();
     test_matmul_bf16a_edges();
     }
     td_kernels_set_path(best);

@@ -579,6 +579,58 @@ int td_model_repack_q8r(td_model *m, td_err *err) {
     return rc;
 }
 
+int td_model_repack_p24(td_model *m, td_err *err) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
+    int rc = 0;
+    td_tensor **ts = NULL;
+    if (m->p24_done) goto out;
+    int n = 0;
+    ts = malloc(((size_t)m->cfg.n_layer * TD_LAYER_MATRICES + 1) * sizeof *ts);
+    if (!ts) {
+        rc = td_seterr(err, TD_ENOMEM, "out of memory packing bf16 weights");
+        goto out;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++, n += TD_LAYER_MATRICES) td_layer_matrices(&m->w.layers[l], ts + n);
+    ts[n++] = &m->w.lm_head;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i]->data && !ts[i]->pk && ts[i]->dtype == TD_DTYPE_BF16 && ts[i]->n_dims == 2 &&
+            td_bf16p_packable(ts[i]->shape[0], ts[i]->shape[1]))
+            total += (td_bf16p_bytes(ts[i]->shape[0], ts[i]->shape[1]) + 63) & ~(size_t)63;
+    /* a model copied into memory cannot hand its plain copy back (a GGUF file's bf16 tensors may lie
+       32 bytes off a cache line, where the plain tiles run slower: the copy keeps them on one): both stay */
+    if (!total || (m->copied && total > TD_P24_COPY_MAX)) {
+        m->p24_done = 1;
+        goto out;
+    }
+    char *arena = td_model_alloc_huge(total);
+    if (!arena) {
+        rc = td_seterr(err, TD_ENOMEM, "out of memory packing %zu bytes of bf16 weights", total);
+        goto out;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        td_tensor *t = ts[i];
+        if (!t->data || t->pk || t->dtype != TD_DTYPE_BF16 || t->n_dims != 2 || !td_bf16p_packable(t->shape[0], t->shape[1]))
+            continue;
+        td_bf16p_pack(arena + off, t->data, t->shape[0], t->shape[1]);
+        t->pk = arena + off;
+        size_t nb = md_tensor_bytes(t);
+        uintptr_t a0, a1;
+        if (!m->copied && md_in_files(m, t->data, nb) && md_pages(t->data, nb, &a0, &a1))
+            madvise((void *)a0, a1 - a0, MADV_DONTNEED); /* a mapped file's pages: they fault back in if read */
+        off += (td_bf16p_bytes(t->shape[0], t->shape[1]) + 63) & ~(size_t)63;
+    }
+    m->p24_arena = arena;
+    m->p24_bytes = total;
+    m->p24_done = 1;
+out:
+    free(ts);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 void td_model_free(td_model *m) {
     if (!m) return;
     if (m->tok) td_tokenizer_free(m->tok);
@@ -590,6 +642,7 @@ void td_model_free(td_model *m) {
     free(m->owned);
     if (m->copy_map) munmap(m->copy_map, m->copy_len);
     free(m->q8r_arena);
+    free(m->p24_arena);
     free(m);
 }
 

@@ -27,6 +27,10 @@ typedef struct td_tensor {
                            same values requantized to int8 rows with one f32 scale a row (nn/i8t.h:
                            [N][K] int8, then [N] f32), owned by the drafter's arena; else NULL.
                            Written once like rp; products of TD_MM_I8T_MIN_M tokens or more use it */
+    const void *pk;     /* bf16 matrices under act_type bf16 where td_kernels_p24(): the same values in
+                           the P24 layout (nn/kernels.h: td_bf16p_*, its own header says which [N][K]),
+                           owned by the model's p24_arena; else NULL. Written once, before any context
+                           reads it; data stays the plain matrix for every other reader */
     const void *file;   /* where data's bytes lie in the model's GGUF mapping (data itself, or the
                            source of the load's copy); NULL when they came from anywhere else. Whoever
                            rebinds data clears it. td_model_repack_q8r hands the pages of repacked
@@ -104,6 +108,9 @@ struct td_model {
                               the weights stay mapped. Pages of it may be file pages (td_model_repack_q8r) */
     size_t copy_len;
     int q8r_done;          /* 1: td_model_repack_q8r has run (guarded by its process-wide lock) */
+    void *p24_arena;       /* owned: the P24 copies of td_model_repack_p24, or NULL */
+    size_t p24_bytes;
+    int p24_done;          /* 1: td_model_repack_p24 has run (guarded by its process-wide lock) */
     void *q8r_arena;       /* owned: the repacks it made (q8r_bytes), or NULL. A drafter's view of a model
                               (a struct copy) that gets its own frees it itself */
     size_t q8r_bytes;
@@ -122,6 +129,16 @@ struct td_model {
  * such matrices out at their file offset modulo the page size); a range the
  * kernel refuses keeps its memory. */
 int td_model_repack_q8r(td_model *m, td_err *err);
+/* Give every bf16 layer matrix and the LM head that td_bf16p_packable allows
+ * its P24 copy (td_tensor.pk), once per model, for contexts of act_type bf16
+ * on CPUs where td_kernels_p24(); a mapped model's plain pages then go back
+ * to its files (they fault in again where something reads them: the rows
+ * outside whole panels, embedding lookups, other act types). A model copied
+ * into memory keeps its plain copy, so it is packed only where that costs at
+ * most TD_P24_COPY_MAX bytes more (open a larger one mapped: use_mmap = 1,
+ * the command line's --mmap). 0, or TD_ENOMEM (nothing changed). */
+#define TD_P24_COPY_MAX ((size_t)64 << 20)
+int td_model_repack_p24(td_model *m, td_err *err);
 /* The seven matrices of a layer (q, k, v, o, gate, up, down) into out[TD_LAYER_MATRICES]. */
 enum { TD_LAYER_MATRICES = 7 };
 void td_layer_matrices(td_layer_w *L, td_tensor *out[TD_LAYER_MATRICES]);

@@ -304,6 +304,11 @@ int td_ctx_open(td_ctx **out, const td_model *m, const td_ctx_params *pp, td_err
         if (rc) return rc;
         q8r = td_model_has_repack(m);
     }
+    /* act_type bf16 multiplies bf16 matrices over their P24 copies where the CPU runs them (nn/kernels.h) */
+    if (p.act_type == TD_DTYPE_BF16 && td_kernels_p24()) {
+        int rc = td_model_repack_p24((td_model *)(uintptr_t)m, err);
+        if (rc) return rc;
+    }
     if (p.n_threads <= 0) p.n_threads = td_pool_default_size();
     if (p.n_threads > 256) p.n_threads = 256;
     if (p.share_threads) p.n_threads = p.share_threads->p.n_threads;

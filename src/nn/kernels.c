@@ -11,7 +11,12 @@
  * widens each element exactly where it is loaded (the weights' ldw / wval), so
  * a stored dtype changes only what is loaded, never the order of operations.
  * td_from_f32 is the cache write's rounding (bf16: integer RNE on every path;
- * f16: F16C on the AVX paths, a bit-identical software twin in util.c). */
+ * f16: F16C on the AVX paths, a bit-identical software twin in util.c).
+ *
+ * P24 (td_matmul_bf16p): the B32 order over a packed copy of a bf16 matrix
+ * (td_bf16p_pack), AVX-512 BF16 only; the rows outside whole panels, and every
+ * other path, go to the plain matrix's tiles. test_kernels compares its bits
+ * with td_matmul_bf16a's. */
 #define _GNU_SOURCE
 #include "kernels.h"
 #include "kernels_avx2.h"
@@ -845,6 +850,140 @@ static int matmul_bm(float *y, int ldy, const uint16_t *x, int ldx, int M, const
     return 0;
 }
 
+/* The P24 layout's products (td_matmul_bf16p, kernels.h): the B32 order of
+ * tileb over weights packed panel, k-block major. Per panel of 24 rows and per
+ * k-block of up to P24_KB elements, groups of 3 rows, per 32-element step the
+ * group's 3 x 64 bytes: a thread reads one stream. Activations go to this
+ * thread's scratch interleaved [step][token][32] (8 token slots, one block of
+ * up to 8 tokens), so a k-block's share stays in L1 beside the stream; a
+ * panel's accumulators stay in registers (one token: 24 of them, across all
+ * its k-blocks) or in L1 between k-blocks (2-8 tokens). Each output's steps run
+ * in k order and end in the same D16 fold as tileb's (acc_fold): its bits.
+ * (bench/forward-notes.md, "Stop 57": one stream against the plain tiles' 3
+ * rows + 8 activation rows + 8 output rows.) */
+#define P24_ROWS TD_P24_ROWS
+#define P24_KB TD_P24_KB
+AI size_t p24_panel_bytes(int K) { return (size_t)P24_ROWS * (size_t)K * 2; }
+/* The bytes of k-block kb of a panel start at kb * P24_ROWS * P24_KB * 2 (every block before the last is whole). */
+TBF AI void p24_tile(int MR, float *y, int ldy, const uint16_t *xil, const char *pw, int K, int add) {
+    __m512 accs[P24_ROWS / 3][8][3];
+    const int G = P24_ROWS / 3;
+    for (int kb0 = 0; kb0 < K; kb0 += P24_KB) {
+        const int S = (K - kb0 < P24_KB ? K - kb0 : P24_KB) / 32;
+        const char *wk = pw + (size_t)kb0 * P24_ROWS * 2;
+        const uint16_t *xb = xil + (size_t)(kb0 / 32) * 256;
+        for (int g = 0; g < G; g++) {
+            __m512 acc[8][8];
+#pragma GCC unroll 8
+            for (int i = 0; i < MR; i++)
+#pragma GCC unroll 3
+                for (int j = 0; j < 3; j++) acc[i][j] = kb0 ? accs[g][i][j] : _mm512_setzero_ps();
+            const char *w = wk + (size_t)g * S * 192;
+            for (int s = 0; s < S; s++) {
+                const char *q = w + (size_t)s * 192;
+                _mm_prefetch(q + 4096, _MM_HINT_T1);
+                _mm_prefetch(q + 4096 + 64, _MM_HINT_T1);
+                _mm_prefetch(q + 4096 + 128, _MM_HINT_T1);
+                __m512i w0 = _mm512_load_si512(q), w1 = _mm512_load_si512(q + 64), w2 = _mm512_load_si512(q + 128);
+#pragma GCC unroll 8
+                for (int i = 0; i < MR; i++) {
+                    __m512i xv = _mm512_load_si512(xb + (size_t)s * 256 + i * 32);
+                    __asm__("" : "+v"(xv)); /* one load a token (see tile()) */
+                    acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)xv, (__m512bh)w0);
+                    acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)xv, (__m512bh)w1);
+                    acc[i][2] = _mm512_dpbf16_ps(acc[i][2], (__m512bh)xv, (__m512bh)w2);
+                }
+            }
+            if (kb0 + P24_KB < K) {
+#pragma GCC unroll 8
+                for (int i = 0; i < MR; i++)
+#pragma GCC unroll 3
+                    for (int j = 0; j < 3; j++) accs[g][i][j] = acc[i][j];
+            } else {
+                acc_fold(MR, 3, acc, y + g * 3, ldy, add);
+            }
+        }
+    }
+}
+/* One token: the panel's 24 outputs in registers across its k-blocks, no
+ * software prefetch (the hardware prefetchers stream one stream best). */
+TBF AI void p24_one(float *y, const uint16_t *x, const char *pw, int K, int add) {
+    const int G = P24_ROWS / 3;
+    __m512 acc[P24_ROWS / 3][3];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++) acc[g][j] = _mm512_setzero_ps();
+    for (int kb0 = 0; kb0 < K; kb0 += P24_KB) {
+        const int S = (K - kb0 < P24_KB ? K - kb0 : P24_KB) / 32;
+        const char *wk = pw + (size_t)kb0 * P24_ROWS * 2;
+        for (int s = 0; s < S; s++) {
+            __m512i xv = _mm512_loadu_si512(x + kb0 + s * 32);
+            __asm__("" : "+v"(xv));
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++) {
+                const char *q = wk + ((size_t)g * S + s) * 192;
+#pragma GCC unroll 3
+                for (int j = 0; j < 3; j++)
+                    acc[g][j] = _mm512_dpbf16_ps(acc[g][j], (__m512bh)xv, (__m512bh)_mm512_load_si512(q + j * 64));
+            }
+        }
+    }
+    /* the fold, as tileb's 1 x 8 tiles fold (fold16x16 over 16, then 8 of them) */
+    __m512 f[8][8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) f[0][u] = acc[u / 3][u % 3];
+    acc_fold(1, 8, f, y, 1, add);
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) f[0][u] = acc[(u + 8) / 3][(u + 8) % 3];
+    acc_fold(1, 8, f, y + 8, 1, add);
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) f[0][u] = acc[(u + 16) / 3][(u + 16) % 3];
+    acc_fold(1, 8, f, y + 16, 1, add);
+}
+#define P24_TILE(MR) \
+    TBF static void p24_tile_##MR(float *y, int ldy, const uint16_t *xil, const char *pw, int K, int add) { \
+        p24_tile(MR, y, ldy, xil, pw, K, add);                                                             \
+    }
+P24_TILE(1) P24_TILE(2) P24_TILE(3) P24_TILE(4) P24_TILE(5) P24_TILE(6) P24_TILE(7) P24_TILE(8)
+typedef void (*p24_fn)(float *y, int ldy, const uint16_t *xil, const char *pw, int K, int add);
+static const p24_fn P24_TILES[9] = {0, p24_tile_1, p24_tile_2, p24_tile_3, p24_tile_4,
+                                    p24_tile_5, p24_tile_6, p24_tile_7, p24_tile_8};
+TBF static void p24_one_fn(float *y, const uint16_t *x, const char *pw, int K, int add) { p24_one(y, x, pw, K, add); }
+
+/* Whole panels [q0, q1) of the packed weights pk for all M tokens: the
+ * blocks of 8 tokens (up to P24_SUPER of them at a time) interleaved once into
+ * this thread's scratch, then each panel meets every block while it sits in
+ * L1/L2 (the weights stream once per P24_SUPER blocks); 0, or -1 (nothing
+ * done) when the scratch cannot be had. */
+#define P24_SUPER 64
+static int matmul_p24(float *y, int ldy, const uint16_t *x, int ldx, int M, const char *pk, int K, int q0, int q1,
+                      int add) {
+    if (M == 1) {
+        for (int q = q0; q < q1; q++)
+            p24_one_fn(y + (size_t)q * P24_ROWS, x, pk + (size_t)q * p24_panel_bytes(K), K, add);
+        return 0;
+    }
+    const size_t blk = (size_t)K * 8; /* bf16 elements of one interleaved block of 8 tokens */
+    int nbt = (M + 7) / 8;
+    uint16_t *xil = td_thread_scratch(blk * 2 * (size_t)(nbt < P24_SUPER ? nbt : P24_SUPER));
+    if (!xil) return -1;
+    for (int b0 = 0; b0 < nbt; b0 += P24_SUPER) {
+        int nb = nbt - b0 < P24_SUPER ? nbt - b0 : P24_SUPER, m0 = 8 * b0, m1 = M < 8 * (b0 + nb) ? M : 8 * (b0 + nb);
+        for (int m = m0; m < m1; m++) /* token m: block (m - m0) / 8, slot m % 8 of [step][slot][32] */
+            for (int k = 0; k < K; k += 32)
+                memcpy(xil + (size_t)((m - m0) / 8) * blk + (size_t)(k / 32) * 256 + (m % 8) * 32, x + (size_t)m * ldx + k, 64);
+        for (int q = q0; q < q1; q++) {
+            const char *pw = pk + (size_t)q * p24_panel_bytes(K);
+            for (int b = 0; b < nb; b++) {
+                int mr = m1 - (m0 + 8 * b) < 8 ? m1 - (m0 + 8 * b) : 8;
+                P24_TILES[mr](y + (size_t)(m0 + 8 * b) * ldy + (size_t)q * P24_ROWS, ldy, xil + (size_t)b * blk, pw, K, add);
+            }
+        }
+    }
+    return 0;
+}
+
 AI __m512 exp_v(__m512 x) { return td_exp512(x); }
 
 #ifndef ATT_PF
@@ -1537,6 +1676,75 @@ int td_kernels_bf16_native(void) {
 #else
     return 0;
 #endif
+}
+
+/* ---- the P24 layout (kernels.h) ------------------------------------------ */
+#define P24_MAGIC 0x34325042u /* "BP24" */
+typedef struct { uint32_t magic, pad; int64_t n, k; char rest[40]; } p24_head; /* the 64 bytes before the panels */
+
+int td_bf16p_packable(int64_t N, int64_t K) { return K >= 32 && K % 32 == 0 && K <= (1 << 20) && N >= TD_P24_ROWS && N <= (1 << 24); }
+
+size_t td_bf16p_bytes(int64_t N, int64_t K) {
+    return td_bf16p_packable(N, K) ? sizeof(p24_head) + (size_t)(N / TD_P24_ROWS) * TD_P24_ROWS * (size_t)K * 2 : 0;
+}
+
+void td_bf16p_pack(void *dst, const uint16_t *W, int64_t N, int64_t K) {
+    p24_head h = {P24_MAGIC, 0, N, K, {0}};
+    memcpy(dst, &h, sizeof h);
+    char *out = (char *)dst + sizeof h;
+    for (int64_t q = 0; q < N / TD_P24_ROWS; q++)
+        for (int64_t kb0 = 0; kb0 < K; kb0 += TD_P24_KB) {
+            int64_t S = (K - kb0 < TD_P24_KB ? K - kb0 : TD_P24_KB) / 32;
+            for (int g = 0; g < TD_P24_ROWS / 3; g++)
+                for (int64_t st = 0; st < S; st++)
+                    for (int j = 0; j < 3; j++) {
+                        const uint16_t *src = W + (size_t)(q * TD_P24_ROWS + g * 3 + j) * (size_t)K + (size_t)(kb0 + st * 32);
+                        memcpy(out, src, 64);
+                        out += 64;
+                    }
+        }
+}
+
+int td_bf16p_check(const void *pk, int64_t N, int64_t K) {
+    if (!pk) return 0;
+    p24_head h;
+    memcpy(&h, pk, sizeof h);
+    return h.magic == P24_MAGIC && h.n == N && h.k == K;
+}
+
+static _Atomic int p24_choice = -1; /* -1: TD_P24 (default on) */
+void td_kernels_set_p24(int v) { atomic_store_explicit(&p24_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
+
+int td_kernels_p24(void) {
+#ifdef TD_HAVE_AVX512
+    int on = atomic_load_explicit(&p24_choice, memory_order_relaxed);
+    if (on < 0) {
+        const char *e = getenv("TD_P24");
+        on = !(e && *e && !strcmp(e, "0"));
+    }
+    return on && FAST() && bf16_ok() && !td_kernels_bf16_fma();
+#else
+    return 0;
+#endif
+}
+
+void td_matmul_bf16p(float *y, int ldy, const uint16_t *x, int ldx, int M, const void *pk, const uint16_t *W, int K,
+                     int N, int n0, int n1, int add, int stream, int hw) {
+    if (M <= 0 || n0 >= n1) return;
+#ifdef TD_HAVE_AVX512
+    if (td_kernels_p24() && td_bf16p_check(pk, N, K) && n1 <= N) {
+        int qa = (n0 + TD_P24_ROWS - 1) / TD_P24_ROWS, qb = (n1 < N / TD_P24_ROWS * TD_P24_ROWS ? n1 : N / TD_P24_ROWS * TD_P24_ROWS) / TD_P24_ROWS;
+        if (qa < qb && matmul_p24(y, ldy, x, ldx, M, (const char *)pk + sizeof(p24_head), K, qa, qb, add) == 0) {
+            /* the rows outside whole panels: the plain tiles (the same bits) */
+            td_matmul_bf16a_pf(y, ldy, x, ldx, M, W, K, n0, qa * TD_P24_ROWS, add, stream, hw);
+            td_matmul_bf16a_pf(y, ldy, x, ldx, M, W, K, qb * TD_P24_ROWS, n1, add, stream, hw);
+            return;
+        }
+    }
+#endif
+    (void)pk;
+    (void)N;
+    td_matmul_bf16a_pf(y, ldy, x, ldx, M, W, K, n0, n1, add, stream, hw);
 }
 
 /* ---- per-thread scratch (td_thread_scratch) ------------------------------ */

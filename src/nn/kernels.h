@@ -129,6 +129,36 @@ float td_bf16_dp_lane(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t
 /* One step of it: fz(fma(a, b, c)) for bf16 values a, b and an f32 c with a
  * nonzero exponent or zero (the emulations' fix-up where fma gives +-FLT_MIN). */
 float td_bf16_fz24(float a, float b, float c);
+/* The P24 layout of a bf16 matrix [N][K] for the bf16-activation products
+ * (act_type bf16): a 64-byte header (N, K), then the whole panels of
+ * TD_P24_ROWS rows; inside a panel, k-blocks of TD_P24_KB elements (the last
+ * may be shorter); inside a k-block, groups of 3 rows; per 32-element step
+ * the group's 3 rows' 64 bytes side by side. A thread's share of a product
+ * is then one stream, where the plain tiles read 3 weight rows, 8 activation
+ * rows and 8 output rows side by side, more streams than the hardware
+ * prefetchers keep (bench/forward-notes.md, "Stop 57"). Rows past the last
+ * whole panel are not in it: the plain matrix serves them.
+ * td_bf16p_packable: K a multiple of 32, N >= TD_P24_ROWS (sizes bounded).
+ * td_bf16p_bytes: the packed size (0 when not packable). td_bf16p_pack: dst
+ * (64-byte aligned, td_bf16p_bytes) from W. td_bf16p_check: pk holds [N][K].
+ * td_matmul_bf16p: td_matmul_bf16a_pf's product, the same bits, taking the
+ * whole panels of [n0, n1) from pk where td_kernels_p24() and pk checks out
+ * (else, and for the other rows, W's plain tiles). */
+#define TD_P24_ROWS 24 /* a multiple of 3 (groups) and 8 (the products' output blocks) */
+#define TD_P24_KB 512
+int td_bf16p_packable(int64_t N, int64_t K);
+size_t td_bf16p_bytes(int64_t N, int64_t K);
+void td_bf16p_pack(void *dst, const uint16_t *W, int64_t N, int64_t K);
+int td_bf16p_check(const void *pk, int64_t N, int64_t K);
+/* 1 where td_matmul_bf16p takes the packed panels: the AVX-512 path with
+ * native vdpbf16ps, not on tilem's CPUs (td_kernels_bf16_fma), and not turned
+ * off (TD_P24=0 in the environment: no context then makes the copies;
+ * td_kernels_set_p24(0 / 1, or -1 for the default) for tests and A/B runs:
+ * copies already made are then left unread). */
+int td_kernels_p24(void);
+void td_kernels_set_p24(int v);
+void td_matmul_bf16p(float *y, int ldy, const uint16_t *x, int ldx, int M, const void *pk, const uint16_t *W, int K,
+                     int N, int n0, int n1, int add, int stream, int hw);
 /* 1 when td_matmul_bf16a runs on vdpbf16ps (AVX-512 path in force, the CPU has
  * AVX512_BF16, and the instruction computes the lanes of td_bf16_probe_lanes as
  * td_bf16_dp_lane does; products of 5+ tokens may still take the fma tiles,

@@ -76,6 +76,8 @@ void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w,
                          in->hw);
     else if (in->xp && w->dtype == TD_DTYPE_BF16)
         td_amx_matmul(y, ldy, in->xp, M, w->data, K, n0, n1, add, in->stream ? (int)w->shape[0] : 0);
+    else if (in->xa && w->dtype == TD_DTYPE_BF16 && w->pk)
+        td_matmul_bf16p(y, ldy, in->xa, K, M, w->pk, w->data, K, (int)w->shape[0], n0, n1, add, in->stream, in->hw);
     else if (in->xa && w->dtype == TD_DTYPE_BF16) td_matmul_bf16a_pf(y, ldy, in->xa, K, M, w->data, K, n0, n1, add, in->stream, in->hw);
     else td_matmul(y, ldy, in->x, in->ldx, M, w->data, w->dtype, K, n0, n1, add);
 }
