@@ -108,7 +108,8 @@ struct td_model {
                               the weights stay mapped. Pages of it may be file pages (td_model_repack_q8r) */
     size_t copy_len;
     int q8r_done;          /* 1: td_model_repack_q8r has run (guarded by its process-wide lock) */
-    void *p24_arena;       /* owned: the P24 copies of td_model_repack_p24, or NULL */
+    void *p24_arena;       /* owned: the P24 copies of td_model_repack_p24, or NULL. A drafter's view of
+                              a model that gets its own frees it itself, as q8r_arena */
     size_t p24_bytes;
     int p24_done;          /* 1: td_model_repack_p24 has run (guarded by its process-wide lock) */
     void *q8r_arena;       /* owned: the repacks it made (q8r_bytes), or NULL. A drafter's view of a model

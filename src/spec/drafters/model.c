@@ -373,6 +373,7 @@ static void dm_free(void *self) {
     if (!p) return;
     td_draft_vocab_free(&p->voc);
     if (!p->m || p->view.q8r_arena != p->m->q8r_arena) free(p->view.q8r_arena); /* the view's repacks (act_type bf16 or amx) */
+    if (!p->m || p->view.p24_arena != p->m->p24_arena) free(p->view.p24_arena); /* its P24 copies (act_type bf16) */
     td_model_free(p->m);
     free(p);
 }

@@ -437,6 +437,7 @@ static void mtp_free(void *self) {
     if (!p) return;
     free(p->head.w.layers);
     free(p->head.q8r_arena); /* the head's repacks (act_type bf16 or amx), made by td_ctx_open */
+    free(p->head.p24_arena); /* its P24 copies (act_type bf16), likewise */
     free(p->qarena);
     free(p->farena);
     td_draft_vocab_free(&p->voc);
