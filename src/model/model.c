@@ -592,7 +592,7 @@ int td_model_repack_p24(td_model *m, td_err *err) {
         goto out;
     }
     for (int l = 0; l < m->cfg.n_layer; l++, n += TD_LAYER_MATRICES) td_layer_matrices(&m->w.layers[l], ts + n);
-    ts[n++] = &m->w.lm_head;
+    if (!m->p24_not_head) ts[n++] = &m->w.lm_head;
     size_t total = 0;
     for (int i = 0; i < n; i++)
         if (ts[i]->data && !ts[i]->pk && ts[i]->dtype == TD_DTYPE_BF16 && ts[i]->n_dims == 2 &&

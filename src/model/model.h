@@ -112,6 +112,8 @@ struct td_model {
                               a model that gets its own frees it itself, as q8r_arena */
     size_t p24_bytes;
     int p24_done;          /* 1: td_model_repack_p24 has run (guarded by its process-wide lock) */
+    int p24_not_head;      /* 1: lm_head is another model's (an MTP head's view of its target's): never
+                              packed here, which would copy the whole of it */
     void *q8r_arena;       /* owned: the repacks it made (q8r_bytes), or NULL. A drafter's view of a model
                               (a struct copy) that gets its own frees it itself */
     size_t q8r_bytes;

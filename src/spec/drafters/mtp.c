@@ -538,6 +538,7 @@ int td_drafter_mtp_open(td_drafter **out, const char *dir, int n_sub, int quant,
      * quantized copy is the drafter's own, which delta alone undercounts) */
     size_t head_was = n_extra == 2 ? td_dtype_row_bytes(h->w.lm_head.dtype, D) * (size_t)p->n_sub : 0;
     int head_own = p->voc.rows != NULL || (quant && n_extra == 2);
+    h->p24_not_head = !head_own; /* a view of the target's LM head: its P24 copy is the target's business */
     if (!rc && quant) rc = td_draft_quantize(L, 1, extra, n_extra, quant, &p->qarena, &delta, err);
     if (rc) { mtp_free(p); free(d); return rc; }
     d->vt = &mtp_vt;
