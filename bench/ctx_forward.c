@@ -11,7 +11,10 @@
  * Build and run (from the repository root, after make):
  *   cc -std=c11 -O2 -march=native -Iinclude bench/ctx_forward.c build/libtandem.a -o /tmp/ctx_forward \
  *      -lpcre2-8 -lutf8proc -lcjson -lmicrohttpd -lm -pthread
- *   /tmp/ctx_forward MODEL ACT KV CTX T N     e.g. /tmp/ctx_forward /tmp/q06-q8.gguf bf16 q8_0 4096 1 30 */
+ *   /tmp/ctx_forward MODEL ACT KV CTX T N     e.g. /tmp/ctx_forward /tmp/q06-q8.gguf bf16 q8_0 4096 1 30
+ * FWD_MMAP=1 in the environment maps the weights (0 copies them; unset: by size, as
+ * td_model_open): a bf16 model over 256 MiB is copied by default, and only a
+ * mapped one gets P24 copies (README, "Packed bf16 weights"). */
 #include "fwd_row.h"
 
 int main(int argc, char **argv) {

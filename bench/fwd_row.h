@@ -51,7 +51,10 @@ static int fwd_row_open(fwd_row *f, const char *model, int act, int kv, int ctx,
     f->ctx = ctx;
     f->T = T;
     td_err err = {0};
-    if (td_model_open(&f->m, model, &err) != 0) { fprintf(stderr, "%s: %s\n", who, err.msg); return 1; }
+    td_model_params mp = td_model_default_params();
+    const char *mm = getenv("FWD_MMAP"); /* 1: map the weights, 0: copy them; unset: by size */
+    if (mm && *mm) mp.use_mmap = atoi(mm) ? 1 : 0;
+    if (td_model_open_params(&f->m, model, &mp, &err) != 0) { fprintf(stderr, "%s: %s\n", who, err.msg); return 1; }
     td_model_info mi;
     td_model_get_info(f->m, &mi);
     td_ctx_params p = td_ctx_default_params();

@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "nn/amx.h"
 #include "nn/kernels.h"
+#include "nn/mmx.h"
 #include "nn/pool.h"
 
 static td_model *open_model(const char *dir, const tm_shape *s) {
@@ -423,6 +424,22 @@ static void test_p24(const tm_shape *s, const char *dir) {
     T_CHECK((wq->pk != NULL) == (p24 && td_bf16p_packable(wq->shape[0], wq->shape[1])),
             "gate [%lld][%lld]: copy %p where p24 %d", (long long)wq->shape[0], (long long)wq->shape[1], wq->pk, p24);
     T_CHECK(memcmp(lg[0], lg[1], sizeof(float) * 10 * V) == 0, "logits over the P24 copies differ from the plain tiles'");
+    { /* products over packed weights cut their ranges on whole panels (the plain rows of a panel cut in
+         two would be read from pages a mapped model handed back) */
+        int K = (int)wq->shape[1];
+        uint16_t *xa = malloc(sizeof(uint16_t) * (size_t)K);
+        float *x = calloc((size_t)K, sizeof(float));
+        T_REQUIRE(xa && x, "memory");
+        const td_tensor *ws[2] = {wq, &m->w.layers[0].w_up};
+        td_mm_in in;
+        td_mm_plan(&in, TD_DTYPE_BF16, ws, 2, x, K, 1, K, xa, NULL);
+        T_CHECK(td_mm_block(&in) == (wq->pk && ws[1]->pk ? TD_P24_ROWS : 8), "bf16 block %d (copies %p %p)", td_mm_block(&in),
+                wq->pk, ws[1]->pk);
+        td_mm_plan(&in, TD_DTYPE_F32, ws, 2, x, K, 1, K, NULL, NULL);
+        T_CHECK(td_mm_block(&in) == 8, "f32 block %d", td_mm_block(&in));
+        free(xa);
+        free(x);
+    }
 done:
     td_kernels_set_p24(-1);
     td_ctx_free(c);

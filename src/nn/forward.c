@@ -555,8 +555,9 @@ static void chunk_units(int U, int ith, int nth, int T, int *u0, int *u1) {
 }
 
 /* Outputs [*n0, *n1) of output i for chunk ith of nth. A swiglu job cuts each
- * output alike (gate and up must match), in units of 32 outputs where blocks
- * allow (so each chunk can convert its own columns for the next product), and
+ * output alike (gate and up must match), in units of whole blocks that are
+ * also whole blocks of 32 outputs (so each chunk can convert its own columns
+ * for the next product: 32 for blocks of 8 or 16, 96 for panels of 24), and
  * so does a job of several tokens; a one-token job with several outputs (q, k,
  * v) cuts them as one list of blocks laid end to end, so a thread streams whole
  * matrices and does not hop between them chunk by chunk. Empty ranges are
@@ -564,7 +565,8 @@ static void chunk_units(int U, int ith, int nth, int T, int *u0, int *u1) {
 static void mm_chunk_range(const mm_job *j, int i, int blk, int ith, int nth, int *n0, int *n1) {
     int N = j->o[i].N, u0, u1;
     if (j->swiglu || j->n_out == 1 || j->M > 1) {
-        int g = j->swiglu && blk < 32 && 32 % blk == 0 ? 32 / blk : 1, w = g * blk;
+        int w = blk; /* a swiglu job's units: whole blocks of 32 columns too (lcm) */
+        while (j->swiglu && w % 32) w += blk;
         chunk_units((N + w - 1) / w, ith, nth, j->nthreads, &u0, &u1);
         *n0 = (long)u0 * w < N ? u0 * w : N;
         *n1 = (long)u1 * w < N ? u1 * w : N;

@@ -11,9 +11,10 @@
 void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, const float *x, int ldx, int M, int K,
                 uint16_t *xa_buf, uint8_t *xq_buf) {
     *in = (td_mm_in){.x = x, .ldx = ldx, .M = M, .K = K, .xa_buf = xa_buf, .xq_buf = xq_buf, .hw = -1};
-    int bf16 = 0, rp = 0, ip = 0;
+    int bf16 = 0, rp = 0, ip = 0, pk = 1;
     for (int i = 0; i < n_w; i++) {
         bf16 |= w[i]->dtype == TD_DTYPE_BF16;
+        if (w[i]->dtype == TD_DTYPE_BF16 && !w[i]->pk) pk = 0;
         /* rp is read only in the bf16 and amx modes, ip only in amx mode: another context's first
          * open in such a mode may be writing them */
         if (act_type != TD_DTYPE_F32) rp |= w[i]->rp != NULL;
@@ -27,7 +28,10 @@ void td_mm_plan(td_mm_in *in, int act_type, const td_tensor *const *w, int n_w, 
     }
     if (!bf16 || !xa_buf || act_type == TD_DTYPE_F32) return;
     if (act_type == TD_ACT_AMX && td_amx_fits(K)) in->xp = (const uint32_t *)(const void *)xa_buf;
-    else in->xa = xa_buf;
+    else {
+        in->xa = xa_buf;
+        in->p24 = pk;
+    }
 }
 
 void td_mm_fill(const td_mm_in *in, int m0, int m1) {

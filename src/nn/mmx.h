@@ -24,6 +24,7 @@
 #define TD_MMX_H
 
 #include "model/model.h"
+#include "nn/kernels.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,8 @@ typedef struct td_mm_in {
                            default): they are expected in cache. Never changes a bit */
     int hw;             /* the products' td_kernels_hw_stream choice: 0 or 1, or -1 (td_mm_plan's
                            default) for td_kernels_hw_stream's. Never changes a bit */
+    int p24;            /* 1: xa is set and every bf16 weight planned has its P24 copy (td_tensor.pk),
+                           so ranges start on whole 24-row panels (td_mm_block); never changes a bit */
 } td_mm_in;
 
 /* Tokens from which a product with an int8 copy (td_tensor.ip) takes it
@@ -84,8 +87,10 @@ static inline int td_mm_converts(const td_mm_in *in) { return in->xa || in->xp |
  * by the kernel above; [n0, n1) from td_mm_range with td_mm_block(in). */
 void td_mm_run(const td_mm_in *in, float *y, int ldy, int M, const td_tensor *w, int K, int n0, int n1, int add);
 /* Outputs per block of a thread's range: 16 for the tile and R16 kernels (a
- * range must start on a 16-output group), else 8 (whole cache lines). */
-static inline int td_mm_block(const td_mm_in *in) { return in->xp || in->xq || in->xi ? 16 : 8; }
+ * range must start on a 16-output group), 24 over P24 copies (a range cut
+ * inside a panel runs that panel's rows on the plain tiles, which read the
+ * plain weights: a mapped model's pages handed back to the file), else 8. */
+static inline int td_mm_block(const td_mm_in *in) { return in->xp || in->xq || in->xi ? 16 : in->p24 ? TD_P24_ROWS : 8; }
 /* Outputs [n0, n1) of N for chunk ith of nth, in whole blocks of blk. */
 static inline void td_mm_range(int N, int blk, int ith, int nth, int *n0, int *n1) {
     int blocks = (N + blk - 1) / blk;
