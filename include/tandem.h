@@ -181,8 +181,10 @@ typedef struct td_model_params {
                         page cache holds; -1 (the default): copy when the weights are at least
                         TD_MODEL_COPY_MIN bytes, map otherwise (small models start faster).
                         Either way, once a context repacks a GGUF file's block-quantized
-                        matrices (act_type bf16 / amx, below), the originals' pages go back to
-                        the file (they fault back in if a context in another mode reads them),
+                        matrices (act_type bf16 / amx, below) or packs its bf16 ones (P24, act_type
+                        bf16, README), the originals' pages go back to the file (they fault back
+                        in if a context in another mode reads them; a copied bf16 matrix only
+                        where its rows start on cache lines in the file),
                         so such a model holds about one copy of its weights, not two. Then,
                         as with mapped weights, the file must not be changed in place while
                         the model is open (replacing it by a rename is safe). */

@@ -50,6 +50,9 @@ check_err gguf_cli_bad_type 'unknown type "q3"' "$tandem" quantize tests/fixture
 check_err gguf_cli_missing_out 'needs IN and OUT' "$tandem" quantize tests/fixtures/llama-rand
 [ -e "$work/x.gguf" ] || [ -e "$work/x.gguf.tmp" ] && echo "FAIL gguf_cli_no_partial_output" || echo "PASS gguf_cli_no_partial_output"
 head -c 1000 "$work/llama-rand.gguf" >"$work/trunc.gguf"
-check_err gguf_cli_truncated 'past the end of the file' "$tandem" inspect "$work/trunc.gguf"
+# where the cut falls depends on the header's length: inside a string or another field
+out=$("$tandem" inspect "$work/trunc.gguf" 2>&1) && rc=0 || rc=$?
+if [ "$rc" -ne 0 ] && grep -qE 'past the end of the file|the file has [0-9]+ left \(truncated\?\)' <<<"$out"; then
+  echo "PASS gguf_cli_truncated"; else echo "FAIL gguf_cli_truncated (exit $rc: $out)"; fi
 printf 'GGUF\3\0\0\0' >"$work/short.gguf"
 check_err gguf_cli_short 'too short for a GGUF header' "$tandem" inspect "$work/short.gguf"

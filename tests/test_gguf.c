@@ -19,6 +19,7 @@
 #include "tmodel.h"
 #include "io/gguf.h"
 #include "model/model.h"
+#include "nn/kernels.h"
 #include "nn/q8r.h"
 #include "nn/quant.h"
 #include "tok/tok_gguf.h"
@@ -185,6 +186,122 @@ done:
     free(img);
     free(rp);
     td_model_free(a);
+    td_model_free(b);
+    t_end();
+}
+
+/* td_gguf_w_write_header puts the data section on a 64-byte line at the default alignment (adding
+ * general.alignment = 32 where that helps): for 64 header lengths in a row, every file must load with
+ * alignment 32, hold its tensor's bytes, and start its data on a line in all but the one length
+ * that no 33-byte key can fix (32 past a multiple of 64). */
+static void case_writer_line_start(void) {
+    t_begin("gguf_writer_data_on_a_cache_line");
+    char path[512], pad[80];
+    tmp_path(path, sizeof path, "line-start.gguf");
+    int on_line = 0, loaded = 0;
+    const td_gguf_type *f32 = td_gguf_type_by_dtype(TD_DTYPE_F32);
+    float vals[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int L = 0; L < 64; L++) {
+        td_err err = {0};
+        td_gguf_writer *w = NULL;
+        T_REQUIRE(f32 && td_gguf_w_open(&w, path, TD_GGUF_DEFAULT_ALIGNMENT, &err) == 0, "open: %s", err.msg);
+        memset(pad, 'x', (size_t)L);
+        pad[L] = 0;
+        td_gguf_w_str(w, "general.name", pad);
+        int64_t ne[1] = {8};
+        td_gguf_w_tensor(w, "t", f32, 1, ne);
+        int rc = td_gguf_w_write_header(w, &err);
+        if (!rc) rc = td_gguf_w_write_data(w, vals, sizeof vals, &err);
+        int crc = td_gguf_w_close(w, rc == 0, &err);
+        T_REQUIRE(rc == 0 && crc == 0, "L %d: %s", L, err.msg);
+        td_gguf_file *f = NULL;
+        T_REQUIRE(td_gguf_open(&f, path, &err) == 0, "L %d: %s", L, err.msg);
+        int ok = f->alignment == 32 && f->n_tensors == 1 && f->tensors[0].nbytes == sizeof vals &&
+                 memcmp(f->tensors[0].data, vals, sizeof vals) == 0;
+        T_CHECK(ok, "L %d: alignment %u, tensor bytes", L, f->alignment);
+        loaded += ok;
+        on_line += f->data_offset % 64 == 0;
+        td_gguf_free(f);
+    }
+    T_CHECK(loaded == 64 && on_line == 63, "%d of 64 loaded, %d with the data on a line", loaded, on_line);
+done:
+    t_end();
+}
+
+/* The first act bf16 context packs a bf16 GGUF model's matrices (P24, where td_kernels_p24()) and
+ * hands their plain pages back to the file (td_model_repack_p24): mapped (use_mmap 1) and copied (0).
+ * td_model_quantize writes 64-byte aligned tensors, so a copy lays every matrix out at its file
+ * offset modulo the page size and can hand all of them back. Every matrix's bytes must stay the
+ * file's; f32 logits before and after memcmp-equal; bf16 logits those of the same weights with the
+ * packed products off; copied: a page inside each packed matrix then mapped from the file. */
+static void case_p24_give_back(int use_mmap) {
+    char name[160], path[512];
+    snprintf(name, sizeof name, "gguf_bf16_p24_gives_plain_pages_back_%s", use_mmap ? "mapped" : "copied");
+    t_begin(name);
+    td_err err = {0};
+    td_model *b = NULL;
+    float *f0 = NULL, *f1 = NULL, *ba = NULL, *bb = NULL;
+    char *img = NULL;
+    tmp_path(path, sizeof path, "give-back-bf16.gguf");
+    if (use_mmap) { /* the first call writes the file */
+        td_model *a = NULL;
+        T_REQUIRE(td_model_open(&a, "models/tiny-code/target", &err) == 0, "%s", err.msg);
+        int rc = td_model_quantize(a, path, "bf16", &err);
+        td_model_free(a);
+        T_REQUIRE(rc == 0, "save: %s", err.msg);
+    }
+    td_model_params mp = td_model_default_params();
+    mp.use_mmap = use_mmap;
+    int32_t toks[20];
+    /* the bf16 logits without the packed products: a model of its own, opened while they are off */
+    td_kernels_set_p24(0);
+    T_REQUIRE(td_model_open_params(&b, path, &mp, &err) == 0, "open: %s", err.msg);
+    for (int i = 0; i < 20; i++) toks[i] = (int32_t)((i * 7919 + 5) % b->cfg.n_vocab);
+    ba = run_logits_act(b, toks, 20, TD_DTYPE_BF16, &err);
+    T_REQUIRE(ba, "bf16, P24 off: %s", err.msg);
+    td_model_free(b);
+    b = NULL;
+    td_kernels_set_p24(-1);
+    T_REQUIRE(td_model_open_params(&b, path, &mp, &err) == 0, "open: %s", err.msg);
+    T_REQUIRE(b->copied == !use_mmap && b->gguf && b->gguf->mapped, "copied %d", b->copied);
+    size_t nl = (size_t)20 * (size_t)b->cfg.n_vocab * sizeof(float);
+    f0 = run_logits(b, toks, 20, &err);
+    T_REQUIRE(f0, "f32: %s", err.msg);
+    T_CHECK(b->w.layers[0].w_up.pk == NULL, "packed before any bf16 context");
+    bb = run_logits_act(b, toks, 20, TD_DTYPE_BF16, &err);
+    f1 = run_logits(b, toks, 20, &err);
+    T_REQUIRE(bb && f1, "forward: %s", err.msg);
+    T_CHECK(memcmp(f0, f1, nl) == 0, "f32 logits moved after the plain pages went back to the file");
+    T_CHECK(memcmp(ba, bb, nl) == 0, "bf16 logits over the P24 copies differ from the plain tiles'");
+    size_t flen = 0;
+    T_REQUIRE((img = t_slurp(path, &flen)) != NULL, "read %s", path);
+    int matrices = 0, packed = 0, from_file = 0, p24 = td_kernels_p24();
+    for (int l = 0; l < b->cfg.n_layer; l++) {
+        td_tensor *lt[TD_LAYER_MATRICES];
+        td_layer_matrices(&b->w.layers[l], lt);
+        for (int j = 0; j < TD_LAYER_MATRICES; j++) {
+            const td_tensor *t = lt[j];
+            size_t nb = (size_t)t->shape[0] * (size_t)t->shape[1] * 2;
+            size_t fo = (size_t)((const char *)t->file - (const char *)b->gguf->map);
+            T_CHECK(t->dtype == TD_DTYPE_BF16 && fo % 64 == 0, "layer %d matrix %d: dtype %d, file offset %zu", l, j, t->dtype, fo);
+            T_CHECK(fo + nb <= flen && memcmp(t->data, img + fo, nb) == 0, "layer %d matrix %d: bytes differ from the file", l, j);
+            matrices++;
+            if (!t->pk) continue;
+            packed++;
+            T_CHECK(td_bf16p_check(t->pk, t->shape[0], t->shape[1]), "layer %d matrix %d: packed header", l, j);
+            if (!use_mmap && nb >= 3 * 4096) from_file += page_from_file((const char *)t->data + nb / 2, path);
+        }
+    }
+    T_CHECK(matrices == 7 * b->cfg.n_layer, "%d matrices", matrices);
+    T_CHECK(packed == (p24 ? matrices : 0), "%d of %d matrices packed where p24 %d", packed, matrices, p24);
+    if (!use_mmap) T_CHECK(from_file == packed, "%d of the %d packed copied matrices' pages are the file's", from_file, packed);
+done:
+    td_kernels_set_p24(-1);
+    free(f0);
+    free(f1);
+    free(ba);
+    free(bb);
+    free(img);
     td_model_free(b);
     t_end();
 }
@@ -876,6 +993,9 @@ int main(void) {
     case_kquant();
     case_give_back(1);
     case_give_back(0);
+    case_p24_give_back(1);
+    case_p24_give_back(0);
+    case_writer_line_start();
     case_rounding("f16", "tests/fixtures/qwen3-rand-f16");
     case_rounding("bf16", "tests/fixtures/qwen3-rand-bf16");
     case_tok_model();

@@ -757,6 +757,18 @@ static int gw_pad(td_gguf_writer *w, uint64_t at) {
 }
 
 int td_gguf_w_write_header(td_gguf_writer *w, td_err *err) {
+    /* The data section on a cache line: at the default alignment (32) it starts 32 bytes off one
+       for about half of all header lengths, and then so does every tensor whose offset is a
+       multiple of 64, bf16 rows included (a reader that copies or maps them in place reads each
+       row across one more line). The key general.alignment = 32 (the default, 33 bytes) shifts the
+       header; it is added where that puts the data start on a line (all header lengths but those
+       32 past a multiple of 64). Readers see the default alignment either way. */
+    if (!w->rc && w->alignment == 32) {
+        uint64_t hl = 24 + w->kv_len + w->ti_len, at = (hl + 31) / 32 * 32, at2 = (hl + 33 + 31) / 32 * 32;
+        int has = 0;
+        for (uint64_t i = 0; i < w->n_kv; i++) has |= strcmp(w->keys[i], "general.alignment") == 0;
+        if (!has && at % 64 && at2 % 64 == 0) td_gguf_w_u32(w, "general.alignment", 32);
+    }
     unsigned char h[24];
     memcpy(h, "GGUF", 4);
     uint64_t v[3] = {3, w->n_t, w->n_kv};

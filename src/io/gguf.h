@@ -131,6 +131,8 @@ int td_gguf_w_arr_i32(td_gguf_writer *w, const char *key, const int32_t *vals, s
 int td_gguf_w_copy(td_gguf_writer *w, const td_gguf_kv *kv);
 /* A tensor of type t with ne[n_dims] (innermost first). */
 int td_gguf_w_tensor(td_gguf_writer *w, const char *name, const td_gguf_type *t, int n_dims, const int64_t *ne);
+/* At the default alignment (32) it may add general.alignment = 32 first, so
+ * that the data section starts on a 64-byte line (see gguf.c). */
 int td_gguf_w_write_header(td_gguf_writer *w, td_err *err);
 /* The next bytes of the tensors' data, in the order the tensors were added, in
  * chunks of any size; padding is inserted when a tensor is complete. */

@@ -412,13 +412,24 @@ static char *md_map_huge(size_t n) {
     return a;
 }
 
+/* 1 when md_copy_weights lays t, at file offset fo, out at fo modulo the page
+ * size: a block-quantized matrix R16 takes, or a bf16 matrix P24 takes whose
+ * rows start on cache lines in the file. */
+static int md_file_placed(const td_tensor *t, size_t fo) {
+    if (t->n_dims != 2) return 0;
+    if (td_q8r_dtype_ok(t->dtype)) return 1;
+    return t->dtype == TD_DTYPE_BF16 && fo % 64 == 0 && td_bf16p_packable(t->shape[0], t->shape[1]);
+}
+
 /* Copy every bound tensor into one anonymous 2 MiB-aligned MADV_HUGEPAGE
  * mapping (m->copy_map), rebind the tensors to it, then drop the files' pages
  * from this process (MADV_DONTNEED on a private read-only file mapping only
  * unmaps them; the mapping stays valid, so header views into it do too). A
- * block-quantized matrix from the GGUF mapping lands at its file offset modulo
- * the page size (t->file keeps where it came from), so td_model_repack_q8r can
- * later put the file's pages in place of the copy's.
+ * block-quantized matrix from the GGUF mapping, and a bf16 matrix whose rows
+ * start on cache lines there, lands at its file offset modulo the page size
+ * (md_file_placed; t->file keeps where it came from), so td_model_repack_q8r
+ * and td_model_repack_p24 can later put the file's pages in place of the
+ * copy's (md_file_back).
  * Runs after md_open: every size and offset was checked against the files. */
 static int md_copy_weights(td_model *m, td_err *err) {
     const td_config *c = &m->cfg;
@@ -441,9 +452,12 @@ static int md_copy_weights(td_model *m, td_err *err) {
                 td_tensor *t = s[j].t;
                 if (!s[j].when || !t->data) continue;
                 size_t nb = md_tensor_bytes(t);
-                /* a matrix an R16 repack may take: at its file offset modulo the page size (others
-                   keep 64-byte alignment: bf16 rows are read in place) */
-                if (gmap && t->file == t->data && t->n_dims == 2 && td_q8r_dtype_ok(t->dtype))
+                /* a matrix an R16 repack or a P24 copy may take: at its file offset modulo the page
+                   size, so that its pages can go back to the file then (md_file_back). A bf16 matrix
+                   only where that offset is 64-byte aligned: the plain tiles read its rows in place,
+                   and rows 32 bytes off a cache line cost f32-activation contexts 13-16% (others keep
+                   64-byte alignment) */
+                if (gmap && t->file == t->data && md_file_placed(t, (size_t)((const char *)t->file - gmap)))
                     off += ((size_t)((const char *)t->file - gmap) - off) & (pg - 1);
                 if (pass == 1) {
                     uintptr_t a0, a1;
@@ -464,22 +478,33 @@ static int md_copy_weights(td_model *m, td_err *err) {
     return 0;
 }
 
-/* See td_model_repack_q8r: t's original back to the GGUF file, once t has its repack. */
-static void md_release_original(td_model *m, const td_tensor *t) {
-    if (!m->gguf || !m->gguf->mapped || !t->rp || !t->file || !t->data) return;
+/* 1 when t's bytes in the load's copy can go back to the GGUF file they came
+ * from (md_file_back replaces them by the file's pages); 0 for a mapped model,
+ * whose pages go back by MADV_DONTNEED. */
+static int md_file_backable(const td_model *m, const td_tensor *t) {
+    if (!m->gguf || !m->gguf->mapped || m->gguf->fd < 0 || !t->file || !t->data || !m->copy_map) return 0;
     const char *gmap = m->gguf->map, *d = t->data, *f = t->file;
     size_t glen = m->gguf->map_len, nb = md_tensor_bytes(t);
+    if (f < gmap || (size_t)(f - gmap) > glen || nb > glen - (size_t)(f - gmap)) return 0;
+    if (d < m->copy_map || (size_t)(d - m->copy_map) > m->copy_len || nb > m->copy_len - (size_t)(d - m->copy_map)) return 0;
+    return ((uintptr_t)d - (uintptr_t)(f - gmap)) % (uintptr_t)sysconf(_SC_PAGESIZE) == 0;
+}
+
+/* See td_model_repack_q8r: t's original back to the GGUF file, once t has its
+ * repack (t->rp) or its P24 copy (t->pk), every byte kept. */
+static void md_file_back(td_model *m, const td_tensor *t) {
+    if (!(t->rp || t->pk) || !t->data) return;
+    const char *d = t->data;
+    size_t nb = md_tensor_bytes(t);
     uintptr_t a0, a1;
-    if (f < gmap || (size_t)(f - gmap) > glen || nb > glen - (size_t)(f - gmap) || !md_pages(d, nb, &a0, &a1)) return;
-    if (d == f) { /* the mapping itself: its pages fault back in from the file */
+    if (!md_pages(d, nb, &a0, &a1)) return;
+    if (md_in_files(m, d, nb)) { /* a mapped model: its pages fault back in from the file */
         madvise((void *)a0, a1 - a0, MADV_DONTNEED);
         return;
     }
-    if (!m->copy_map || d < m->copy_map || (size_t)(d - m->copy_map) > m->copy_len ||
-        nb > m->copy_len - (size_t)(d - m->copy_map) || m->gguf->fd < 0)
-        return;
+    if (!md_file_backable(m, t)) return; /* not laid out at its file offset (md_copy_weights), or not from one */
+    const char *gmap = m->gguf->map, *f = t->file;
     size_t fo = (size_t)(f - gmap) + (size_t)(a0 - (uintptr_t)d);
-    if (fo % (size_t)sysconf(_SC_PAGESIZE)) return; /* not laid out at its file offset (md_copy_weights does) */
     if (mmap((void *)a0, a1 - a0, PROT_READ, MAP_PRIVATE | MAP_FIXED, m->gguf->fd, (off_t)fo) != MAP_FAILED) return;
     /* the kernel may have unmapped the range before failing: put memory and the bytes back */
     if (mmap((void *)a0, a1 - a0, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED)
@@ -531,7 +556,7 @@ static int md_repack(td_model *m, td_tensor *const *ts, int n, void **arena_out,
         if (!t->data || t->rp || !td_q8r_dtype_ok(t->dtype) || t->n_dims != 2 || t->shape[1] % td_dtype_block(t->dtype) != 0) continue;
         td_q8r_repack(arena + off, t->data, t->dtype, t->shape[0], t->shape[1], 0, t->shape[0]);
         t->rp = arena + off;
-        if (m) md_release_original(m, t);
+        if (m) md_file_back(m, t);
         off += td_q8r_bytes(t->shape[0], t->shape[1], td_q8r_format(t->dtype));
     }
     *arena_out = arena;
@@ -593,14 +618,23 @@ int td_model_repack_p24(td_model *m, td_err *err) {
     }
     for (int l = 0; l < m->cfg.n_layer; l++, n += TD_LAYER_MATRICES) td_layer_matrices(&m->w.layers[l], ts + n);
     if (!m->p24_not_head) ts[n++] = &m->w.lm_head;
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (ts[i]->data && !ts[i]->pk && ts[i]->dtype == TD_DTYPE_BF16 && ts[i]->n_dims == 2 &&
-            td_bf16p_packable(ts[i]->shape[0], ts[i]->shape[1]))
-            total += (td_bf16p_bytes(ts[i]->shape[0], ts[i]->shape[1]) + 63) & ~(size_t)63;
-    /* a model copied into memory cannot hand its plain copy back (a GGUF file's bf16 tensors may lie
-       32 bytes off a cache line, where the plain tiles run slower: the copy keeps them on one): both stay */
-    if (!total || (m->copied && total > TD_P24_COPY_MAX)) {
+    /* which to pack: all of them in a mapped model; in a copy, those whose plain bytes can go back
+       to the file (md_file_backable), and the others while they add at most TD_P24_COPY_MAX bytes
+       (a GGUF file's bf16 tensors may lie 32 bytes off a cache line, where the plain tiles run slower,
+       so the copy keeps them on one and cannot hand them back: both copies stay) */
+    size_t total = 0, kept = 0;
+    for (int i = 0; i < n; i++) {
+        td_tensor *t = ts[i];
+        size_t nb = (td_bf16p_bytes(t->shape[0], t->shape[1]) + 63) & ~(size_t)63;
+        int ok = t->data && !t->pk && t->dtype == TD_DTYPE_BF16 && t->n_dims == 2 && td_bf16p_packable(t->shape[0], t->shape[1]);
+        if (ok && m->copied && !md_file_backable(m, t)) {
+            if (kept + nb > TD_P24_COPY_MAX) ok = 0;
+            else kept += nb;
+        }
+        if (!ok) ts[i] = NULL;
+        else total += nb;
+    }
+    if (!total) {
         m->p24_done = 1;
         goto out;
     }
@@ -612,14 +646,10 @@ int td_model_repack_p24(td_model *m, td_err *err) {
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         td_tensor *t = ts[i];
-        if (!t->data || t->pk || t->dtype != TD_DTYPE_BF16 || t->n_dims != 2 || !td_bf16p_packable(t->shape[0], t->shape[1]))
-            continue;
+        if (!t) continue;
         td_bf16p_pack(arena + off, t->data, t->shape[0], t->shape[1]);
         t->pk = arena + off;
-        size_t nb = md_tensor_bytes(t);
-        uintptr_t a0, a1;
-        if (!m->copied && md_in_files(m, t->data, nb) && md_pages(t->data, nb, &a0, &a1))
-            madvise((void *)a0, a1 - a0, MADV_DONTNEED); /* a mapped file's pages: they fault back in if read */
+        md_file_back(m, t); /* the plain pages back to the file (they fault in again if read) */
         off += (td_bf16p_bytes(t->shape[0], t->shape[1]) + 63) & ~(size_t)63;
     }
     m->p24_arena = arena;

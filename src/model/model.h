@@ -136,10 +136,12 @@ int td_model_repack_q8r(td_model *m, td_err *err);
  * its P24 copy (td_tensor.pk), once per model, for contexts of act_type bf16
  * on CPUs where td_kernels_p24(); a mapped model's plain pages then go back
  * to its files (they fault in again where something reads them: the rows
- * outside whole panels, embedding lookups, other act types). A model copied
- * into memory keeps its plain copy, so it is packed only where that costs at
- * most TD_P24_COPY_MAX bytes more (open a larger one mapped: use_mmap = 1,
- * the command line's --mmap). 0, or TD_ENOMEM (nothing changed). */
+ * outside whole panels, embedding lookups, other act types). In a model
+ * copied into memory, a matrix md_copy_weights laid out at its GGUF file
+ * offset modulo the page size (rows on cache lines in the file) has its plain
+ * copy's pages replaced by the file's, as td_model_repack_q8r does; the
+ * others keep their plain copy, so they are packed only while that costs at
+ * most TD_P24_COPY_MAX bytes more in all. 0, or TD_ENOMEM (nothing changed). */
 #define TD_P24_COPY_MAX ((size_t)64 << 20)
 int td_model_repack_p24(td_model *m, td_err *err);
 /* The seven matrices of a layer (q, k, v, o, gate, up, down) into out[TD_LAYER_MATRICES]. */
