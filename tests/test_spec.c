@@ -397,19 +397,19 @@ static void test_depth_plan(void) {
     td_depth_init(&poor, 0.2);
     td_depth_ctl *ctl[2] = {&good, &poor};
     int maxk[2] = {8, 8}, k[2];
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, 0, NULL, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
     T_CHECK(k[0] == 8 && k[1] >= 1, "cheap verify: deep drafts (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, 0, NULL, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &linear, 0.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
     T_CHECK(k[0] == 0 && k[1] == 0, "verify as costly as decoding: no drafting (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, NULL, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
     /* (a step serves both rows, so the poor row's first draft may ride the good row's) */
     T_CHECK(k[0] <= 3 && k[1] <= 1 && k[1] <= k[0], "costly drafter: shallow for the good row, at most one for the poor (got %d, %d)",
             k[0], k[1]);
     /* a block drafter (step_extra 1: one forward over the anchor and k masks)
      * whose 9-entry block costs half a forward drafts the good row deep */
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5 / 9, 1, NULL, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 0.5 / 9, 1, NULL, 1, TD_DEPTH_PROBE_MAX, k);
     T_CHECK(k[0] == 8, "block drafter, full block at half a forward: the good row drafts 8 (got %d, %d)", k[0], k[1]);
-    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0 / 9, 1, NULL, 1, k);
+    td_depth_plan(ctl, maxk, 2, 0, &flat, 3.0 / 9, 1, NULL, 1, TD_DEPTH_PROBE_MAX, k);
     T_CHECK(k[0] == 0 && k[1] == 0, "block drafter, full block at 3 forwards: no drafting (got %d, %d)", k[0], k[1]);
     /* the anchor's step is a cost: at 0.7 forward a step one good row pays to
      * draft with an autoregressive drafter, not with a block drafter (whose
@@ -418,9 +418,9 @@ static void test_depth_plan(void) {
         td_depth_ctl g1;
         td_depth_init(&g1, 0.9);
         td_depth_ctl *c1[1] = {&g1};
-        td_depth_plan(c1, maxk, 1, 0, &flat, 0.7, 0, NULL, 1, k);
+        td_depth_plan(c1, maxk, 1, 0, &flat, 0.7, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] >= 1, "autoregressive drafter at 0.7 forward a step drafts (got %d)", k[0]);
-        td_depth_plan(c1, maxk, 1, 0, &flat, 0.7, 1, NULL, 1, k);
+        td_depth_plan(c1, maxk, 1, 0, &flat, 0.7, 1, NULL, 1, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 0, "block drafter at 0.7 forward an entry does not (got %d)", k[0]);
     }
     /* proposals on offer cost no draft step: with a drafter costing 3
@@ -432,13 +432,13 @@ static void test_depth_plan(void) {
         td_depth_ctl *c2[2] = {&good, &g2};
         unsigned char fr[2] = {1, 0};
         for (int ex = 0; ex < 2; ex++) {
-            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, ex, fr, 1, k);
+            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, ex, fr, 1, TD_DEPTH_PROBE_MAX, k);
             T_CHECK(k[0] == 8 && k[1] == 0, "offered row drafts, the drafter's does not (step_extra %d; got %d, %d)", ex, k[0], k[1]);
-            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, ex, NULL, 1, k);
+            td_depth_plan(c2, maxk, 2, 0, &flat, 3.0, ex, NULL, 1, TD_DEPTH_PROBE_MAX, k);
             T_CHECK(k[0] == 0 && k[1] == 0, "without the offer neither drafts (step_extra %d; got %d, %d)", ex, k[0], k[1]);
         }
         /* once the drafter runs for one row, an offered row adds no step either */
-        td_depth_plan(c2, maxk, 2, 0, &flat, 0.01, 0, fr, 1, k);
+        td_depth_plan(c2, maxk, 2, 0, &flat, 0.01, 0, fr, 1, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 8 && k[1] >= 1, "cheap drafter: both rows draft (got %d, %d)", k[0], k[1]);
     }
     int probes = 0;
@@ -448,7 +448,7 @@ static void test_depth_plan(void) {
     /* a draft token costs half a forward: a poor drafter does not pay, a perfect one would */
     td_cost_curve half = {.n = 2, .T = {1, 65}, .s = {1.0, 33.0}};
     for (int r = 1; r <= 7 * TD_DEPTH_PROBE + 3; r++) {
-        int np = td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, NULL, 1, k);
+        int np = td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(np == (k[0] ? 1 : 0), "a probe is reported as one (round %d: %d, depth %d)", r, np, k[0]);
         if (k[0]) { probes++; if (n_at < 8) at[n_at++] = r; }
     }
@@ -460,12 +460,12 @@ static void test_depth_plan(void) {
     td_depth_init(&poor, 0.2);
     int first = -1;
     for (int r = 1; r <= 3 * TD_DEPTH_PROBE && first < 0; r++) {
-        td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, NULL, r > 2 * TD_DEPTH_PROBE, k);
+        td_depth_plan(one, maxk, 1, 0, &half, 0.0, 0, NULL, r > 2 * TD_DEPTH_PROBE, TD_DEPTH_PROBE_MAX, k);
         if (k[0]) first = r;
     }
     T_CHECK(first == 2 * TD_DEPTH_PROBE + 1, "no probe while probes are over budget (first probe at round %d)", first);
     for (int r = 0; r < 2 * TD_DEPTH_PROBE; r++) {
-        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, NULL, 1, k);
+        td_depth_plan(one, maxk, 1, 0, &linear, 0.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 0, "no probe while even a perfect draft cannot pay (round %d)", r);
     }
     /* ... unless only the step's price stands in the way: a good row whose draft step is priced at
@@ -476,15 +476,25 @@ static void test_depth_plan(void) {
         td_depth_ctl *c1[1] = {&g1};
         int at1[4], n1 = 0;
         for (int r = 1; r <= 2 * TD_DEPTH_PROBE_MAX + 1; r++) {
-            td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, 1, k);
+            td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
             if (k[0] && n1 < 4) at1[n1++] = r;
         }
         T_CHECK(n1 == 2 && at1[0] == TD_DEPTH_PROBE_MAX && at1[1] == 2 * TD_DEPTH_PROBE_MAX && k[0] == 0,
                 "a step priced out re-measures every %d rounds (probed %d times, first at %d)", TD_DEPTH_PROBE_MAX, n1,
                 n1 ? at1[0] : -1);
         td_depth_init(&g1, 0.9);
-        for (int r = 1; r <= TD_DEPTH_PROBE_MAX; r++) td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, r < 10, k);
+        for (int r = 1; r <= TD_DEPTH_PROBE_MAX; r++) td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, r < 10, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 0, "a stale price's probe waits for the probe budget too");
+        /* a provisional price (group.c passes TD_DEPTH_PROBE then) is re-measured that much sooner */
+        td_depth_init(&g1, 0.9);
+        n1 = 0;
+        for (int r = 1; r <= 2 * TD_DEPTH_PROBE; r++) {
+            td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, 1, TD_DEPTH_PROBE, k);
+            if (k[0] && n1 < 4) at1[n1++] = r;
+        }
+        T_CHECK(n1 == 2 && at1[0] == TD_DEPTH_PROBE && at1[1] == 2 * TD_DEPTH_PROBE,
+                "a provisional price is re-measured every %d rounds (probed %d times, first at %d)", TD_DEPTH_PROBE, n1,
+                n1 ? at1[0] : -1);
     }
     /* the draft price: the first round sets it; rounds of one size keep one price a step (a slow
      * steady round raises it 10% at most, so a burst of 20 rounds at 10x leaves it under 7x; a cap
@@ -510,6 +520,35 @@ static void test_depth_plan(void) {
         T_CHECK(td_draft_price_at(&pr, 4) == before, "a dearer catch-up round leaves it");
         td_draft_price_update(&pr, 4, 0.8 * before, 0);
         T_CHECK(fabs(td_draft_price_at(&pr, 4) - (0.8 * before + 0.2 * 0.8 * before)) < 1e-9, "a cheaper catch-up round lowers it");
+        /* a first round that was a catch-up leaves the price provisional: a cheaper round, steady or
+         * not, replaces it outright (10 ms of one-off costs, then 2.4 ms rounds: 8 steps cost 2.4 at
+         * once, where a fifth of the way a round took 5 rounds to come under 4); a dearer catch-up
+         * leaves it; the first steady round makes it final, after which rounds move it as before */
+        td_draft_price_init(&pr, 0);
+        td_draft_price_update(&pr, 8, 10.0, 0);
+        T_CHECK(pr.provisional && pr.s == 10.0 / 8, "a catch-up first round: provisional %g a step", pr.s);
+        td_draft_price_update(&pr, 8, 12.0, 0);
+        T_CHECK(pr.provisional && pr.s == 10.0 / 8, "a dearer catch-up leaves the provisional price (%g)", pr.s);
+        td_draft_price_update(&pr, 8, 3.0, 0);
+        T_CHECK(pr.provisional && fabs(td_draft_price_at(&pr, 8) - 3.0) < 1e-12, "a cheaper catch-up replaces it (%g)",
+                td_draft_price_at(&pr, 8));
+        td_draft_price_update(&pr, 8, 2.4, 1);
+        T_CHECK(!pr.provisional && fabs(td_draft_price_at(&pr, 8) - 2.4) < 1e-12, "a cheaper steady round replaces it (%g)",
+                td_draft_price_at(&pr, 8));
+        td_draft_price_update(&pr, 8, 1.2, 1);
+        T_CHECK(!pr.provisional && fabs(td_draft_price_at(&pr, 8) - (0.8 * 2.4 + 0.2 * 1.2)) < 1e-9,
+                "final: a cheaper steady round moves it a fifth of the way (%g)", td_draft_price_at(&pr, 8));
+        td_draft_price_init(&pr, 0);
+        td_draft_price_update(&pr, 4, 8.0, 0);
+        td_draft_price_update(&pr, 4, 12.0, 1);
+        T_CHECK(!pr.provisional && fabs(td_draft_price_at(&pr, 4) - (0.8 * 8.0 + 0.2 * 12.0)) < 1e-9,
+                "a dearer steady round makes a provisional price final, moving it as before (%g)", td_draft_price_at(&pr, 4));
+        td_draft_price_init(&pr, 0);
+        td_draft_price_update(&pr, 4, 8.0, 1);
+        td_draft_price_update(&pr, 4, 1.0, 0);
+        T_CHECK(!pr.provisional && fabs(td_draft_price_at(&pr, 4) - (0.8 * 8.0 + 0.2 * 4.0)) < 1e-9,
+                "a steady first round is final: a cheap catch-up moves it a fifth of the way, clipped (%g)",
+                td_draft_price_at(&pr, 4));
         /* a block drafter's rounds (Xeon, amx): 2 steps 0.51 ms, 8 steps 0.875 ms */
         td_draft_price_init(&pr, 0);
         for (int r = 0; r < 40; r++) td_draft_price_update(&pr, r % 2 ? 8 : 2, r % 2 ? 0.875 : 0.51, 1);
@@ -531,11 +570,11 @@ static void test_depth_plan(void) {
         td_depth_init(&c7, 0.7);
         td_depth_ctl *one7[1] = {&c7};
         int m8[1] = {8};
-        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 1, NULL, 0, k);
+        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 1, NULL, 0, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 3, "no fixed part: depth %d (3)", k[0]);
-        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 11.0, NULL, 0, k);
+        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 11.0, NULL, 0, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 4, "10 steps fixed: depth %d (4)", k[0]);
-        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 41.0, NULL, 0, k);
+        td_depth_plan(one7, m8, 1, 0, &lin, 0.05, 41.0, NULL, 0, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 0, "40 steps fixed: depth %d (0)", k[0]);
     }
     /* a probe drafts one position, or with a fixed part per round (a block
@@ -544,13 +583,13 @@ static void test_depth_plan(void) {
         td_depth_init(&poor, 0.2);
         int pk = -1;
         for (int r = 1; r <= TD_DEPTH_PROBE && pk < 0; r++) {
-            td_depth_plan(one, maxk, 1, 0, &flat, 0.2, ex, NULL, 1, k);
+            td_depth_plan(one, maxk, 1, 0, &flat, 0.2, ex, NULL, 1, TD_DEPTH_PROBE_MAX, k);
             if (k[0]) pk = k[0];
         }
         T_CHECK(pk == (ex ? 8 : 1), "probe depth with step_extra %d: %d", ex, pk);
     }
     for (int r = 0; r < 40; r++) td_depth_update(&poor, 3, 3);
-    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, NULL, 1, k);
+    td_depth_plan(one, maxk, 1, 0, &flat, 0.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
     T_CHECK(k[0] >= 4, "acceptance that improves is followed past the accepted depth (got %d)", k[0]);
     for (int r = 0; r < 40; r++) td_depth_update(&good, TD_SPEC_MAX_DEPTH, TD_SPEC_MAX_DEPTH);
     for (int r = 0; r < 40; r++) td_depth_update(&good, 4, 0);
@@ -574,7 +613,7 @@ static void test_depth_plan(void) {
         td_depth_ctl *lc[1] = {&low};
         int mk8[1] = {8}, probed = 0;
         for (int r = 0; r < 2 * TD_DEPTH_PROBE && !probed; r++) {
-            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0 / 9, 1, NULL, 1, k);
+            td_depth_plan(lc, mk8, 1, 0, &flat, 2.0 / 9, 1, NULL, 1, TD_DEPTH_PROBE_MAX, k);
             if (k[0]) probed = k[0];
         }
         T_CHECK(probed == 8, "block drafter's probe at full depth (got %d)", probed);
@@ -620,10 +659,10 @@ static void test_depth_plan(void) {
         td_depth_ctl *c98[1] = {&g98};
         int m4[1] = {4};
         td_cost_curve_fit(&ce, eT, even, 5);
-        td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, k);
+        td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 0, "a break-even plan stays plain (depth %d)", k[0]);
         td_cost_curve_fit(&ce, eT, cheap, 5);
-        td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, k);
+        td_depth_plan(c98, m4, 1, 0, &ce, 0.0, 0, NULL, 0, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] >= 3, "a paying plan drafts (depth %d)", k[0]);
     }
     /* kept current by an affine map of the measured curve, fitted to the rounds:
@@ -673,7 +712,7 @@ static void test_depth_plan(void) {
         td_depth_init(&g9, 0.9);
         td_depth_ctl *c9[1] = {&g9};
         int m9[1] = {8};
-        td_depth_plan(c9, m9, 1, 0, &cv, 0.1, 0, NULL, 1, k);
+        td_depth_plan(c9, m9, 1, 0, &cv, 0.1, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] >= 3, "burst: a good drafter drafts (depth %d)", k[0]);
     }
     /* a batch of 8 rows whose ninth verify token starts another tile: no one
@@ -684,9 +723,9 @@ static void test_depth_plan(void) {
         td_depth_ctl r8[8], *c8[8];
         int mk[8], k8[8];
         for (int i = 0; i < 8; i++) { td_depth_init(&r8[i], 0.8); c8[i] = &r8[i]; mk[i] = 8; }
-        td_depth_plan(c8, mk, 1, 7, &tile, 0.05, 0, NULL, 0, k8);
+        td_depth_plan(c8, mk, 1, 7, &tile, 0.05, 0, NULL, 0, TD_DEPTH_PROBE_MAX, k8);
         T_CHECK(k8[0] == 0, "one drafting row of eight does not pay for the tile step (got %d)", k8[0]);
-        td_depth_plan(c8, mk, 8, 0, &tile, 0.05, 0, NULL, 0, k8);
+        td_depth_plan(c8, mk, 8, 0, &tile, 0.05, 0, NULL, 0, TD_DEPTH_PROBE_MAX, k8);
         int lo = 8;
         for (int i = 0; i < 8; i++) lo = k8[i] < lo ? k8[i] : lo;
         T_CHECK(lo >= 1, "eight drafting rows fill the tile together (shallowest depth %d)", lo);
@@ -694,7 +733,7 @@ static void test_depth_plan(void) {
             for (int i = 0; i < 8; i++) td_depth_init(&r8[i], 0.1);
             int first = -1, together = 0;
             for (int r = 1; r <= TD_DEPTH_PROBE && first < 0; r++) {
-                td_depth_plan(c8, mk, 8, 0, &tile, 0.05, ex, NULL, 1, k8);
+                td_depth_plan(c8, mk, 8, 0, &tile, 0.05, ex, NULL, 1, TD_DEPTH_PROBE_MAX, k8);
                 int nz = 0;
                 for (int i = 0; i < 8; i++) nz += k8[i] > 0;
                 if (nz) { first = r; together = nz == 8; }

@@ -82,7 +82,7 @@ void td_cost_model_update(td_cost_model *m, td_cost_curve *cv, const td_cost_cur
 
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
                   const td_cost_curve *cv, double step_s, double step_extra, const unsigned char *free_row,
-                  int allow_probe, int *k) {
+                  int allow_probe, int stale_every, int *k) {
     /* the whole steps of a round's fixed part bound the broad moves' depth and
      * make a probe look for the depth that pays best (a fraction, such as an
      * MTP head's small fitted fixed part, prices rounds but does neither) */
@@ -208,7 +208,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     /* No perfect draft pays, but one would were its steps free: the step's
      * price alone holds such rows at 0, and that price is an estimate (a burst
      * of load on a shared machine inflates it, and only a drafting round can
-     * bring it down), so they re-measure it every TD_DEPTH_PROBE_MAX rounds. */
+     * bring it down), so they re-measure it every stale_every rounds. */
     int stale = !may_probe && step_s > 0 && (E + 1) / td_cost_at(cv, T + 1) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {
@@ -217,7 +217,7 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         if (k[i] == 0 && maxk[i] > 0 && !(fr ? may_probe_free : may_probe)) {
             if (fr || !stale) c->since_probe = 0;
             else if (c->since_probe < 0) c->since_probe = 1; /* a probe just ran: count afresh */
-            else if (++c->since_probe >= TD_DEPTH_PROBE_MAX && allow_probe) {
+            else if (++c->since_probe >= stale_every && allow_probe) {
                 c->since_probe = -1;
                 k[i] = kp < maxk[i] ? kp : maxk[i];
                 probes++;
@@ -248,13 +248,17 @@ double td_draft_price_at(const td_draft_price *p, double steps) { return steps >
 void td_draft_price_update(td_draft_price *p, int steps, double seconds, int steady) {
     if (steps <= 0 || !(seconds > 0)) return; /* a price of 0 would stay 0: each later round is clipped to 1.5x it */
     double x = steps, y = seconds;
-    if (!p->measured) { /* the first round sets it, as if seen in a steady state */
+    double pred = td_draft_price_at(p, x);
+    /* the first round sets it, as if seen in a steady state; so does a cheaper
+     * round while it stands on catch-ups only (depth.h) */
+    if (!p->measured || (p->provisional && y < pred)) {
         double w = 1.0 / (1.0 - TD_PRICE_DECAY);
-        *p = (td_draft_price){.q = {w, w * x, w * y, w * x * x, w * x * y}, .f = 0, .s = y / x, .measured = 1};
+        *p = (td_draft_price){.q = {w, w * x, w * y, w * x * x, w * x * y}, .f = 0, .s = y / x, .measured = 1,
+                              .provisional = !steady};
         return;
     }
-    double pred = td_draft_price_at(p, x);
     if (!steady && !(y < pred)) return; /* a dearer catch-up: its steps' price is not in it */
+    if (steady) p->provisional = 0;
     if (y > 1.5 * pred) y = 1.5 * pred;
     if (y < 0.5 * pred) y = 0.5 * pred;
     td_lsq_add(&p->q, TD_PRICE_DECAY, x, y);

@@ -110,13 +110,22 @@ void td_lsq_add(td_lsq *q, double decay, double x, double y);
  * catches its drafter up on tokens it missed) costs more than its steps, so
  * it enters only when it is cheaper than the prediction (it then lowers the
  * price; setting the price to a catch-up's own figure measured no better on
- * the Zen 5 VM: 1.98-2.28x against 2.12-2.47x for MTP, three alternations). */
+ * the Zen 5 VM: 1.98-2.28x against 2.12-2.47x for MTP, three alternations).
+ * A first round that was a catch-up leaves the price provisional: it may
+ * carry one-off costs many times a round's (the block drafter's first round,
+ * f32 activations, Zen 5: 4.4-6.5 ms against 2.4 ms steady, which priced a
+ * step at 1.9 ms and held every row at depth 0 for the rest of the run), so
+ * until a steady round is entered any round cheaper than the prediction
+ * replaces it outright (as a first round would), and the planner re-measures
+ * it after TD_DEPTH_PROBE rounds instead of TD_DEPTH_PROBE_MAX. */
 #define TD_PRICE_DECAY 0.8
 #define TD_PRICE_PRIOR 0.05
 typedef struct td_draft_price {
     td_lsq q;                   /* the rounds' (x = steps, y = seconds) sums, decayed */
     double f, s;                /* the fit: seconds a drafting round, seconds a step */
     int measured;               /* a round has been entered (else s is a hint and f = 0) */
+    int provisional;            /* measured on catch-up rounds only: an upper bound, which a
+                                   cheaper round replaces and the planner re-measures soon */
 } td_draft_price;
 /* No rounds yet: f = 0, s = hint_s (the drafter's estimate). */
 void td_draft_price_init(td_draft_price *p, double hint_s);
@@ -188,12 +197,15 @@ void td_depth_init_from(td_depth_ctl *c, const td_depth_ctl *from);
  * plus a fitted fixed part in steps: td_draft_price's f / s);
  * free_row[i] (NULL: none): row i's proposals are already made (offered, see
  * draft.h) and cost no draft step, only their verify tokens; allow_probe:
- * 0 = no row at depth 0 probes this round. Returns the number of rows set to
+ * 0 = no row at depth 0 probes this round; stale_every: the rounds a row held
+ * at 0 by the step's price alone waits before re-measuring it
+ * (TD_DEPTH_PROBE_MAX; TD_DEPTH_PROBE while that price is provisional).
+ * Returns the number of rows set to
  * probe (depth 1, or with step_extra the depth a perfect draft pays best at,
  * from the probe schedule, not from the plan). */
 int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
                   const td_cost_curve *cv, double step_s, double step_extra, const unsigned char *free_row,
-                  int allow_probe, int *k);
+                  int allow_probe, int stale_every, int *k);
 /* After a round: n_drafted proposals were verified, the first n_accepted accepted. */
 void td_depth_update(td_depth_ctl *c, int n_drafted, int n_accepted);
 

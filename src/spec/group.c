@@ -564,7 +564,7 @@ int td_spec_step(td_spec *g, td_err *err) {
         if (g->p.fixed_depth) memcpy(g->depth, g->maxk, sizeof(int) * (size_t)n_dr);
         else n_probes = td_depth_plan(g->ctl, g->maxk, n_dr, n_other, &g->cv, g->price.s, extra,
                                       g->free_row, g->probe_spent + g->probe_cost <= TD_PROBE_BUDGET * g->verify_spent,
-                                      g->depth);
+                                      g->price.provisional ? TD_DEPTH_PROBE : TD_DEPTH_PROBE_MAX, g->depth);
         for (int d = 0; d < n_dr; d++) g->rows[g->dr_slot[d]].k = g->depth[d];
         if (g->debug)
             for (int d = 0; d < n_dr; d++)
@@ -605,7 +605,7 @@ int td_spec_step(td_spec *g, td_err *err) {
          * the price where it was cheaper than the prediction (else a planner
          * kept at depth 0 by a burst of load would see only catch-up rounds and
          * never correct it). Until a round is measured, any round sets it: a
-         * catch-up round overstates the price, the safe side, where the
+         * catch-up round overstates the price (provisionally: depth.h), the safe side, where the
          * drafter's hint may understate it many times (a block drafter's hint
          * is one row's; at batch 8 its first rounds, catch-ups while the rows
          * take turns at depth 0, cost 6x that and kept drafting at a loss).
