@@ -475,24 +475,26 @@ static void test_depth_plan(void) {
         td_depth_init(&g1, 0.9);
         td_depth_ctl *c1[1] = {&g1};
         int at1[4], n1 = 0;
-        for (int r = 1; r <= 2 * TD_DEPTH_PROBE_MAX + 1; r++) {
+        for (int r = 1; r <= 2 * TD_DEPTH_PROBE_MAX + 3; r++) {
             td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, 1, TD_DEPTH_PROBE_MAX, k);
             if (k[0] && n1 < 4) at1[n1++] = r;
         }
-        T_CHECK(n1 == 2 && at1[0] == TD_DEPTH_PROBE_MAX && at1[1] == 2 * TD_DEPTH_PROBE_MAX && k[0] == 0,
-                "a step priced out re-measures every %d rounds (probed %d times, first at %d)", TD_DEPTH_PROBE_MAX, n1,
-                n1 ? at1[0] : -1);
+        T_CHECK(n1 == 4 && at1[0] == TD_DEPTH_PROBE_MAX && at1[1] == TD_DEPTH_PROBE_MAX + 1 &&
+                    at1[2] == 2 * TD_DEPTH_PROBE_MAX + 1 && at1[3] == 2 * TD_DEPTH_PROBE_MAX + 2,
+                "a step priced out re-measures every %d rounds, two rounds in a row (probed %d times, at %d %d %d %d)",
+                TD_DEPTH_PROBE_MAX, n1, n1 > 0 ? at1[0] : -1, n1 > 1 ? at1[1] : -1, n1 > 2 ? at1[2] : -1,
+                n1 > 3 ? at1[3] : -1);
         td_depth_init(&g1, 0.9);
         for (int r = 1; r <= TD_DEPTH_PROBE_MAX; r++) td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, r < 10, TD_DEPTH_PROBE_MAX, k);
         T_CHECK(k[0] == 0, "a stale price's probe waits for the probe budget too");
         /* a provisional price (group.c passes TD_DEPTH_PROBE then) is re-measured that much sooner */
         td_depth_init(&g1, 0.9);
         n1 = 0;
-        for (int r = 1; r <= 2 * TD_DEPTH_PROBE; r++) {
+        for (int r = 1; r <= 2 * TD_DEPTH_PROBE + 2; r++) {
             td_depth_plan(c1, maxk, 1, 0, &flat, 5.0, 0, NULL, 1, TD_DEPTH_PROBE, k);
             if (k[0] && n1 < 4) at1[n1++] = r;
         }
-        T_CHECK(n1 == 2 && at1[0] == TD_DEPTH_PROBE && at1[1] == 2 * TD_DEPTH_PROBE,
+        T_CHECK(n1 == 4 && at1[0] == TD_DEPTH_PROBE && at1[2] == 2 * TD_DEPTH_PROBE + 1,
                 "a provisional price is re-measured every %d rounds (probed %d times, first at %d)", TD_DEPTH_PROBE, n1,
                 n1 ? at1[0] : -1);
     }

@@ -208,7 +208,13 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
     /* No perfect draft pays, but one would were its steps free: the step's
      * price alone holds such rows at 0, and that price is an estimate (a burst
      * of load on a shared machine inflates it, and only a drafting round can
-     * bring it down), so they re-measure it every stale_every rounds. */
+     * bring it down), so they re-measure it every stale_every rounds: two
+     * drafting rounds in a row, since the first, a catch-up over the tokens
+     * the drafter missed, does not measure a step (td_draft_price_update),
+     * and only the second does (the MTP head under act_type bf16: a first
+     * round of 0.98 ms for 2 steps priced a step at 0.49 ms, each lone probe
+     * then cost more than that as a catch-up and was not entered, and the
+     * head stayed at depth 0 for the whole run). */
     int stale = !may_probe && step_s > 0 && (E + 1) / td_cost_at(cv, T + 1) > rate;
     int probes = 0;
     for (int i = 0; i < n; i++) {
@@ -216,7 +222,11 @@ int td_depth_plan(td_depth_ctl *const *ctl, const int *maxk, int n, int n_other,
         int fr = free_row && free_row[i];
         if (k[i] == 0 && maxk[i] > 0 && !(fr ? may_probe_free : may_probe)) {
             if (fr || !stale) c->since_probe = 0;
-            else if (c->since_probe < 0) c->since_probe = 1; /* a probe just ran: count afresh */
+            else if (c->since_probe == -1 && allow_probe) { /* a probe just ran: the round that measures */
+                c->since_probe = -2;
+                k[i] = kp < maxk[i] ? kp : maxk[i];
+                probes++;
+            } else if (c->since_probe < 0) c->since_probe = 1; /* count afresh */
             else if (++c->since_probe >= stale_every && allow_probe) {
                 c->since_probe = -1;
                 k[i] = kp < maxk[i] ? kp : maxk[i];

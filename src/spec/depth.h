@@ -35,7 +35,9 @@
  * the rows held at 0 probing together (their schedules run alike), then at
  * the depth that pays best for them together; except that where only the
  * step's price stands in the way (a perfect draft would pay were its steps
- * free), the row re-measures that price every TD_DEPTH_PROBE_MAX rounds —
+ * free), the row re-measures that price every TD_DEPTH_PROBE_MAX rounds, in
+ * two drafting rounds in a row (the first a catch-up, the second a steady
+ * round that prices a step) —
  * nor while the caller says
  * probes have cost more than their budget (allow_probe = 0: the group keeps
  * the time spent in probe rounds, their drafting and their verify beyond a
@@ -69,7 +71,8 @@ typedef struct td_depth_ctl {
     int seen;                     /* positions 0..seen-1 have been observed; a[j] for j >= seen
                                      follows a[seen-1] (the deepest estimate stands in for
                                      positions never drafted, rather than the prior) */
-    int since_probe;              /* rounds at depth 0 since the last probe */
+    int since_probe;              /* rounds at depth 0 since the last probe; -1: a probe ran
+                                     last round, -2: a stale price's second probe round did */
     int probe_every;              /* rounds between probes: doubles after each probe that
                                      does not bring drafting back, up to TD_DEPTH_PROBE_MAX */
 } td_depth_ctl;
