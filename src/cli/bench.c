@@ -342,6 +342,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "t_accept", round4(rs.st.t_accept));
         cJSON_AddNumberToObject(j, "t_prefill", round4(rs.st.t_prefill));
         cJSON_AddNumberToObject(j, "plain_t_verify", round4(rp.st.t_verify));
+        cJSON_AddNumberToObject(j, "plain_t_accept", round4(rp.st.t_accept));
         cJSON_AddNumberToObject(j, "plain_t_prefill", round4(rp.st.t_prefill));
         cJSON_AddBoolToObject(j, "exact", exact);
         char *txt = cJSON_PrintUnformatted(j);
