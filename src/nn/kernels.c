@@ -1712,15 +1712,16 @@ int td_bf16p_check(const void *pk, int64_t N, int64_t K) {
     return h.magic == P24_MAGIC && h.n == N && h.k == K;
 }
 
-static _Atomic int p24_choice = -1; /* -1: TD_P24 (default on) */
+static _Atomic int p24_choice = -1, p24_env = -1; /* -1: TD_P24 (default on), read once into p24_env */
 void td_kernels_set_p24(int v) { atomic_store_explicit(&p24_choice, v < 0 ? -1 : v != 0, memory_order_relaxed); }
 
 int td_kernels_p24(void) {
 #ifdef TD_HAVE_AVX512
     int on = atomic_load_explicit(&p24_choice, memory_order_relaxed);
-    if (on < 0) {
+    if (on < 0 && (on = atomic_load_explicit(&p24_env, memory_order_relaxed)) < 0) { /* asked per product: no getenv each time */
         const char *e = getenv("TD_P24");
         on = !(e && *e && !strcmp(e, "0"));
+        atomic_store_explicit(&p24_env, on, memory_order_relaxed);
     }
     return on && FAST() && bf16_ok() && !td_kernels_bf16_fma();
 #else
