@@ -947,6 +947,60 @@ done:
  * row appended with no tokens, captured before any draft. Both did pointer
  * arithmetic and memcpy on the row's NULL stream (undefined behaviour, caught
  * by the sanitizer build; found by tests/fuzz/fuzz_checkpoint.c). */
+/* A row that joins after another left takes over its buffers (the MTP head's
+ * and the block drafter's spares, whose pages are already faulted in): it
+ * drafts exactly as the same row in a fresh group, whatever the leaver's
+ * stream and taps were. */
+static void test_row_reuse(const char *spec, const char *name) {
+    t_begin(name);
+    td_err err = {0};
+    td_drafter *d = NULL;
+    td_draft_rows a = {0}, b = {0};
+    T_REQUIRE(td_drafter_open(&d, spec, g_target, &err) == 0, "%s: %s", spec, err.msg);
+    static float tx[40 * 8 * 64], tz[12 * 8 * 64]; /* taps: every tapped layer's width fits 8 x 64 */
+    uint64_t st = 99;
+    for (size_t i = 0; i < sizeof tx / sizeof tx[0]; i++) tx[i] = (float)((st = st * 6364136223846793005ull + 1) >> 40) / (1 << 24) - 0.5f;
+    for (size_t i = 0; i < sizeof tz / sizeof tz[0]; i++) tz[i] = (float)((st = st * 6364136223846793005ull + 1) >> 40) / (1 << 24) - 0.5f;
+    int32_t sx[40], sz[12];
+    for (int i = 0; i < 40; i++) sx[i] = 5 + (i * 37) % 200;
+    for (int i = 0; i < 12; i++) sz[i] = 9 + (i * 53) % 150;
+    td_sampling sp = td_sampling_default();
+    const td_sampling *spp = &sp;
+    uint64_t pos = 0;
+    int32_t t1[4] = {0}, t2[4] = {0}, pend = sz[11];
+    int n1 = -1, n2 = -2, depth = 4;
+    T_REQUIRE(d->vt->open_rows(d->self, 1, 128, 4, NULL, &a, &err) == 0 && d->vt->open_rows(d->self, 1, 128, 4, NULL, &b, &err) == 0,
+              "open: %s", err.msg);
+    /* the leaver: a longer stream, a round drafted and committed */
+    T_REQUIRE(td_draft_rows_append(&a, sx, 39, tx, NULL, &err) == 0, "append: %s", err.msg);
+    int32_t px = sx[39], tok[4];
+    int nt = 0;
+    td_draft_req q = {.n_rows = 1, .pending = &px, .depth = &depth, .max_depth = 4, .tokens = tok, .n_tokens = &nt,
+                      .sampling = &spp, .out_pos = &pos};
+    T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft: %s", err.msg);
+    td_draft_commit cm = {.old_pending = px, .accepted = tok, .n_accepted = nt > 2 ? 2 : nt, .new_pending = 11, .taps = tx};
+    T_REQUIRE(td_draft_rows_commit(&a, &cm, &err) == 0, "commit: %s", err.msg);
+    td_draft_rows_filter(&a, NULL, 0);
+    /* the joiner, in the reused group and in a fresh one */
+    T_REQUIRE(td_draft_rows_append(&a, sz, 11, tz, NULL, &err) == 0 && td_draft_rows_append(&b, sz, 11, tz, NULL, &err) == 0,
+              "append: %s", err.msg);
+    q.pending = &pend;
+    q.tokens = t1;
+    q.n_tokens = &n1;
+    T_REQUIRE(td_draft_rows_draft(&a, &q, &err) == 0, "draft: %s", err.msg);
+    q.tokens = t2;
+    q.n_tokens = &n2;
+    T_REQUIRE(td_draft_rows_draft(&b, &q, &err) == 0, "draft: %s", err.msg);
+    T_CHECK(n1 == n2 && n1 > 0 && memcmp(t1, t2, sizeof t1[0] * (size_t)n1) == 0,
+            "%s: a row in reused buffers drafts %d (%d %d %d %d), in a fresh group %d (%d %d %d %d)", spec, n1, t1[0], t1[1],
+            t1[2], t1[3], n2, t2[0], t2[1], t2[2], t2[3]);
+done:
+    td_draft_rows_free(&a);
+    td_draft_rows_free(&b);
+    td_drafter_free(d);
+    t_end();
+}
+
 static void test_checkpoint_ngram_empty(void) {
     t_begin("draft_checkpoint_ngram_empty");
     td_err err = {0};
@@ -1470,6 +1524,9 @@ int main(void) {
     snprintf(mtp, sizeof mtp, "mtp:%s/mtp", g_dir);
     snprintf(blk, sizeof blk, "block:%s/block", g_dir);
     snprintf(blk_all, sizeof blk_all, "block:%s/block,prune=off", g_dir);
+    test_row_reuse(mtp, "draft_row_reuse_mtp");
+    test_row_reuse(blk_all, "draft_row_reuse_block");
+    test_row_reuse(chn, "draft_row_reuse_block_chain");
     snprintf(same, sizeof same, "model:%s/draft_same", g_dir);
     snprintf(oth, sizeof oth, "model:%s/draft_other", g_dir);
     char same_q8[620], mtp_q8[620], blk_q8[620];

@@ -81,6 +81,10 @@ typedef struct {
     td_sampler *smp;          /* owned */
     mtp_row *rows;            /* [max_rows] */
     int n_rows, max_rows, max_ctx, max_depth, D, max_tokens;
+    mtp_row *spare;           /* [max_rows] stream and h buffers of rows that left (owned), for the next rows
+                                 to join: their pages are already faulted in (a batch-8 run held at depth 0
+                                 otherwise paid a fresh page every 2.7 committed positions of every row) */
+    int n_spare;
     int V;                    /* logits per draft position (the draft vocabulary) */
     int n_vocab;              /* the target's full vocabulary */
     float *u;                 /* [max_tokens][D] head inputs */
@@ -117,6 +121,22 @@ static void head_fc(mtp_group *g, int n, float *u) {
 
 static int feed(mtp_group *g, int nb, td_err *err);
 
+/* A row's buffers go to the spares (a whole pair; else freed) and its
+ * context ids are freed; its KV row is the caller's to remove. */
+static void row_release(mtp_group *g, mtp_row *r) {
+    if (r->stream && r->h && g->n_spare < g->max_rows) {
+        g->spare[g->n_spare].stream = r->stream;
+        g->spare[g->n_spare].h = r->h;
+        g->n_spare++;
+    } else {
+        free(r->stream);
+        free(r->h);
+    }
+    r->stream = NULL;
+    r->h = NULL;
+    td_draft_ctxids_free(&r->cx);
+}
+
 static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
                       const td_draft_checkpoint *ck, td_err *err) {
     mtp_group *g = gv;
@@ -142,11 +162,17 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
     mtp_row *r = &g->rows[g->n_rows];
     memset(r, 0, sizeof *r);
     r->cap = g->max_ctx + g->max_depth + 2;
-    r->stream = malloc(sizeof(int32_t) * (size_t)r->cap);
-    r->h = malloc(sizeof(float) * (size_t)r->cap * (size_t)g->D);
+    if (g->n_spare > 0) { /* a spare's buffers (every row's are cap long) */
+        g->n_spare--;
+        r->stream = g->spare[g->n_spare].stream;
+        r->h = g->spare[g->n_spare].h;
+    } else {
+        r->stream = malloc(sizeof(int32_t) * (size_t)r->cap);
+        r->h = malloc(sizeof(float) * (size_t)r->cap * (size_t)g->D);
+    }
     if (!r->stream || !r->h || td_draft_ctxids_init(&r->cx, &g->p->voc, err) != 0 ||
         td_ctx_row_add(g->ctx, &r->kv_row) != 0) {
-        free(r->stream); free(r->h); td_draft_ctxids_free(&r->cx);
+        row_release(g, r);
         return td_seterr(err, TD_ENOMEM, "mtp: no memory or KV row for a new row");
     }
     if (n) {
@@ -171,7 +197,7 @@ static int mtp_append(void *gv, const int32_t *tokens, int n, const float *taps,
         int rc = feed(g, 1, err);
         if (rc) {
             td_ctx_row_remove(g->ctx, r->kv_row);
-            free(r->stream); free(r->h); td_draft_ctxids_free(&r->cx);
+            row_release(g, r);
             return rc;
         }
         r->kv_len += back;
@@ -328,9 +354,7 @@ static void mtp_filter(void *gv, const int *keep, int n_keep) {
     for (int i = 0; i < g->n_rows; i++) {
         if (k < n_keep && keep[k] == i) { g->rows[k++] = g->rows[i]; continue; }
         td_ctx_row_remove(g->ctx, g->rows[i].kv_row);
-        free(g->rows[i].stream);
-        free(g->rows[i].h);
-        td_draft_ctxids_free(&g->rows[i].cx);
+        row_release(g, &g->rows[i]);
     }
     g->n_rows = n_keep;
 }
@@ -356,6 +380,8 @@ static void mtp_free_group(void *gv) {
     mtp_group *g = gv;
     if (!g) return;
     for (int i = 0; i < g->n_rows; i++) { free(g->rows[i].stream); free(g->rows[i].h); td_draft_ctxids_free(&g->rows[i].cx); }
+    for (int i = 0; i < g->n_spare; i++) { free(g->spare[i].stream); free(g->spare[i].h); }
+    free(g->spare);
     td_ctx_free(g->ctx);
     td_sampler_free(g->smp);
     free(g->rows); free(g->u); free(g->cat); free(g->xa); free(g->xq); free(g->emb); free(g->logits); free(g->qsub); free(g->hn); free(g->cxl); free(g->y);
@@ -393,6 +419,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     int rc = td_ctx_open(&g->ctx, &p->head, &cp, err);
     if (rc) { free(g); return rc; }
     g->rows = calloc((size_t)max_rows, sizeof *g->rows);
+    g->spare = calloc((size_t)max_rows, sizeof *g->spare);
     g->u = malloc(sizeof(float) * (size_t)g->max_tokens * g->D);
     g->cat = malloc(sizeof(float) * 2 * (size_t)g->max_tokens * g->D);
     g->emb = malloc(sizeof(float) * (size_t)g->D);
@@ -405,7 +432,7 @@ static int mtp_open_rows(void *self, int max_rows, int max_ctx, int max_depth, c
     g->bn = malloc(sizeof(int) * (size_t)max_rows);
     g->bidx = malloc(sizeof(int) * (size_t)max_rows);
     g->mdepth = malloc(sizeof(int) * (size_t)max_rows);
-    if (!g->rows || !g->u || !g->cat || !g->emb || !g->logits || !g->qsub || !g->hn || !g->cxl || !g->y || !g->brow || !g->bn || !g->bidx || !g->mdepth ||
+    if (!g->rows || !g->spare || !g->u || !g->cat || !g->emb || !g->logits || !g->qsub || !g->hn || !g->cxl || !g->y || !g->brow || !g->bn || !g->bidx || !g->mdepth ||
         td_sampler_open(&g->smp, g->V) != 0) {
         mtp_free_group(g);
         return td_seterr(err, TD_ENOMEM, "out of memory");
