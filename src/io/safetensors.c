@@ -69,7 +69,11 @@ static void *st_map(int fd, size_t len) {
     return m;
 }
 
-/* Fault the whole mapping in now (advice; errors are ignored). */
+/* Fault the whole mapping in now (advice; errors are ignored), then read a
+ * byte of each page: on the project's VM (nested paging) the first access to
+ * a page still cost ~1 us after MADV_POPULATE_READ, and a drafter whose weights
+ * were first read in its first round paid 4-8 ms there (bench/forward-notes.md,
+ * "Stop 59"), which priced its steps many times too high. */
 static void st_prefault(void *map, size_t len) {
 #ifdef MADV_POPULATE_READ
     if (madvise(map, len, MADV_POPULATE_READ) == 0) goto touch;
